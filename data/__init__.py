@@ -1,0 +1,1 @@
+"""Corpora, tokenizers, the token cache and batching."""

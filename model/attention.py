@@ -1,0 +1,177 @@
+"""Causal multi-head self-attention, written out step by step.
+
+    Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k) + M) V,     d_k = d_model / h
+    MultiHead(X)       = Concat(head_1, ..., head_h) W_O
+
+M is 0 where a query may look and -inf at every future key, added to the raw scores *before*
+softmax, so each row renormalises over the past alone. Nothing here calls
+`torch.nn.MultiheadAttention` or `F.scaled_dot_product_attention`; the tests use them as oracles.
+
+The layer also reproduces the classic mistakes (see `AttentionConfig`), so that their effect on
+training can be measured with the very same code path.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import Optional
+
+import torch
+import torch.nn as nn
+
+from model.config import AttentionConfig, MaskMode, Scale
+
+
+def causal_pattern(n: int, m: int, device=None) -> torch.Tensor:
+    """Boolean [n, m]: True where query i (at absolute position m - n + i) may see key j.
+
+    Right-aligned: with a KV cache the n new queries are the *last* n of the m positions, so
+    query i sees keys 0 .. m - n + i. For n == m this is the usual lower triangle.
+    """
+    return torch.ones(n, m, dtype=torch.bool, device=device).tril(diagonal=m - n)
+
+
+def scaled_dot_product_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: Optional[torch.Tensor] = None,
+    *,
+    scale: Optional[float] = None,
+    mask_mode: MaskMode = MaskMode.add,
+    mask_value: float = float("-inf"),
+    dropout_p: float = 0.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """softmax(q k^T / sqrt(d_k) + mask) v, returning (output, weights).
+
+    Shapes: q [..., n, d_k], k [..., m, d_k], v [..., m, d_v] -> output [..., n, d_v],
+    weights [..., n, m]. `mask` is either a float tensor added to the scores as it is, or a
+    boolean "may attend" pattern (True = visible) broadcastable to [..., n, m]; a boolean
+    pattern is applied according to `mask_mode` with `mask_value` at hidden positions.
+    `scale` defaults to 1 / sqrt(d_k), d_k being q's last dimension (the per-head size).
+    `dropout_p` drops attention weights (training only; the returned weights are pre-dropout).
+    """
+    d_k = q.size(-1)
+    if scale is None:
+        scale = 1.0 / math.sqrt(d_k)
+
+    # 1. score: one dot product per (query, key) pair
+    scores = q @ k.transpose(-2, -1)  # [..., n, m]
+    # 2. scale: keep the scores' variance near 1 whatever d_k is
+    scores = scores * scale
+    # 3. mask: add the causal mask to the raw scores, before softmax
+    if mask is not None and mask.dtype != torch.bool:
+        scores = scores + mask
+    elif mask is not None and mask_mode is MaskMode.add:
+        scores = scores.masked_fill(~mask, mask_value) if mask_value == float("-inf") else (
+            torch.where(mask, scores, scores + mask_value)
+        )
+    elif mask is not None and mask_mode is MaskMode.fill:
+        scores = scores.masked_fill(~mask, mask_value)
+    # 4. softmax over the keys, in float32 even when the matmuls run in bfloat16
+    weights = torch.softmax(scores.float(), dim=-1).to(v.dtype)  # [..., n, m]
+    if mask is not None and mask.dtype == torch.bool and mask_mode is MaskMode.after_softmax:
+        weights = weights.masked_fill(~mask, 0.0)  # pitfall: rows no longer sum to 1
+    # 5. blend: each output is a weighted average of the values
+    blend = torch.nn.functional.dropout(weights, dropout_p) if dropout_p > 0 else weights
+    return blend @ v, weights  # [..., n, d_v], [..., n, m]
+
+
+class KVCache:
+    """Keys and values of the positions already seen, preallocated up to the context length.
+
+    Writing into a fixed buffer (instead of concatenating) keeps each generation step O(T) with
+    no reallocation. One cache holds every layer: k, v are [n_layer, B, h, block_size, d_k].
+    """
+
+    def __init__(self, n_layer: int, batch: int, n_head: int, max_len: int, head_dim: int,
+                 device=None, dtype=torch.float32):
+        shape = (n_layer, batch, n_head, max_len, head_dim)
+        self.k = torch.zeros(shape, device=device, dtype=dtype)
+        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        self.length = 0  # positions filled, shared by all layers
+        self.max_len = max_len
+
+    def append(self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor):
+        """Store [B, h, n, d_k] new keys/values for `layer`; return all [B, h, m, d_k] so far."""
+        start, end = self.length, self.length + k_new.size(2)
+        if end > self.max_len:
+            raise ValueError(f"KV cache holds {self.max_len} positions, asked for {end}")
+        self.k[layer, :, :, start:end] = k_new
+        self.v[layer, :, :, start:end] = v_new
+        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
+
+    def advance(self, n: int) -> None:
+        """Called once per forward pass, after every layer has appended its n positions."""
+        self.length += n
+
+
+class CausalSelfAttention(nn.Module):
+    """Multi-head self-attention in which position t sees positions 0..t only.
+
+    x [B, T, d_model] -> [B, T, d_model]. The variant (correct, or one of the pitfalls) comes
+    from `AttentionConfig`; this is the only place that reads it.
+    """
+
+    def __init__(self, n_embd: int, n_head: int, block_size: int, attn: AttentionConfig,
+                 dropout: float = 0.0, bias: bool = True):
+        super().__init__()
+        if n_embd % n_head != 0:
+            raise ValueError(f"d_model ({n_embd}) must be divisible by the number of heads ({n_head})")
+        self.n_head = n_head
+        self.head_dim = n_embd // n_head  # d_k
+        self.attn = attn
+        # W_Q, W_K, W_V of every head in one matmul: [d_model, 3 * d_model]
+        self.qkv = nn.Linear(n_embd, 3 * n_embd, bias=bias)
+        # W_O mixes the concatenated heads; the no_out_proj pitfall leaves it out entirely
+        self.out_proj = nn.Linear(n_embd, n_embd, bias=bias) if attn.out_proj else None
+        self.dropout = dropout
+        self.resid_dropout = nn.Dropout(dropout)
+        # The causal pattern is a property of the task: built once, shared by heads and batch.
+        self.register_buffer("causal", causal_pattern(block_size, block_size), persistent=False)
+
+    def scale(self) -> float:
+        d_model = self.n_head * self.head_dim
+        return {
+            Scale.d_k: 1.0 / math.sqrt(self.head_dim),
+            Scale.d_model: 1.0 / math.sqrt(d_model),
+            Scale.none: 1.0,
+        }[self.attn.scale]
+
+    def forward(self, x: torch.Tensor, cache: Optional[KVCache] = None, layer: int = 0,
+                return_weights: bool = False):
+        B, T, C = x.shape
+        h, d_k = self.n_head, self.head_dim
+
+        # per-head projections, split [B, T, d_model] -> [B, h, T, d_k] (views, no copies)
+        q, k, v = self.qkv(x).split(C, dim=2)
+        q = q.view(B, T, h, d_k).transpose(1, 2)
+        k = k.view(B, T, h, d_k).transpose(1, 2)
+        v = v.view(B, T, h, d_k).transpose(1, 2)
+        if cache is not None:
+            k, v = cache.append(layer, k, v)  # [B, h, m, d_k], m = positions so far
+        m = k.size(2)
+
+        # query i sits at absolute position m - T + i: the right-aligned slice of the triangle
+        visible = self.causal[m - T:m, :m]  # [T, m]
+        y, weights = scaled_dot_product_attention(
+            q, k, v, visible, scale=self.scale(),
+            mask_mode=self.attn.mask_mode, mask_value=self.attn.mask_value,
+            dropout_p=self.dropout if self.training else 0.0,
+        )  # y [B, h, T, d_k], weights [B, h, T, m]
+
+        # concat heads: [B, h, T, d_k] -> [B, T, h * d_k]
+        y = y.transpose(1, 2).reshape(B, T, C)
+        # project: W_O is the only step where the heads' outputs combine
+        if self.out_proj is not None:
+            y = self.out_proj(y)
+        y = self.resid_dropout(y)
+        return (y, weights) if return_weights else (y, None)
+
+
+def causal_variant(attn: AttentionConfig) -> AttentionConfig:
+    """The same layer with the correct causal mask: what a model can do at generation time.
+
+    Only the masking changes; scaling and W_O belong to the trained weights and stay as trained.
+    """
+    return replace(attn, mask_mode=MaskMode.add, mask_value=float("-inf"))

@@ -1,0 +1,92 @@
+"""Typed configuration of the network and of its attention layer.
+
+These dataclasses are the schema Hydra validates `conf/model/*.yaml` and `conf/attention/*.yaml`
+against: a misspelt key or a value of the wrong type fails at start-up, before any work is done.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from enum import Enum
+from typing import Optional
+
+
+class Scale(str, Enum):
+    """What the raw scores QK^T are divided by."""
+
+    d_k = "d_k"          # correct: sqrt(d_model / n_head), the per-head size
+    d_model = "d_model"  # pitfall: sqrt of the full width, softmax too flat by sqrt(n_head)
+    none = "none"        # pitfall: no division, softmax saturates when q.k is large
+
+
+class MaskMode(str, Enum):
+    """How the causal pattern is applied to the scores (or weights)."""
+
+    add = "add"                      # scores + mask_value at future positions, then softmax
+    fill = "fill"                    # scores[future] = mask_value, then softmax
+    after_softmax = "after_softmax"  # softmax over all keys, then weights[future] = 0
+
+
+@dataclass
+class AttentionConfig:
+    """One attention variant. The default is the correct layer; `conf/attention/` names the pitfalls."""
+
+    name: str = "correct"
+    scale: Scale = Scale.d_k
+    mask_mode: MaskMode = MaskMode.add
+    # -inf makes exp(score) exactly 0 for the future; 0 is the classic bug; a large finite
+    # negative value is what some fp16 code uses.
+    mask_value: float = float("-inf")
+    out_proj: bool = True
+    # Standard deviation for W_Q and W_K at init; null means the model's init_std. The no_scale
+    # pitfall only shows when q and k entries have unit variance (std = 1/sqrt(n_embd)).
+    qk_init_std: Optional[float] = None
+
+    def is_causal(self) -> bool:
+        """True when no weight can reach a future position (the generation-time condition)."""
+        if self.mask_mode is MaskMode.after_softmax:
+            return False  # future weights are zeroed, but they still took mass in the softmax
+        return self.mask_value == float("-inf")
+
+
+@dataclass
+class ModelConfig:
+    """Size and regularisation of the decoder-only transformer."""
+
+    n_layer: int = 4
+    n_head: int = 4
+    n_embd: int = 128
+    block_size: int = 128
+    dropout: float = 0.0
+    bias: bool = True
+    # GPT-2's init: N(0, init_std) for every weight, residual output projections scaled down by
+    # 1/sqrt(2 * n_layer) so the residual stream's variance does not grow with depth.
+    init_std: float = 0.02
+    mlp_ratio: int = 4
+
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head
+
+
+def validate_model(cfg: ModelConfig) -> None:
+    """Raise ValueError with one clear sentence for a config that cannot build a model."""
+    for key in ("n_layer", "n_head", "n_embd", "block_size", "mlp_ratio"):
+        if getattr(cfg, key) <= 0:
+            raise ValueError(f"model.{key} must be a positive integer, got {getattr(cfg, key)}")
+    if cfg.n_embd % cfg.n_head != 0:
+        raise ValueError(
+            f"model.n_embd ({cfg.n_embd}) must be divisible by model.n_head ({cfg.n_head}): "
+            f"each head gets d_k = n_embd / n_head dimensions"
+        )
+    if not 0.0 <= cfg.dropout < 1.0:
+        raise ValueError(f"model.dropout must be in [0, 1), got {cfg.dropout}")
+    if not (cfg.init_std > 0 and math.isfinite(cfg.init_std)):
+        raise ValueError(f"model.init_std must be a positive number, got {cfg.init_std}")
+
+
+def validate_attention(cfg: AttentionConfig) -> None:
+    if math.isnan(cfg.mask_value) or cfg.mask_value > 0:
+        raise ValueError(f"attention.mask_value must be 0, negative or -inf, got {cfg.mask_value}")
+    if cfg.qk_init_std is not None and not cfg.qk_init_std > 0:
+        raise ValueError(f"attention.qk_init_std must be positive or null, got {cfg.qk_init_std}")

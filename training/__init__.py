@@ -1,0 +1,1 @@
+"""Everything train.py needs around the model: config, optimiser, checkpoints, evaluation, logs."""

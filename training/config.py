@@ -1,0 +1,114 @@
+"""The whole run's typed configuration, and its registration with Hydra's ConfigStore.
+
+`conf/config.yaml` starts its defaults list with `schema`, so every YAML file and every command
+line override is merged into these dataclasses: an unknown key or a value of the wrong type is
+rejected by Hydra before training starts. `validate` then checks the values themselves.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Optional
+
+from hydra.core.config_store import ConfigStore
+
+from data.config import DataConfig, TokenizerConfig, TokenizerKind
+from model.config import AttentionConfig, ModelConfig, validate_attention, validate_model
+
+
+class Schedule(str, Enum):
+    cosine = "cosine"      # linear warmup, then cosine decay to min_lr at max_steps
+    constant = "constant"  # linear warmup, then lr
+
+
+@dataclass
+class OptimConfig:
+    """AdamW with decoupled weight decay on matrices only (not on biases, LayerNorm)."""
+
+    lr: float = 1e-3
+    min_lr: float = 1e-4
+    warmup_steps: int = 100
+    schedule: Schedule = Schedule.cosine
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.99
+    eps: float = 1e-8
+    grad_clip: float = 1.0  # max global gradient norm; 0 turns clipping off
+
+
+@dataclass
+class TrainConfig:
+    max_steps: int = 5000
+    batch_size: int = 32
+    # Stop early once this much training time has passed (null: run all max_steps).
+    max_minutes: Optional[float] = None
+    eval_interval: int = 500
+    eval_batches: int = 20          # fixed random validation batches for periodic evaluation
+    final_full_eval: bool = True    # at the end, score every token of the validation split
+    log_interval: int = 25
+    sample_tokens: int = 300        # text sample logged at each evaluation (0 = none)
+    sample_prompt: str = "\n"
+    sample_temperature: float = 0.8
+    keep_checkpoints: int = 2       # most recent checkpoints kept (the best one is kept too)
+    device: str = "auto"            # auto | cpu | cuda | cuda:N
+    dtype: str = "auto"             # auto | float32 | bfloat16 (autocast)
+    compile: bool = False           # torch.compile the model
+    threads: Optional[int] = None   # torch CPU threads (null: PyTorch's default)
+    progress: bool = True           # tqdm progress bar (on a terminal)
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    attention: AttentionConfig = field(default_factory=AttentionConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    seed: int = 1337
+    # A run directory to continue from its latest checkpoint.
+    resume: Optional[str] = None
+    # Name shown for this run in TensorBoard's run list and HParams table.
+    run_name: str = "run"
+
+
+def register_configs() -> None:
+    ConfigStore.instance().store(name="schema", node=Config)
+
+
+def _positive(name: str, value, allow_zero: bool = False) -> None:
+    ok = value >= 0 if allow_zero else value > 0
+    if not ok or (isinstance(value, float) and not math.isfinite(value)):
+        raise ValueError(f"{name} must be {'non-negative' if allow_zero else 'positive'}, got {value}")
+
+
+def validate(cfg: Config) -> None:
+    """Raise ValueError naming the first bad value (types were already checked by Hydra)."""
+    validate_model(cfg.model)
+    validate_attention(cfg.attention)
+    o, t = cfg.optim, cfg.train
+    _positive("optim.lr", o.lr)
+    _positive("optim.min_lr", o.min_lr, allow_zero=True)
+    _positive("optim.warmup_steps", o.warmup_steps, allow_zero=True)
+    _positive("optim.weight_decay", o.weight_decay, allow_zero=True)
+    _positive("optim.grad_clip", o.grad_clip, allow_zero=True)
+    for name in ("beta1", "beta2"):
+        if not 0.0 <= getattr(o, name) < 1.0:
+            raise ValueError(f"optim.{name} must be in [0, 1), got {getattr(o, name)}")
+    for name in ("max_steps", "batch_size", "eval_interval", "eval_batches", "log_interval",
+                 "keep_checkpoints"):
+        _positive(f"train.{name}", getattr(t, name))
+    _positive("train.sample_tokens", t.sample_tokens, allow_zero=True)
+    _positive("train.sample_temperature", t.sample_temperature)
+    if t.max_minutes is not None:
+        _positive("train.max_minutes", t.max_minutes)
+    if t.threads is not None:
+        _positive("train.threads", t.threads)
+    if t.dtype not in ("auto", "float32", "bfloat16"):
+        raise ValueError(f"train.dtype must be auto, float32 or bfloat16, got {t.dtype!r}")
+    if not (t.device in ("auto", "cpu", "cuda") or t.device.startswith("cuda:")):
+        raise ValueError(f"train.device must be auto, cpu, cuda or cuda:N, got {t.device!r}")
+    if cfg.tokenizer.kind is TokenizerKind.bpe and cfg.tokenizer.vocab_size < 257:
+        raise ValueError("tokenizer.vocab_size must be at least 257 for byte-level BPE "
+                         f"(256 bytes + 1 special token), got {cfg.tokenizer.vocab_size}")

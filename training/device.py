@@ -1,0 +1,42 @@
+"""Where and in which precision to run: CUDA if present, else CPU; bf16 autocast where it pays."""
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+import torch
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"train.device={name} but no CUDA device is available")
+    return torch.device(name)
+
+
+def cpu_has_native_bf16() -> bool:
+    """True when the CPU has bf16 matrix instructions (AVX512-BF16 or AMX). Without them bf16
+    matmuls are emulated and slower than fp32, so 'auto' keeps fp32."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def pick_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "float32":
+        return torch.float32
+    if name == "bfloat16":
+        return torch.bfloat16
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
+    return torch.bfloat16 if cpu_has_native_bf16() else torch.float32
+
+
+def autocast(device: torch.device, dtype: torch.dtype):
+    """Mixed precision for the forward pass; parameters and optimiser state stay fp32."""
+    if dtype == torch.float32:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=dtype)
