@@ -8,6 +8,7 @@ Same key=value style as train.py. Everything comes from the run directory alone:
 """
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -71,16 +72,28 @@ def load_run(run_dir: Path, which: str, device: torch.device):
     if which not in ("best", "latest"):
         raise GenerateError(f"weights must be best or latest, got {which!r}")
     # The saved config is data, merged into the typed schema: nothing in it is instantiated.
-    run_cfg: Config = OmegaConf.to_object(
-        OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.load(run_dir / "config.yaml")))
-    tokenizer = load_tokenizer(run_dir / "tokenizer.json")
+    try:
+        run_cfg: Config = OmegaConf.to_object(
+            OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.load(run_dir / "config.yaml")))
+    except Exception as exc:  # YAML syntax, or keys/values that do not fit the schema
+        raise GenerateError(f"{run_dir / 'config.yaml'} is not a valid run config: "
+                            f"{_first_line(exc)}") from exc
+    try:
+        tokenizer = load_tokenizer(run_dir / "tokenizer.json")
+    except Exception as exc:  # tokenizers raises plain Exception
+        raise GenerateError(f"cannot read {run_dir / 'tokenizer.json'}: {_first_line(exc)}") from exc
     model = GPT(run_cfg.model, tokenizer.get_vocab_size(), run_cfg.attention)
     load_weights(model, find_weights(run_dir, which))
     return model.to(device).eval(), tokenizer, run_cfg
 
 
+def _first_line(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[0] if lines else type(exc).__name__
+
+
 def check(cfg: GenerateConfig, vocab_size: int) -> None:
-    if cfg.temperature <= 0:
+    if cfg.temperature <= 0 and not cfg.greedy:
         raise GenerateError(f"temperature must be > 0, got {cfg.temperature} (use greedy=true "
                             "for the most likely token)")
     if cfg.top_k is not None and not 1 <= cfg.top_k <= vocab_size:
@@ -93,8 +106,9 @@ def check(cfg: GenerateConfig, vocab_size: int) -> None:
         raise GenerateError(f"num_samples must be >= 1, got {cfg.num_samples}")
 
 
-def stream(model: GPT, tokenizer, prompt_ids: list[int], cfg: GenerateConfig, out=sys.stdout) -> str:
-    """Generate one sample, writing text as it appears; returns the whole text."""
+def stream(model: GPT, tokenizer, prompt_ids: list[int], cfg: GenerateConfig, out=None) -> str:
+    """Generate one sample, writing text as it appears (to stdout by default); returns it all."""
+    out = sys.stdout if out is None else out
     gen = torch.Generator(device=next(model.parameters()).device).manual_seed(cfg.seed)
     device = next(model.parameters()).device
     ids = list(prompt_ids)
@@ -131,14 +145,21 @@ def main(argv: list[str]) -> int:
             print(f"warning: prompt has {len(prompt_ids)} tokens, more than the context of {block}; "
                   f"only its last {block} tokens are used", file=sys.stderr)
             prompt_ids = prompt_ids[-block:]
-    except (GenerateError, CheckpointError, OmegaConfBaseException, ValueError) as exc:
-        print(f"error: {str(exc).splitlines()[0]}", file=sys.stderr)
+    except (GenerateError, CheckpointError, OmegaConfBaseException, ValueError, OSError) as exc:
+        print(f"error: {_first_line(exc)}", file=sys.stderr)
         return 2
-    for i in range(cfg.num_samples):
-        if i:
-            print("\n" + "-" * 40)
-        cfg_i = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(cfg), {"seed": cfg.seed + i}))
-        stream(model, tokenizer, prompt_ids, cfg_i)
+    try:
+        for i in range(cfg.num_samples):
+            if i:
+                print("\n" + "-" * 40)
+            cfg_i = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(cfg), {"seed": cfg.seed + i}))
+            stream(model, tokenizer, prompt_ids, cfg_i)
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # e.g. piped into `head`: the reader has all it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # quiet flush at exit
+        return 0
     return 0
 
 

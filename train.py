@@ -21,6 +21,7 @@ import hydra
 import numpy as np
 import torch
 from hydra.core.hydra_config import HydraConfig
+from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from tqdm import tqdm
@@ -28,11 +29,12 @@ from tqdm import tqdm
 from data.batches import RandomWindows, fixed_windows
 from data.prepare import PreparedCorpus, prepare_corpus
 from data.shakespeare import CorpusError
+from data.tokenizer import load_tokenizer
 from model.attention import causal_variant
 from model.gpt import GPT
-from training.checkpoint import (CheckpointError, latest_checkpoint, load_state, load_weights,
-                                 save_best, save_checkpoint)
-from training.config import Config, register_configs, validate
+from training.checkpoint import (CHECKPOINTS, CheckpointError, atomic_write, latest_checkpoint,
+                                 load_state, load_weights, save_best, save_checkpoint)
+from training.config import Config, NonFinite, register_configs, validate
 from training.device import autocast, pick_device, pick_dtype
 from training.evaluate import (attention_diagnostics, bits_per_char, full_split_loss, mean_loss,
                                qk_grad_norms)
@@ -63,7 +65,12 @@ def resolve_run(cfg: DictConfig) -> tuple[Config, Path, bool]:
             raise UserError(f"cannot resume: {saved} does not exist (is {run_dir} a run directory?)")
         overrides = [o for o in HydraConfig.get().overrides.task
                      if not o.lstrip("+~").startswith(("resume=", "hydra."))]
-        merged = OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.load(saved),
+        try:
+            saved_cfg = OmegaConf.load(saved)
+        except Exception as exc:  # YAML syntax, unreadable file
+            raise UserError(f"cannot resume: {saved} is not a readable run config: "
+                            f"{first_line(exc)}") from exc
+        merged = OmegaConf.merge(OmegaConf.structured(Config), saved_cfg,
                                  OmegaConf.from_dotlist([o.lstrip("+") for o in overrides]))
         merged.resume = str(run_dir)
         cfg = merged
@@ -87,8 +94,10 @@ def seed_everything(seed: int) -> None:
 
 
 def rng_state() -> dict:
+    _, keys, pos, has_gauss, cached_gaussian = np.random.get_state()
     state = {"python": random.getstate(), "torch": torch.get_rng_state(),
-             "numpy": np.random.get_state()[1].tolist()}
+             "numpy": keys.tolist(), "numpy_pos": int(pos),
+             "numpy_gauss": [int(has_gauss), float(cached_gaussian)]}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -98,7 +107,9 @@ def set_rng_state(state: dict) -> None:
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
     torch.set_rng_state(state["torch"])
-    np.random.set_state(("MT19937", np.array(state["numpy"], dtype=np.uint32), 624, 0, 0.0))
+    has_gauss, cached_gaussian = state.get("numpy_gauss", (0, 0.0))
+    np.random.set_state(("MT19937", np.array(state["numpy"], dtype=np.uint32),
+                         int(state.get("numpy_pos", 624)), int(has_gauss), float(cached_gaussian)))
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
 
@@ -153,6 +164,34 @@ def sample_text(model: GPT, corpus: PreparedCorpus, cfg: Config, step: int, amp)
     return corpus.tokenizer.decode(prompt + ids)
 
 
+def load_corpus(cfg: Config) -> PreparedCorpus:
+    """prepare_corpus, with the errors of the libraries below it (undecodable text, a tokenizer
+    that cannot be built) turned into CorpusError."""
+    try:
+        return prepare_corpus(cfg.data, cfg.tokenizer)
+    except CorpusError:
+        raise
+    except (OSError, ValueError) as exc:  # includes UnicodeDecodeError
+        raise CorpusError(f"cannot read or tokenize the corpus: {root_cause(exc)}") from exc
+    except Exception as exc:
+        if type(exc).__module__.split(".")[0] != "datasets":
+            raise
+        raise CorpusError(f"cannot read the corpus files: {root_cause(exc)}") from exc
+
+
+def check_tokenizer(corpus: PreparedCorpus, saved: Path) -> None:
+    """On resume, the tokenizer built from today's data must be the run's own."""
+    try:
+        run_tokenizer = load_tokenizer(saved)
+    except Exception as exc:  # tokenizers raises plain Exception
+        raise CheckpointError(f"cannot resume: cannot read {saved}: {first_line(exc)}") from exc
+    if run_tokenizer.get_vocab() != corpus.tokenizer.get_vocab():
+        raise UserError(
+            f"cannot resume: the tokenizer built from the current data ({corpus.vocab_size} tokens) "
+            f"differs from the run's {saved} ({run_tokenizer.get_vocab_size()} tokens); the corpus "
+            f"(data.*) or the tokenizer config changed since the run started")
+
+
 def train(cfg: Config, run_dir: Path, resuming: bool) -> dict:
     t, m = cfg.train, cfg.model
     if t.threads:
@@ -162,34 +201,44 @@ def train(cfg: Config, run_dir: Path, resuming: bool) -> dict:
     amp = autocast(device, dtype)
     seed_everything(cfg.seed)
 
-    corpus = prepare_corpus(cfg.data, cfg.tokenizer)
+    corpus = load_corpus(cfg)
     if len(corpus.validation) < 2:
         raise UserError("the validation split is shorter than 2 tokens")
     run_dir.mkdir(parents=True, exist_ok=True)
     if not os.access(run_dir, os.W_OK):
         raise UserError(f"run directory {run_dir} is not writable")
     if not resuming:
-        (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
-        corpus.tokenizer.save(str(run_dir / "tokenizer.json"))
+        atomic_write(run_dir / "tokenizer.json", corpus.tokenizer.to_str().encode())
+        atomic_write(run_dir / "config.yaml", OmegaConf.to_yaml(OmegaConf.structured(cfg)).encode())
 
     model = GPT(m, corpus.vocab_size, cfg.attention).to(device)
     optimizer = make_optimizer(model, cfg.optim)
     sampler = RandomWindows(corpus.train, m.block_size, t.batch_size, cfg.seed, device)
     eval_batches = fixed_windows(corpus.validation, min(m.block_size, len(corpus.validation) - 1),
                                  t.eval_batches, t.batch_size, seed=cfg.seed + 1)
-    step, tokens_seen, best_val, elapsed, loss_window = 0, 0, math.inf, 0.0, []
+    step, tokens_seen, best_val, elapsed, loss_window, skipped = 0, 0, math.inf, 0.0, [], 0
 
     if resuming:
         ckpt = latest_checkpoint(run_dir)
         if ckpt is None:
+            pointer = run_dir / CHECKPOINTS / "latest"
+            if pointer.is_file():
+                raise CheckpointError(f"cannot resume: {pointer} names {pointer.read_text().strip()!r}, "
+                                      f"which is not in {pointer.parent}")
             raise UserError(f"cannot resume: {run_dir} holds no checkpoint")
+        check_tokenizer(corpus, run_dir / "tokenizer.json")
         load_weights(model, ckpt / "model.safetensors")
         state = load_state(ckpt / "state.pt")
-        optimizer.load_state_dict(state["optimizer"])
-        sampler.load_state_dict(state["sampler"])
-        set_rng_state(state["rng"])
+        try:
+            optimizer.load_state_dict(state["optimizer"])
+            sampler.load_state_dict(state["sampler"])
+            set_rng_state(state["rng"])
+        except (KeyError, ValueError, TypeError, RuntimeError) as exc:
+            raise CheckpointError(f"training state {ckpt / 'state.pt'} does not fit this model and "
+                                  f"run: {first_line(exc)}") from exc
         step, tokens_seen, best_val = state["step"], state["tokens_seen"], state["best_val"]
-        elapsed, loss_window = state["elapsed"], list(state["loss_window"])
+        elapsed, loss_window = state.get("elapsed", 0.0), list(state.get("loss_window", []))
+        skipped = state.get("skipped", 0)
         if step >= t.max_steps:
             print(f"{run_dir} already finished ({step} of train.max_steps={t.max_steps} steps); "
                   f"raise train.max_steps to train further.", file=sys.stderr)
@@ -197,7 +246,10 @@ def train(cfg: Config, run_dir: Path, resuming: bool) -> dict:
         print(f"resuming {run_dir} from step {step}", file=sys.stderr)
 
     step_model = torch.compile(model) if t.compile else model
-    writer = open_writer(run_dir, purge_step=step if resuming else None)
+    # step + 1: what was logged at the checkpoint's own step is already part of it (kept)
+    # A fresh run purges from step 0: curves of an earlier attempt killed before its first
+    # checkpoint (the directory had none, so it could be started afresh) do not show.
+    writer = open_writer(run_dir, purge_step=step + 1 if resuming else 0)
     if not resuming:
         writer.add_text("config", "```\n" + OmegaConf.to_yaml(OmegaConf.structured(cfg)) + "\n```", 0)
     leaky = not cfg.attention.is_causal()
@@ -207,7 +259,8 @@ def train(cfg: Config, run_dir: Path, resuming: bool) -> dict:
     def checkpoint_state() -> dict:
         return {"optimizer": optimizer.state_dict(), "sampler": sampler.state_dict(),
                 "rng": rng_state(), "step": step, "tokens_seen": tokens_seen,
-                "best_val": best_val, "elapsed": elapsed, "loss_window": list(loss_window)}
+                "best_val": best_val, "elapsed": elapsed, "loss_window": list(loss_window),
+                "skipped": skipped}
 
     def evaluate_and_save(final: bool) -> dict:
         nonlocal best_val
@@ -227,9 +280,16 @@ def train(cfg: Config, run_dir: Path, resuming: bool) -> dict:
         if metrics["causal_val_loss"] < best_val:
             best_val = metrics["causal_val_loss"]
             save_best(run_dir, model, step, best_val)
-        save_checkpoint(run_dir, step, model, checkpoint_state(), t.keep_checkpoints)
-        writer.flush()
+        save()
         return metrics
+
+    saved_at = step if resuming else None  # step of the newest checkpoint on disk
+
+    def save() -> None:
+        nonlocal saved_at
+        writer.flush()  # everything logged up to this step is on disk before the checkpoint is
+        save_checkpoint(run_dir, step, model, checkpoint_state(), t.keep_checkpoints)
+        saved_at = step
 
     start_tokens, step_seconds = tokens_seen, 0.0  # this process's pure training throughput
     t_last, tok_last = time.perf_counter(), tokens_seen
@@ -248,24 +308,39 @@ def train(cfg: Config, run_dir: Path, resuming: bool) -> dict:
             x, y = sampler.next_batch()
             with amp:
                 _, loss = step_model(x, y)
+            if t.inject_nan_at_step == step:
+                loss = loss * float("nan")
             loss.backward()
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip).item()
             loss_value = loss.item()
-            if not (math.isfinite(loss_value) and math.isfinite(grad_norm)):
-                raise TrainingDiverged(
-                    f"non-finite {'loss' if not math.isfinite(loss_value) else 'gradient'} at step "
-                    f"{step}; the last good checkpoint is kept in {run_dir / 'checkpoints'} "
-                    f"(try a lower optim.lr)")
+            finite = math.isfinite(loss_value) and math.isfinite(grad_norm)
+            if not finite:
+                what = "loss" if not math.isfinite(loss_value) else "gradient"
+                if t.on_nonfinite is NonFinite.stop:
+                    writer.close()
+                    kept = (f"the last good checkpoint (step {saved_at}) is kept in "
+                            f"{run_dir / CHECKPOINTS}" if saved_at is not None
+                            else "no checkpoint had been saved yet")
+                    raise TrainingDiverged(
+                        f"non-finite {what} at step {step}; stopped without saving, {kept} "
+                        f"(lower optim.lr, or set train.on_nonfinite=skip)")
+                skipped += 1
+                # logged at step + 1, like everything about this step: a checkpoint at `step`
+                # precedes it, so a resumed run purges it rather than logging it twice
+                writer.add_scalar("train/skipped_steps", skipped, step + 1)
+                bar.write(f"step {step}: non-finite {what}, step skipped ({skipped} so far)")
             log_now = (step + 1) % t.log_interval == 0
-            qk = qk_grad_norms(model) if log_now else None
-            optimizer.step()
+            qk = qk_grad_norms(model) if log_now and finite else []
+            if finite:
+                optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             step += 1
-            tokens_seen += x.numel()
-            loss_window.append(loss_value)
+            if finite:
+                tokens_seen += x.numel()
+                loss_window.append(loss_value)
             step_seconds += time.perf_counter() - t_step
 
-            if log_now:
+            if log_now and loss_window:
                 now = time.perf_counter()
                 tok_s = (tokens_seen - tok_last) / max(now - t_last, 1e-9)
                 t_last, tok_last = now, tokens_seen
@@ -280,29 +355,34 @@ def train(cfg: Config, run_dir: Path, resuming: bool) -> dict:
                     writer.add_scalar(f"attn/grad_norm_k/layer{i}", g["k"], step)
                 metrics["train_loss"] = train_loss
                 bar.set_postfix(loss=f"{train_loss:.3f}", tok_s=f"{tok_s:,.0f}", refresh=False)
-                if bar.disable:
-                    print(f"step {step}/{t.max_steps} loss {train_loss:.4f} {tok_s:,.0f} tok/s",
-                          file=sys.stderr, flush=True)
             bar.update(1)
 
             elapsed = time.perf_counter() - t_start
             out_of_time = t.max_minutes is not None and elapsed >= 60 * t.max_minutes
             if step % t.eval_interval == 0 and step < t.max_steps and not out_of_time:
                 metrics.update(evaluate_and_save(final=False))
-                bar.write(f"step {step}: val loss {metrics['val_loss']:.4f}"
+                bar.write(f"step {step}: train loss {metrics.get('train_loss', math.nan):.4f}, "
+                          f"val loss {metrics['val_loss']:.4f}"
                           + (f", causal val loss {metrics['causal_val_loss']:.4f}" if leaky else ""))
                 t_last = time.perf_counter()  # evaluation time is not training throughput
-            if stop.signal or out_of_time:
+            if (stop.signal or out_of_time) and step < t.max_steps:
                 stopped_by = stop.signal or f"time budget of {t.max_minutes} min"
                 break
         bar.close()
-        metrics.update(evaluate_and_save(final=True))
+        if stopped_by and stop.signal:
+            # Only a checkpoint, no evaluation: an extra evaluation would log an extra val/loss
+            # point and could move `best`, and the resumed run must match an uninterrupted one.
+            if saved_at != step:
+                save()
+        else:
+            metrics.update(evaluate_and_save(final=True))
 
     if stopped_by and stop.signal:
         print(f"stopped by {stopped_by} at step {step}; checkpoint saved. Continue with:\n"
               f"  python train.py resume={run_dir}", file=sys.stderr)
         writer.close()
-        return metrics
+        # exit as the signal asked (this also ends a multirun sweep, not just the current job)
+        raise SystemExit(128 + signal.Signals[stop.signal].value)
 
     metrics["train_time_min"] = elapsed / 60
     metrics["tokens_per_sec"] = (tokens_seen - start_tokens) / max(step_seconds, 1e-9)
@@ -348,8 +428,8 @@ def main(cfg: DictConfig) -> float:
     try:
         conf, run_dir, resuming = resolve_run(cfg)
         metrics = train(conf, run_dir, resuming)
-    except (UserError, CorpusError, CheckpointError, OmegaConfBaseException) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    except (UserError, CorpusError, CheckpointError, OmegaConfBaseException, OSError) as exc:
+        print(f"error: {one_line(exc)}", file=sys.stderr)
         sys.exit(2)
     report(metrics, run_dir)
     if HydraConfig.get().mode.name == "RUN":
@@ -357,5 +437,93 @@ def main(cfg: DictConfig) -> float:
     return metrics.get("causal_val_loss", math.nan)
 
 
+# ----------------------------------------------------------------------------- command line
+
+
+def first_line(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[0] if lines else type(exc).__name__
+
+
+def root_cause(exc: BaseException) -> str:
+    """The innermost cause of a chained exception, in one line (datasets wraps the real error)."""
+    seen = exc
+    while (seen.__cause__ or seen.__context__) is not None and len(str(seen)) < 10_000:
+        seen = seen.__cause__ or seen.__context__
+    return first_line(seen) if seen is exc else f"{type(seen).__name__}: {first_line(seen)}"
+
+
+def one_line(exc: BaseException) -> str:
+    """An error as one line. Hydra and OmegaConf spread theirs over several: keep the first line,
+    the available options of a missing config, and the first line of the cause."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    if not lines:
+        return type(exc).__name__
+    text = lines[0].rstrip(".")
+    if isinstance(exc, HydraException):
+        if any(line.startswith("Available options") for line in lines):
+            start = next(i for i, line in enumerate(lines) if line.startswith("Available options"))
+            options = [line for line in lines[start + 1:] if " " not in line and "=" not in line]
+            text += f" (available: {', '.join(options)})"
+        elif len(lines) > 1 and lines[1].startswith("To append"):
+            text += f" ({lines[1].rstrip('.')})"
+        cause = exc.__cause__ or exc.__context__
+        if cause is not None and first_line(cause) not in text:
+            text += f": {first_line(cause)}"
+    elif isinstance(exc, OmegaConfBaseException):
+        key = getattr(exc, "full_key", None)
+        if key and key not in text:
+            text += f" ({key})"
+    if isinstance(exc, OSError) and not isinstance(exc, HydraException):
+        text = f"{exc.strerror or text}: {exc.filename}" if exc.filename else text
+    return text
+
+
+def preflight(argv: list[str]) -> None:
+    """Checks that must come before Hydra, which creates hydra.run.dir and writes .hydra/ into it
+    before main runs: a directory holding a checkpoint is never written into by a new run, and
+    one that cannot be created is reported in one line."""
+    if any(a in ("-m", "--multirun") for a in argv):
+        return
+    options = dict(a.lstrip("+~").split("=", 1) for a in argv if "=" in a and not a.startswith("-"))
+    run_dir = options.get("hydra.run.dir")
+    if not run_dir or "${" in run_dir:
+        return
+    path = Path(run_dir)
+    if not options.get("resume") and latest_checkpoint(path) is not None:
+        raise UserError(f"{path} already holds a checkpoint; resume it with resume={path} "
+                        "or choose another hydra.run.dir")
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise UserError(f"cannot create the run directory {path}: {existing} is not a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UserError(f"cannot create the run directory {path}: {existing} is not writable")
+    try:
+        path.mkdir(parents=True, exist_ok=True)  # as Hydra is about to, but with a clear error
+    except OSError as exc:
+        raise UserError(f"cannot create the run directory {path}: {exc.strerror}") from exc
+
+
+def cli() -> None:
+    """python train.py ...: Hydra's main, with the mistakes Hydra finds itself (an unknown key or
+    option, an unparsable override, a run directory it cannot create) reported in one line too.
+    HYDRA_FULL_ERROR=1 set by the user still shows Hydra's full traceback."""
+    user_wants_trace = os.environ.get("HYDRA_FULL_ERROR") == "1"
+    try:
+        preflight(sys.argv[1:])
+        os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra re-raises instead of printing several lines
+        main()
+    except (UserError, HydraException, OmegaConfBaseException, OSError) as exc:
+        if user_wants_trace:
+            raise
+        print(f"error: {one_line(exc)}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        print("error: interrupted; the last complete checkpoint, if any, is kept", file=sys.stderr)
+        sys.exit(130)
+
+
 if __name__ == "__main__":
-    main()
+    cli()

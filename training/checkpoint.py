@@ -17,7 +17,10 @@ from __future__ import annotations
 import io
 import os
 import pickle
+import pickletools
 import shutil
+import warnings
+import zipfile
 from pathlib import Path
 from typing import Optional
 
@@ -63,14 +66,22 @@ def weights_bytes(model: torch.nn.Module) -> bytes:
     return save(tensors)
 
 
+def _step_of(path: Path) -> int:
+    try:
+        return int(path.name[len("step_"):])
+    except ValueError:
+        return -1
+
+
 def save_checkpoint(run_dir: Path, step: int, model: torch.nn.Module, state: dict,
                     keep: int) -> Path:
     """Write checkpoints/step_<step>/ atomically, point `latest` at it, prune old ones."""
     root = run_dir / CHECKPOINTS
     root.mkdir(parents=True, exist_ok=True)
+    for stale in root.glob(".tmp-*"):  # left behind by a process killed while saving
+        shutil.rmtree(stale, ignore_errors=True)
     name = f"step_{step:08d}"
     tmp = root / f".tmp-{name}"
-    shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     _fsync_write(tmp / WEIGHTS, weights_bytes(model))
     buffer = io.BytesIO()
@@ -78,12 +89,22 @@ def save_checkpoint(run_dir: Path, step: int, model: torch.nn.Module, state: dic
     _fsync_write(tmp / STATE, buffer.getvalue())
     _fsync_dir(tmp)
     final = root / name
-    if final.exists():  # same step saved twice (e.g. signal right after a periodic save)
-        shutil.rmtree(final)
-    os.replace(tmp, final)
+    if final.exists():  # this step was saved before (a resumed run passing it again)
+        old = root / f".tmp-old-{name}"
+        os.replace(final, old)
+        os.replace(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, final)
     _fsync_dir(root)
     atomic_write(root / "latest", name.encode())
-    for old in sorted(root.glob("step_*"))[:-keep]:
+    # Keep the newest `keep` checkpoints up to this one. Any later than this one belong to a
+    # timeline that was abandoned (a run resumed from an earlier checkpoint): they go, or they
+    # would count among the newest and push out the one `latest` names.
+    others = [p for p in root.glob("step_*") if p.is_dir() and p != final]
+    newer = [p for p in others if _step_of(p) > step]
+    older = sorted((p for p in others if _step_of(p) < step), key=_step_of)
+    for old in newer + older[:max(len(older) - (keep - 1), 0)]:
         shutil.rmtree(old, ignore_errors=True)
     return final
 
@@ -114,31 +135,100 @@ def find_weights(run_dir: Path, which: str = "latest") -> Path:
 
 
 def load_weights(model: torch.nn.Module, path: Path) -> None:
-    """Load safetensors weights into model, naming any tensor whose shape disagrees."""
+    """Load safetensors weights into model, saying which part (vocabulary or model shape)
+    disagrees when they do not fit."""
     try:
         tensors = load_file(str(path))
     except (SafetensorError, OSError, ValueError) as exc:
-        raise CheckpointError(f"cannot read weights {path}: {exc}") from exc
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise CheckpointError(f"cannot read weights {path} (truncated or corrupt?): {reason}") from exc
     expected = {k: v for k, v in model.state_dict().items() if k not in TIED}
     missing = sorted(set(expected) - set(tensors))
     unexpected = sorted(set(tensors) - set(expected))
     if missing or unexpected:
-        raise CheckpointError(f"weights {path} do not match the model: missing {missing[:3]}, "
-                              f"unexpected {unexpected[:3]} (different model config?)")
+        raise CheckpointError(f"weights {path} do not match the model shape of the config: missing "
+                              f"{missing[:3]}, unexpected {unexpected[:3]} (different model.n_layer "
+                              f"or model.bias?)")
+    vocab = getattr(model, "vocab_size", None)
+    emb = tensors.get("tok_emb.weight")
+    if vocab is not None and emb is not None and emb.ndim == 2 and emb.shape[0] != vocab:
+        raise CheckpointError(
+            f"weights {path} are for a vocabulary of {emb.shape[0]} tokens, but the tokenizer has "
+            f"{vocab}: the checkpoint and the tokenizer do not belong together")
     for key, value in expected.items():
         if tensors[key].shape != value.shape:
             raise CheckpointError(
-                f"weights {path}: {key} has shape {tuple(tensors[key].shape)}, the model expects "
-                f"{tuple(value.shape)} (different model size or vocabulary?)")
+                f"weights {path} do not match the model shape of the config: {key} has shape "
+                f"{tuple(tensors[key].shape)}, the config gives {tuple(value.shape)} (different "
+                f"model.n_embd, n_head, block_size or mlp_ratio?)")
     model.load_state_dict(tensors, strict=False)
+
+
+def _pickle_imports(data: bytes) -> list[str]:
+    """module.name of each global a pickle would import, found by reading its opcodes (nothing
+    is unpickled)."""
+    found, strings = [], []
+    try:
+        for op, arg, _ in pickletools.genops(data):
+            if op.name in ("GLOBAL", "INST"):
+                found.append(str(arg).replace(" ", "."))
+            elif op.name == "STACK_GLOBAL":
+                found.append(".".join(strings[-2:]) if len(strings) >= 2 else "?")
+            elif isinstance(arg, str):
+                strings.append(arg)
+    except Exception:  # not (or not wholly) a pickle: what was found so far
+        pass
+    return found
+
+
+def _refuse(path: Path, names: list[str]) -> CheckpointError:
+    return CheckpointError(
+        f"refusing to load {path}: its pickle would import {', '.join(sorted(set(names))[:3])}, "
+        f"which can run code; nothing was loaded or executed (use only checkpoints that train.py "
+        f"wrote)")
+
+
+STATE_KEYS = ("optimizer", "sampler", "rng", "step", "tokens_seen", "best_val")
 
 
 def load_state(path: Path) -> dict:
     """The training state, loaded without ever executing pickled code."""
+    if not path.is_file():
+        raise CheckpointError(f"cannot read training state {path}: no such file")
+    if not zipfile.is_zipfile(path):  # torch.save always writes a zip archive
+        try:
+            names = _pickle_imports(path.read_bytes())
+        except OSError as exc:
+            raise CheckpointError(f"cannot read training state {path}: {exc}") from exc
+        if names:
+            raise _refuse(path, names)
+        raise CheckpointError(f"cannot read training state {path}: not a checkpoint written by "
+                              f"train.py (truncated or corrupt?)")
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        unsafe = torch.serialization.get_unsafe_globals_in_checkpoint(str(path))
+    except Exception as exc:
+        raise CheckpointError(f"cannot read training state {path} (truncated or corrupt?): "
+                              f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from exc
+    if unsafe:
+        raise _refuse(path, unsafe)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            state = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
-        raise CheckpointError(f"refusing to load {path}: it contains objects that could run code "
-                              f"({str(exc).splitlines()[0]})") from exc
+        lines = [l for l in str(exc).splitlines() if "GLOBAL" in l or "operand" in l]
+        if any("GLOBAL" in l for l in lines):
+            raise CheckpointError(f"refusing to load {path}: {lines[0].strip()}; nothing was "
+                                  f"executed") from exc
+        raise CheckpointError(f"cannot read training state {path} (truncated or corrupt?)"
+                              + (f": {lines[0].strip()}" if lines else "")) from exc
     except (RuntimeError, OSError, EOFError, ValueError) as exc:
-        raise CheckpointError(f"cannot read training state {path}: {exc}") from exc
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise CheckpointError(f"cannot read training state {path} (truncated or corrupt?): "
+                              f"{reason}") from exc
+    if not isinstance(state, dict) or any(k not in state for k in STATE_KEYS):
+        raise CheckpointError(f"training state {path} lacks "
+                              + (", ".join(k for k in STATE_KEYS if k not in state)
+                                 if isinstance(state, dict) else "everything (not a dict)")
+                              + ": not a checkpoint written by train.py")
+    return state

