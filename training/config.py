@@ -31,7 +31,7 @@ class NonFinite(str, Enum):
 class OptimConfig:
     """AdamW with decoupled weight decay on matrices only (not on biases, LayerNorm)."""
 
-    lr: float = 1e-3
+    lr: float = 2e-3
     min_lr: float = 1e-4
     warmup_steps: int = 100
     schedule: Schedule = Schedule.cosine
@@ -44,11 +44,11 @@ class OptimConfig:
 
 @dataclass
 class TrainConfig:
-    max_steps: int = 5000
+    max_steps: int = 2000
     batch_size: int = 32
     # Stop early once this much training time has passed (null: run all max_steps).
     max_minutes: Optional[float] = None
-    eval_interval: int = 500
+    eval_interval: int = 250
     eval_batches: int = 20          # fixed random validation batches for periodic evaluation
     final_full_eval: bool = True    # at the end, score every token of the validation split
     log_interval: int = 25
