@@ -1,0 +1,223 @@
+"""Plumbing shared by the benchmark scripts: command line, timing, memory, tables, headline.
+
+Every script prints a small table whose header states what its numbers depend on (device,
+threads, torch version) and ends with one line `ratio=<number>`: the single figure that CI
+checks for and that people compare between machines and commits.
+
+Timing rules, the same everywhere: warm-up calls are excluded (first calls pay for lazy
+initialisation, allocator growth and, with torch.compile, compilation); each candidate is timed
+several times and its median reported (robust to the odd slow repetition on a shared machine);
+candidates that are compared are timed in the same run, alternating repetition by repetition,
+so that a change in machine load hits all of them alike.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Iterable, Optional, Sequence
+
+import torch
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+MIB = 1 << 20
+# Defaults of the timing loop; each script may choose its own and --reps / --warmup override.
+DEFAULT_REPS, QUICK_REPS = 10, 3
+DEFAULT_WARMUP, QUICK_WARMUP = 2, 1
+
+
+# ----------------------------------------------------------------------------- command line
+
+
+def make_parser(description: str) -> argparse.ArgumentParser:
+    """The options every benchmark takes; scripts add their own to the returned parser."""
+    parser = argparse.ArgumentParser(description=description,
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--quick", action="store_true",
+                        help="a seconds-long smoke run (CI): fewer sizes and repetitions")
+    parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch intra-op CPU threads (default: PyTorch's choice)")
+    parser.add_argument("--reps", type=int, default=None,
+                        help=f"timed repetitions, median reported (default {DEFAULT_REPS}, "
+                             f"--quick {QUICK_REPS}, unless the script says otherwise)")
+    parser.add_argument("--warmup", type=int, default=None,
+                        help=f"untimed warm-up calls (default {DEFAULT_WARMUP}, "
+                             f"--quick {QUICK_WARMUP})")
+    return parser
+
+
+def resolve_repetitions(args: argparse.Namespace, reps: int = DEFAULT_REPS,
+                        quick_reps: int = QUICK_REPS, warmup: int = DEFAULT_WARMUP,
+                        quick_warmup: int = QUICK_WARMUP) -> tuple[int, int]:
+    """(reps, warmup): the command line's if given, else the script's defaults for the mode."""
+    r = args.reps if args.reps is not None else (quick_reps if args.quick else reps)
+    w = args.warmup if args.warmup is not None else (quick_warmup if args.quick else warmup)
+    if r < 1 or w < 0:
+        raise SystemExit(f"error: --reps must be >= 1 and --warmup >= 0, got {r} and {w}")
+    return r, w
+
+
+def setup(args: argparse.Namespace) -> torch.device:
+    """Apply --threads and resolve --device (the same rule as train.py's train.device)."""
+    from training.device import pick_device
+
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    try:
+        return pick_device(args.device)
+    except ValueError as exc:
+        raise SystemExit(f"error: {exc}") from exc
+
+
+# ----------------------------------------------------------------------------- timing
+
+
+def sync(device: torch.device) -> None:
+    """CUDA kernels run asynchronously: wait for them, or the clock stops too early."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_once(fn: Callable[[], object], device: torch.device) -> float:
+    """Wall-clock seconds of one call, device work included."""
+    sync(device)
+    start = time.perf_counter()
+    fn()
+    sync(device)
+    return time.perf_counter() - start
+
+
+def interleaved_medians(candidates: dict[str, Callable[[], object]], device: torch.device,
+                        reps: int, warmup: int) -> dict[str, float]:
+    """Median seconds per call of each candidate, warm-up excluded.
+
+    The candidates take turns within each repetition (a, b, a, b, ...) rather than running one
+    after the other, so that other jobs starting or stopping on the machine affect all of them
+    alike and their ratio stays meaningful even when the absolute times drift.
+    """
+    for _ in range(warmup):
+        for fn in candidates.values():
+            fn()
+    sync(device)
+    samples: dict[str, list[float]] = {name: [] for name in candidates}
+    for _ in range(reps):
+        for name, fn in candidates.items():
+            samples[name].append(time_once(fn, device))
+    return {name: statistics.median(times) for name, times in samples.items()}
+
+
+# ----------------------------------------------------------------------------- memory
+
+
+def activation_bytes(forward: Callable[[], torch.Tensor],
+                     exclude: Iterable[torch.Tensor] = ()) -> tuple[int, torch.Tensor]:
+    """Bytes that autograd keeps alive for the backward pass of `forward()`, and its output.
+
+    Works on any device, CPU included (where PyTorch has no peak-memory counter): every tensor
+    saved for backward passes through `saved_tensors_hooks`; each underlying storage is counted
+    once (q, k and v are views of one qkv buffer, a tensor may be saved by several ops), and the
+    storages of `exclude` (weights, buffers, inputs: alive whatever the layer does) not at all.
+    Transient buffers freed during the forward pass are not included: this is the memory held
+    between forward and backward, which is what grows with batch and sequence length in training.
+    """
+    seen = {t.untyped_storage().data_ptr() for t in exclude}
+    total = 0
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        nonlocal total
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in seen:  # kept alive by the saved tensor: no address reuse
+            seen.add(storage.data_ptr())
+            total += storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = forward()
+    return total, out
+
+
+def cuda_peak_bytes(fn: Callable[[], object], device: torch.device) -> Optional[int]:
+    """Peak CUDA memory allocated by `fn()` above what was allocated before it; None on CPU."""
+    if device.type != "cuda":
+        return None
+    sync(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    before = torch.cuda.memory_allocated(device)
+    fn()
+    sync(device)
+    return torch.cuda.max_memory_allocated(device) - before
+
+
+# ----------------------------------------------------------------------------- reporting
+
+
+def cpu_bf16_note(device: torch.device) -> str:
+    """bf16 on a CPU without bf16 instructions is emulated (slow): say so next to the figures."""
+    if device.type != "cpu":
+        return ""
+    from training.device import cpu_has_native_bf16
+
+    return ("CPU bf16: native" if cpu_has_native_bf16()
+            else "CPU bf16: emulated (no AVX512-BF16/AMX), expect bf16 slower than fp32")
+
+
+def describe_machine(device: torch.device) -> str:
+    """One line naming what the timings depend on."""
+    if device.type == "cuda":
+        where = f"cuda ({torch.cuda.get_device_name(device)})"
+    else:
+        where = f"cpu ({platform.processor() or platform.machine()})"
+    parts = [f"device {where}", f"torch.get_num_threads()={torch.get_num_threads()}",
+             f"torch {torch.__version__}", cpu_bf16_note(device)]
+    return "; ".join(p for p in parts if p)
+
+
+def print_header(title: str, device: torch.device, *details: str) -> None:
+    print(f"== {title}")
+    print(f"   {describe_machine(device)}")
+    for line in details:
+        print(f"   {line}")
+
+
+def print_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
+    """A plain, aligned text table (numbers right-aligned, text left-aligned)."""
+    cells = [[str(h) for h in headers]] + [[str(c) for c in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+
+    def line(row: Sequence[str], raw: Sequence[object]) -> str:
+        out = []
+        for text, value, width in zip(row, raw, widths):
+            numeric = isinstance(value, (int, float)) or _looks_numeric(text)
+            out.append(text.rjust(width) if numeric else text.ljust(width))
+        return "  ".join(out).rstrip()
+
+    print(line(cells[0], headers))
+    print("  ".join("-" * w for w in widths))
+    for row, raw in zip(cells[1:], rows):
+        print(line(row, raw))
+
+
+def _looks_numeric(text: str) -> bool:
+    try:
+        float(text.replace(",", "").rstrip("%x"))
+        return True
+    except ValueError:
+        return False
+
+
+def fmt(value: Optional[float], spec: str = ".3g") -> str:
+    """A number for a table cell; None (not measured) and non-finite values read 'n/a'."""
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "n/a"
+    return format(value, spec)
+
+
+def print_headline(value: float) -> None:
+    """The last line of every benchmark, parsed by tests/test_bench.py and by people."""
+    sys.stdout.flush()
+    print(f"ratio={value:.6g}", flush=True)
