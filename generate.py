@@ -145,8 +145,10 @@ def main(argv: list[str]) -> int:
             print(f"warning: prompt has {len(prompt_ids)} tokens, more than the context of {block}; "
                   f"only its last {block} tokens are used", file=sys.stderr)
             prompt_ids = prompt_ids[-block:]
-    except (GenerateError, CheckpointError, OmegaConfBaseException, ValueError, OSError) as exc:
-        print(f"error: {_first_line(exc)}", file=sys.stderr)
+    except (GenerateError, CheckpointError, OmegaConfBaseException, ValueError, RuntimeError,
+            OSError) as exc:
+        message, key = _first_line(exc), getattr(exc, "full_key", None)
+        print(f"error: {key + ': ' if key and key not in message else ''}{message}", file=sys.stderr)
         return 2
     try:
         for i in range(cfg.num_samples):

@@ -21,6 +21,7 @@ import hydra
 import numpy as np
 import torch
 from hydra.core.hydra_config import HydraConfig
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -32,8 +33,9 @@ from data.shakespeare import CorpusError
 from data.tokenizer import load_tokenizer
 from model.attention import causal_variant
 from model.gpt import GPT
-from training.checkpoint import (CHECKPOINTS, CheckpointError, atomic_write, latest_checkpoint,
-                                 load_state, load_weights, save_best, save_checkpoint)
+from training.checkpoint import (CHECKPOINTS, CheckpointError, atomic_write, holds_checkpoints,
+                                 latest_checkpoint, load_state, load_weights, save_best,
+                                 save_checkpoint)
 from training.config import Config, NonFinite, register_configs, validate
 from training.device import autocast, pick_device, pick_dtype
 from training.evaluate import (attention_diagnostics, bits_per_char, full_split_loss, mean_loss,
@@ -76,7 +78,7 @@ def resolve_run(cfg: DictConfig) -> tuple[Config, Path, bool]:
         cfg = merged
     else:
         run_dir = Path(HydraConfig.get().runtime.output_dir)
-        if latest_checkpoint(run_dir) is not None:
+        if holds_checkpoints(run_dir):
             raise UserError(f"{run_dir} already holds a checkpoint; resume it with resume={run_dir} "
                             "or choose another hydra.run.dir")
     conf: Config = OmegaConf.to_object(cfg)
@@ -196,7 +198,10 @@ def train(cfg: Config, run_dir: Path, resuming: bool) -> dict:
     t, m = cfg.train, cfg.model
     if t.threads:
         torch.set_num_threads(t.threads)
-    device = pick_device(t.device)
+    try:
+        device = pick_device(t.device)
+    except (ValueError, RuntimeError) as exc:  # no CUDA here, or no such device index
+        raise UserError(first_line(exc)) from exc
     dtype = pick_dtype(t.dtype, device)
     amp = autocast(device, dtype)
     seed_everything(cfg.seed)
@@ -246,9 +251,9 @@ def train(cfg: Config, run_dir: Path, resuming: bool) -> dict:
         print(f"resuming {run_dir} from step {step}", file=sys.stderr)
 
     step_model = torch.compile(model) if t.compile else model
-    # step + 1: what was logged at the checkpoint's own step is already part of it (kept)
-    # A fresh run purges from step 0: curves of an earlier attempt killed before its first
-    # checkpoint (the directory had none, so it could be started afresh) do not show.
+    # On resume, purge from step + 1: what was logged at the checkpoint's own step is part of it
+    # (kept), anything later came from the interrupted process and is logged again. A fresh run
+    # purges from 0: the curves of an attempt killed before its first checkpoint do not show.
     writer = open_writer(run_dir, purge_step=step + 1 if resuming else 0)
     if not resuming:
         writer.add_text("config", "```\n" + OmegaConf.to_yaml(OmegaConf.structured(cfg)) + "\n```", 0)
@@ -485,12 +490,16 @@ def preflight(argv: list[str]) -> None:
     one that cannot be created is reported in one line."""
     if any(a in ("-m", "--multirun") for a in argv):
         return
-    options = dict(a.lstrip("+~").split("=", 1) for a in argv if "=" in a and not a.startswith("-"))
+    try:
+        parsed = OverridesParser.create().parse_overrides([a for a in argv if not a.startswith("-")])
+    except Exception:  # Hydra reports an unparsable override itself
+        return
+    options = {o.key_or_group: o.value() for o in parsed if not o.is_delete()}
     run_dir = options.get("hydra.run.dir")
-    if not run_dir or "${" in run_dir:
+    if not isinstance(run_dir, str) or "${" in run_dir:
         return
     path = Path(run_dir)
-    if not options.get("resume") and latest_checkpoint(path) is not None:
+    if not options.get("resume") and holds_checkpoints(path):
         raise UserError(f"{path} already holds a checkpoint; resume it with resume={path} "
                         "or choose another hydra.run.dir")
     existing = path

@@ -116,6 +116,13 @@ def save_best(run_dir: Path, model: torch.nn.Module, step: int, val_loss: float)
     atomic_write(root / "info.txt", f"step {step}\nval_loss {val_loss:.6f}\n".encode())
 
 
+def holds_checkpoints(run_dir: Path) -> bool:
+    """Whether run_dir holds any checkpoint, even one `latest` does not (validly) name: a new run
+    must not start there, or it would overwrite them."""
+    root = run_dir / CHECKPOINTS
+    return (root / "latest").is_file() or any(root.glob("step_*"))
+
+
 def latest_checkpoint(run_dir: Path) -> Optional[Path]:
     pointer = run_dir / CHECKPOINTS / "latest"
     if not pointer.is_file():

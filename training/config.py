@@ -44,7 +44,7 @@ class OptimConfig:
 
 @dataclass
 class TrainConfig:
-    max_steps: int = 2000
+    max_steps: int = 1800
     batch_size: int = 32
     # Stop early once this much training time has passed (null: run all max_steps).
     max_minutes: Optional[float] = None

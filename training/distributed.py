@@ -1,0 +1,80 @@
+"""Multi-process training with PyTorch's own engine: torch.distributed + DistributedDataParallel.
+
+`torchrun --nproc_per_node=N train.py` sets RANK / WORLD_SIZE / LOCAL_RANK; a plain
+`python train.py` runs as a world of one, with no process group at all. The backend is `nccl` on
+CUDA and `gloo` on CPU. Only rank 0 writes logs, samples and checkpoints; every rank computes, and
+the values that decide what happens next (losses, stop requests) are agreed with all_reduce so
+that no rank waits for a collective the others skipped.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from training.device import pick_device
+
+
+@dataclass
+class World:
+    rank: int = 0
+    size: int = 1
+    local_rank: int = 0
+    device: torch.device = torch.device("cpu")
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.size > 1
+
+
+def init_world(device_name: str) -> World:
+    """Join the process group that torchrun described in the environment, if any."""
+    size = int(os.environ.get("WORLD_SIZE", "1"))
+    if size == 1:
+        return World(device=pick_device(device_name))
+    rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
+    device = pick_device(device_name)
+    if device.type == "cuda":
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    if not dist.is_initialized():
+        dist.init_process_group(backend=backend)
+    return World(rank=rank, size=size, local_rank=local_rank, device=device)
+
+
+def shutdown(world: World) -> None:
+    if world.distributed and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def all_sum(values: list[float], world: World) -> list[float]:
+    """Element-wise sum over ranks (identity for a world of one)."""
+    if not world.distributed:
+        return values
+    t = torch.tensor(values, dtype=torch.float64, device=world.device)
+    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t.tolist()
+
+
+def any_rank(flag: bool, world: World) -> bool:
+    """True on every rank if it is true on one: a stop request reaches all ranks at the same step."""
+    return all_sum([float(flag)], world)[0] > 0
+
+
+def barrier(world: World) -> None:
+    if world.distributed:
+        dist.barrier()
+
+
+class NullWriter:
+    """Stands in for the SummaryWriter on ranks other than 0: logging calls do nothing."""
+
+    def __getattr__(self, name):
+        return lambda *args, **kwargs: None
