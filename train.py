@@ -9,9 +9,9 @@
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
-import random
 import signal
 import sys
 import time
@@ -25,6 +25,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
+from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
 from data.batches import RandomWindows, fixed_windows
@@ -37,21 +38,18 @@ from training.checkpoint import (CHECKPOINTS, CheckpointError, atomic_write, hol
                                  latest_checkpoint, load_state, load_weights, save_best,
                                  save_checkpoint)
 from training.config import Config, NonFinite, register_configs, validate
-from training.device import autocast, pick_device, pick_dtype
+from training.device import autocast, pick_dtype
+from training.distributed import (NullWriter, World, all_sum, barrier, broadcast_from_main,
+                                  init_world, shutdown)
 from training.evaluate import (attention_diagnostics, bits_per_char, full_split_loss, mean_loss,
                                qk_grad_norms)
 from training.optim import lr_at, make_optimizer
+from training.errors import TrainingDiverged, UserError, first_line, one_line, root_cause
+from training.signals import StopFlag
+from training.state import rng_state, seed_everything, set_rng_state
 from training.tb import open_writer, write_hparams
 
 register_configs()
-
-
-class UserError(RuntimeError):
-    """A mistake in what the user asked for: reported as one line, without a traceback."""
-
-
-class TrainingDiverged(UserError):
-    pass
 
 
 # ----------------------------------------------------------------------------- setup
@@ -65,15 +63,20 @@ def resolve_run(cfg: DictConfig) -> tuple[Config, Path, bool]:
         saved = run_dir / "config.yaml"
         if not saved.is_file():
             raise UserError(f"cannot resume: {saved} does not exist (is {run_dir} a run directory?)")
-        overrides = [o for o in HydraConfig.get().overrides.task
-                     if not o.lstrip("+~").startswith(("resume=", "hydra."))]
         try:
             saved_cfg = OmegaConf.load(saved)
         except Exception as exc:  # YAML syntax, unreadable file
             raise UserError(f"cannot resume: {saved} is not a readable run config: "
                             f"{first_line(exc)}") from exc
-        merged = OmegaConf.merge(OmegaConf.structured(Config), saved_cfg,
-                                 OmegaConf.from_dotlist([o.lstrip("+") for o in overrides]))
+        merged = OmegaConf.merge(OmegaConf.structured(Config), saved_cfg)
+        # What this command overrode wins over the saved config, taken from the config Hydra has
+        # composed (so values are parsed as usual): a key (train.max_steps=...) or a whole group
+        # (data=...). Packages such as +experiment=... only select values and are not replayed.
+        for override in HydraConfig.get().overrides.task:
+            key = override.lstrip("+~").split("=", 1)[0]
+            if key == "resume" or key.startswith("hydra.") or ("." not in key and key not in cfg):
+                continue
+            OmegaConf.update(merged, key, OmegaConf.select(cfg, key), merge=False)
         merged.resume = str(run_dir)
         cfg = merged
     else:
@@ -87,54 +90,6 @@ def resolve_run(cfg: DictConfig) -> tuple[Config, Path, bool]:
     except ValueError as exc:
         raise UserError(str(exc)) from exc
     return conf, run_dir, bool(cfg.resume)
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
-
-
-def rng_state() -> dict:
-    _, keys, pos, has_gauss, cached_gaussian = np.random.get_state()
-    state = {"python": random.getstate(), "torch": torch.get_rng_state(),
-             "numpy": keys.tolist(), "numpy_pos": int(pos),
-             "numpy_gauss": [int(has_gauss), float(cached_gaussian)]}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict) -> None:
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
-    torch.set_rng_state(state["torch"])
-    has_gauss, cached_gaussian = state.get("numpy_gauss", (0, 0.0))
-    np.random.set_state(("MT19937", np.array(state["numpy"], dtype=np.uint32),
-                         int(state.get("numpy_pos", 624)), int(has_gauss), float(cached_gaussian)))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-class StopFlag:
-    """SIGINT/SIGTERM ask the loop to finish the current step, save, and exit; a second SIGINT
-    interrupts at once."""
-
-    def __init__(self):
-        self.signal = None
-
-    def __enter__(self):
-        self._old = {s: signal.signal(s, self._handle) for s in (signal.SIGINT, signal.SIGTERM)}
-        return self
-
-    def __exit__(self, *exc):
-        for s, handler in self._old.items():
-            signal.signal(s, handler)
-
-    def _handle(self, signum, frame):
-        if self.signal is not None and signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        self.signal = signal.Signals(signum).name
 
 
 def link_latest(run_dir: Path) -> None:
@@ -194,27 +149,54 @@ def check_tokenizer(corpus: PreparedCorpus, saved: Path) -> None:
             f"(data.*) or the tokenizer config changed since the run started")
 
 
-def train(cfg: Config, run_dir: Path, resuming: bool) -> dict:
+def restore(run_dir: Path, model, optimizer, sampler, corpus: PreparedCorpus) -> dict:
+    """Load the latest checkpoint of run_dir into model, optimizer, sampler and the RNGs; return
+    the loop counters saved with it."""
+    ckpt = latest_checkpoint(run_dir)
+    if ckpt is None:
+        pointer = run_dir / CHECKPOINTS / "latest"
+        if pointer.is_file():
+            raise CheckpointError(f"cannot resume: {pointer} names {pointer.read_text().strip()!r}, "
+                                  f"which is not in {pointer.parent}")
+        raise UserError(f"cannot resume: {run_dir} holds no checkpoint")
+    check_tokenizer(corpus, run_dir / "tokenizer.json")
+    load_weights(model, ckpt / "model.safetensors")
+    state = load_state(ckpt / "state.pt")
+    try:
+        optimizer.load_state_dict(state["optimizer"])
+        sampler.load_state_dict(state["sampler"])
+        set_rng_state(state["rng"])
+    except (KeyError, ValueError, TypeError, RuntimeError) as exc:
+        raise CheckpointError(f"training state {ckpt / 'state.pt'} does not fit this model and "
+                              f"run: {first_line(exc)}") from exc
+    return {"step": state["step"], "tokens_seen": state["tokens_seen"], "best_val": state["best_val"],
+            "elapsed": state.get("elapsed", 0.0), "loss_window": list(state.get("loss_window", [])),
+            "skipped": state.get("skipped", 0)}
+
+
+def train(cfg: Config, run_dir: Path, resuming: bool, world: World) -> dict:
     t, m = cfg.train, cfg.model
     if t.threads:
         torch.set_num_threads(t.threads)
-    try:
-        device = pick_device(t.device)
-    except (ValueError, RuntimeError) as exc:  # no CUDA here, or no such device index
-        raise UserError(first_line(exc)) from exc
+    device = world.device
     dtype = pick_dtype(t.dtype, device)
     amp = autocast(device, dtype)
     seed_everything(cfg.seed)
 
-    corpus = load_corpus(cfg)
+    # Rank 0 builds the token cache first; the others then only read it.
+    corpus = load_corpus(cfg) if world.is_main else None
+    barrier(world)
+    corpus = corpus or load_corpus(cfg)
     if len(corpus.validation) < 2:
         raise UserError("the validation split is shorter than 2 tokens")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    if not os.access(run_dir, os.W_OK):
-        raise UserError(f"run directory {run_dir} is not writable")
-    if not resuming:
-        atomic_write(run_dir / "tokenizer.json", corpus.tokenizer.to_str().encode())
-        atomic_write(run_dir / "config.yaml", OmegaConf.to_yaml(OmegaConf.structured(cfg)).encode())
+    if world.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        if not os.access(run_dir, os.W_OK):
+            raise UserError(f"run directory {run_dir} is not writable")
+        if not resuming:
+            atomic_write(run_dir / "tokenizer.json", corpus.tokenizer.to_str().encode())
+            atomic_write(run_dir / "config.yaml",
+                         OmegaConf.to_yaml(OmegaConf.structured(cfg)).encode())
 
     model = GPT(m, corpus.vocab_size, cfg.attention).to(device)
     optimizer = make_optimizer(model, cfg.optim)
@@ -222,44 +204,38 @@ def train(cfg: Config, run_dir: Path, resuming: bool) -> dict:
     eval_batches = fixed_windows(corpus.validation, min(m.block_size, len(corpus.validation) - 1),
                                  t.eval_batches, t.batch_size, seed=cfg.seed + 1)
     step, tokens_seen, best_val, elapsed, loss_window, skipped = 0, 0, math.inf, 0.0, [], 0
-
     if resuming:
-        ckpt = latest_checkpoint(run_dir)
-        if ckpt is None:
-            pointer = run_dir / CHECKPOINTS / "latest"
-            if pointer.is_file():
-                raise CheckpointError(f"cannot resume: {pointer} names {pointer.read_text().strip()!r}, "
-                                      f"which is not in {pointer.parent}")
-            raise UserError(f"cannot resume: {run_dir} holds no checkpoint")
-        check_tokenizer(corpus, run_dir / "tokenizer.json")
-        load_weights(model, ckpt / "model.safetensors")
-        state = load_state(ckpt / "state.pt")
-        try:
-            optimizer.load_state_dict(state["optimizer"])
-            sampler.load_state_dict(state["sampler"])
-            set_rng_state(state["rng"])
-        except (KeyError, ValueError, TypeError, RuntimeError) as exc:
-            raise CheckpointError(f"training state {ckpt / 'state.pt'} does not fit this model and "
-                                  f"run: {first_line(exc)}") from exc
-        step, tokens_seen, best_val = state["step"], state["tokens_seen"], state["best_val"]
-        elapsed, loss_window = state.get("elapsed", 0.0), list(state.get("loss_window", []))
-        skipped = state.get("skipped", 0)
+        saved = restore(run_dir, model, optimizer, sampler, corpus)
+        step, tokens_seen, best_val = saved["step"], saved["tokens_seen"], saved["best_val"]
+        elapsed, loss_window, skipped = saved["elapsed"], saved["loss_window"], saved["skipped"]
         if step >= t.max_steps:
-            print(f"{run_dir} already finished ({step} of train.max_steps={t.max_steps} steps); "
-                  f"raise train.max_steps to train further.", file=sys.stderr)
+            if world.is_main:
+                print(f"{run_dir} already finished ({step} of train.max_steps={t.max_steps} steps); "
+                      f"raise train.max_steps to train further.", file=sys.stderr)
             return {}
-        print(f"resuming {run_dir} from step {step}", file=sys.stderr)
+        if world.is_main:
+            print(f"resuming {run_dir} from step {step}", file=sys.stderr)
 
-    step_model = torch.compile(model) if t.compile else model
+    # DDP averages gradients over ranks during backward; with accumulation, only the last
+    # micro-step of an optimizer step synchronises (no_sync on the others).
+    ddp_model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None) \
+        if world.distributed else model
+    step_model = torch.compile(ddp_model) if t.compile else ddp_model
     # On resume, purge from step + 1: what was logged at the checkpoint's own step is part of it
     # (kept), anything later came from the interrupted process and is logged again. A fresh run
     # purges from 0: the curves of an attempt killed before its first checkpoint do not show.
-    writer = open_writer(run_dir, purge_step=step + 1 if resuming else 0)
+    writer = open_writer(run_dir, purge_step=step + 1 if resuming else 0) if world.is_main \
+        else NullWriter()
     if not resuming:
         writer.add_text("config", "```\n" + OmegaConf.to_yaml(OmegaConf.structured(cfg)) + "\n```", 0)
     leaky = not cfg.attention.is_causal()
-    print(f"model: {model.num_params() / 1e6:.2f}M parameters, vocab {corpus.vocab_size}, "
-          f"{device.type} {str(dtype).replace('torch.', '')}, run dir {run_dir}", file=sys.stderr)
+    tokens_per_step = t.batch_size * t.grad_accum * world.size * m.block_size
+    if world.is_main:
+        print(f"model: {model.num_params() / 1e6:.2f}M parameters, vocab {corpus.vocab_size}, "
+              f"{device.type} {str(dtype).replace('torch.', '')}, {world.size} process(es), "
+              f"{tokens_per_step:,} tokens per step (batch {t.batch_size} x accumulation "
+              f"{t.grad_accum} x processes {world.size} x block {m.block_size}), run dir {run_dir}",
+              file=sys.stderr)
 
     def checkpoint_state() -> dict:
         return {"optimizer": optimizer.state_dict(), "sampler": sampler.state_dict(),
@@ -267,42 +243,46 @@ def train(cfg: Config, run_dir: Path, resuming: bool) -> dict:
                 "best_val": best_val, "elapsed": elapsed, "loss_window": list(loss_window),
                 "skipped": skipped}
 
-    def evaluate_and_save(final: bool) -> dict:
-        nonlocal best_val
-        metrics = {"val_loss": mean_loss(model, eval_batches, amp)}
-        writer.add_scalar("val/loss", metrics["val_loss"], step)
-        if leaky:
-            with model.attention_variant(causal_variant(cfg.attention)):
-                metrics["causal_val_loss"] = mean_loss(model, eval_batches, amp)
-            writer.add_scalar("val/causal_loss", metrics["causal_val_loss"], step)
-        else:
-            metrics["causal_val_loss"] = metrics["val_loss"]
-        for i, d in enumerate(attention_diagnostics(model, eval_batches[0][0], amp)):
-            writer.add_scalar(f"attn/max_weight/layer{i}", d["max_weight"], step)
-            writer.add_scalar(f"attn/entropy/layer{i}", d["entropy"], step)
-        if t.sample_tokens > 0:
-            writer.add_text("sample", sample_text(model, corpus, cfg, step, amp), step)
-        if metrics["causal_val_loss"] < best_val:
-            best_val = metrics["causal_val_loss"]
-            save_best(run_dir, model, step, best_val)
-        save()
-        return metrics
-
     saved_at = step if resuming else None  # step of the newest checkpoint on disk
 
     def save() -> None:
         nonlocal saved_at
-        writer.flush()  # everything logged up to this step is on disk before the checkpoint is
-        save_checkpoint(run_dir, step, model, checkpoint_state(), t.keep_checkpoints)
+        if world.is_main:
+            writer.flush()  # everything logged up to this step is on disk before the checkpoint
+            save_checkpoint(run_dir, step, model, checkpoint_state(), t.keep_checkpoints)
         saved_at = step
+
+    def evaluate_and_save() -> dict:
+        """Every rank evaluates its share of the batches; rank 0 logs, samples and saves."""
+        nonlocal best_val
+        metrics = {"val_loss": mean_loss(model, eval_batches, amp, world)}
+        writer.add_scalar("val/loss", metrics["val_loss"], step)
+        if leaky:
+            with model.attention_variant(causal_variant(cfg.attention)):
+                metrics["causal_val_loss"] = mean_loss(model, eval_batches, amp, world)
+            writer.add_scalar("val/causal_loss", metrics["causal_val_loss"], step)
+        else:
+            metrics["causal_val_loss"] = metrics["val_loss"]
+        if world.is_main:
+            for i, d in enumerate(attention_diagnostics(model, eval_batches[0][0], amp)):
+                writer.add_scalar(f"attn/max_weight/layer{i}", d["max_weight"], step)
+                writer.add_scalar(f"attn/entropy/layer{i}", d["entropy"], step)
+            if t.sample_tokens > 0:
+                writer.add_text("sample", sample_text(model, corpus, cfg, step, amp), step)
+        if metrics["causal_val_loss"] < best_val:
+            best_val = metrics["causal_val_loss"]
+            if world.is_main:
+                save_best(run_dir, model, step, best_val)
+        save()
+        return metrics
 
     start_tokens, step_seconds = tokens_seen, 0.0  # this process's pure training throughput
     t_last, tok_last = time.perf_counter(), tokens_seen
     t_start = time.perf_counter() - elapsed
     stopped_by, metrics = None, {}
     clip = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else math.inf
-    bar = tqdm(total=t.max_steps, initial=step, disable=not t.progress or None, dynamic_ncols=True,
-               unit="step", file=sys.stderr)
+    bar = tqdm(total=t.max_steps, initial=step, dynamic_ncols=True, unit="step", file=sys.stderr,
+               disable=True if not (t.progress and world.is_main) else None)
     model.train()
     with StopFlag() as stop:
         while step < t.max_steps:
@@ -310,14 +290,21 @@ def train(cfg: Config, run_dir: Path, resuming: bool) -> dict:
             lr = lr_at(step, cfg.optim, t.max_steps)
             for group in optimizer.param_groups:
                 group["lr"] = lr
-            x, y = sampler.next_batch()
-            with amp:
-                _, loss = step_model(x, y)
-            if t.inject_nan_at_step == step:
-                loss = loss * float("nan")
-            loss.backward()
+            loss_sum = 0.0
+            micro_batches = sampler.next_step(t.grad_accum, world.rank, world.size)
+            for i, (x, y) in enumerate(micro_batches):
+                last = i == len(micro_batches) - 1
+                sync = contextlib.nullcontext() if last or not world.distributed \
+                    else ddp_model.no_sync()
+                with sync:
+                    with amp:
+                        _, loss = step_model(x, y)
+                    if t.inject_nan_at_step == step:
+                        loss = loss * float("nan")
+                    (loss / len(micro_batches)).backward()
+                loss_sum += loss.item()
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip).item()
-            loss_value = loss.item()
+            loss_value = all_sum([loss_sum / len(micro_batches)], world)[0] / world.size
             finite = math.isfinite(loss_value) and math.isfinite(grad_norm)
             if not finite:
                 what = "loss" if not math.isfinite(loss_value) else "gradient"
@@ -335,13 +322,13 @@ def train(cfg: Config, run_dir: Path, resuming: bool) -> dict:
                 writer.add_scalar("train/skipped_steps", skipped, step + 1)
                 bar.write(f"step {step}: non-finite {what}, step skipped ({skipped} so far)")
             log_now = (step + 1) % t.log_interval == 0
-            qk = qk_grad_norms(model) if log_now and finite else []
+            qk = qk_grad_norms(model) if log_now and finite and world.is_main else []
             if finite:
                 optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             step += 1
             if finite:
-                tokens_seen += x.numel()
+                tokens_seen += tokens_per_step
                 loss_window.append(loss_value)
             step_seconds += time.perf_counter() - t_step
 
@@ -363,37 +350,44 @@ def train(cfg: Config, run_dir: Path, resuming: bool) -> dict:
             bar.update(1)
 
             elapsed = time.perf_counter() - t_start
-            out_of_time = t.max_minutes is not None and elapsed >= 60 * t.max_minutes
+            # every rank must take the same branch below: agree on the stop conditions
+            stop_asked, out_of_time = (v > 0 for v in all_sum(
+                [float(stop.signal is not None),
+                 float(t.max_minutes is not None and elapsed >= 60 * t.max_minutes)], world))
             if step % t.eval_interval == 0 and step < t.max_steps and not out_of_time:
-                metrics.update(evaluate_and_save(final=False))
+                metrics.update(evaluate_and_save())
                 bar.write(f"step {step}: train loss {metrics.get('train_loss', math.nan):.4f}, "
                           f"val loss {metrics['val_loss']:.4f}"
                           + (f", causal val loss {metrics['causal_val_loss']:.4f}" if leaky else ""))
                 t_last = time.perf_counter()  # evaluation time is not training throughput
-            if (stop.signal or out_of_time) and step < t.max_steps:
-                stopped_by = stop.signal or f"time budget of {t.max_minutes} min"
+            if (stop_asked or out_of_time) and step < t.max_steps:
+                stopped_by = (stop.signal or "a signal to another process") if stop_asked \
+                    else f"time budget of {t.max_minutes} min"
                 break
         bar.close()
-        if stopped_by and stop.signal:
+        signalled = stopped_by is not None and stop_asked
+        if signalled:
             # Only a checkpoint, no evaluation: an extra evaluation would log an extra val/loss
             # point and could move `best`, and the resumed run must match an uninterrupted one.
             if saved_at != step:
                 save()
         else:
-            metrics.update(evaluate_and_save(final=True))
+            metrics.update(evaluate_and_save())
 
-    if stopped_by and stop.signal:
-        print(f"stopped by {stopped_by} at step {step}; checkpoint saved. Continue with:\n"
-              f"  python train.py resume={run_dir}", file=sys.stderr)
+    if signalled:
+        if world.is_main:
+            print(f"stopped by {stopped_by} at step {step}; checkpoint saved. Continue with:\n"
+                  f"  python train.py resume={run_dir}", file=sys.stderr)
         writer.close()
         # exit as the signal asked (this also ends a multirun sweep, not just the current job)
-        raise SystemExit(128 + signal.Signals[stop.signal].value)
+        signum = signal.Signals[stop.signal].value if stop.signal else signal.SIGTERM.value
+        raise SystemExit(128 + signum)
 
     metrics["train_time_min"] = elapsed / 60
     metrics["tokens_per_sec"] = (tokens_seen - start_tokens) / max(step_seconds, 1e-9)
     metrics["steps"] = step
     if t.final_full_eval:
-        full = full_split_loss(model, corpus.validation, m.block_size, t.batch_size, amp)
+        full = full_split_loss(model, corpus.validation, m.block_size, t.batch_size, amp, world)
         metrics["val_loss_full"] = full
         metrics["val_bpc_full"] = bits_per_char(full, len(corpus.validation),
                                                 corpus.n_chars["validation"])
@@ -402,7 +396,7 @@ def train(cfg: Config, run_dir: Path, resuming: bool) -> dict:
         if leaky:
             with model.attention_variant(causal_variant(cfg.attention)):
                 metrics["causal_val_loss_full"] = full_split_loss(
-                    model, corpus.validation, m.block_size, t.batch_size, amp)
+                    model, corpus.validation, m.block_size, t.batch_size, amp, world)
             writer.add_scalar("val/causal_loss_full", metrics["causal_val_loss_full"], step)
     metrics["val_bpc"] = bits_per_char(metrics["causal_val_loss"], len(corpus.validation),
                                        corpus.n_chars["validation"])
@@ -430,58 +424,29 @@ def report(metrics: dict, run_dir: Path) -> None:
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> float:
+    world = None
     try:
         conf, run_dir, resuming = resolve_run(cfg)
-        metrics = train(conf, run_dir, resuming)
+        try:
+            world = init_world(conf.train.device)
+        except (ValueError, RuntimeError) as exc:  # no CUDA here, or no such device index
+            raise UserError(first_line(exc)) from exc
+        run_dir = Path(broadcast_from_main(str(run_dir), world))  # rank 0's directory for all
+        metrics = train(conf, run_dir, resuming, world)
     except (UserError, CorpusError, CheckpointError, OmegaConfBaseException, OSError) as exc:
         print(f"error: {one_line(exc)}", file=sys.stderr)
         sys.exit(2)
-    report(metrics, run_dir)
-    if HydraConfig.get().mode.name == "RUN":
-        link_latest(run_dir)
+    finally:
+        if world is not None:
+            shutdown(world)
+    if world.is_main:
+        report(metrics, run_dir)
+        if HydraConfig.get().mode.name == "RUN":
+            link_latest(run_dir)
     return metrics.get("causal_val_loss", math.nan)
 
 
 # ----------------------------------------------------------------------------- command line
-
-
-def first_line(exc: BaseException) -> str:
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    return lines[0] if lines else type(exc).__name__
-
-
-def root_cause(exc: BaseException) -> str:
-    """The innermost cause of a chained exception, in one line (datasets wraps the real error)."""
-    seen = exc
-    while (seen.__cause__ or seen.__context__) is not None and len(str(seen)) < 10_000:
-        seen = seen.__cause__ or seen.__context__
-    return first_line(seen) if seen is exc else f"{type(seen).__name__}: {first_line(seen)}"
-
-
-def one_line(exc: BaseException) -> str:
-    """An error as one line. Hydra and OmegaConf spread theirs over several: keep the first line,
-    the available options of a missing config, and the first line of the cause."""
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    if not lines:
-        return type(exc).__name__
-    text = lines[0].rstrip(".")
-    if isinstance(exc, HydraException):
-        if any(line.startswith("Available options") for line in lines):
-            start = next(i for i, line in enumerate(lines) if line.startswith("Available options"))
-            options = [line for line in lines[start + 1:] if " " not in line and "=" not in line]
-            text += f" (available: {', '.join(options)})"
-        elif len(lines) > 1 and lines[1].startswith("To append"):
-            text += f" ({lines[1].rstrip('.')})"
-        cause = exc.__cause__ or exc.__context__
-        if cause is not None and first_line(cause) not in text:
-            text += f": {first_line(cause)}"
-    elif isinstance(exc, OmegaConfBaseException):
-        key = getattr(exc, "full_key", None)
-        if key and key not in text:
-            text += f" ({key})"
-    if isinstance(exc, OSError) and not isinstance(exc, HydraException):
-        text = f"{exc.strerror or text}: {exc.filename}" if exc.filename else text
-    return text
 
 
 def preflight(argv: list[str]) -> None:
@@ -520,8 +485,13 @@ def cli() -> None:
     option, an unparsable override, a run directory it cannot create) reported in one line too.
     HYDRA_FULL_ERROR=1 set by the user still shows Hydra's full traceback."""
     user_wants_trace = os.environ.get("HYDRA_FULL_ERROR") == "1"
+    if int(os.environ.get("RANK", "0")) > 0:
+        # Under torchrun only rank 0 owns a run directory; the others write nothing of Hydra's.
+        sys.argv += ["hydra.run.dir=.", "hydra.output_subdir=null",
+                     "hydra/job_logging=disabled", "hydra/hydra_logging=disabled"]
     try:
-        preflight(sys.argv[1:])
+        if int(os.environ.get("RANK", "0")) == 0:
+            preflight(sys.argv[1:])
         os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra re-raises instead of printing several lines
         main()
     except (UserError, HydraException, OmegaConfBaseException, OSError) as exc:

@@ -30,6 +30,25 @@ class RandomWindows:
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         high = len(self.tokens) - self.block_size - 1
         starts = torch.randint(0, high + 1, (self.batch_size,), generator=self.generator).numpy()
+        return self._windows(starts)
+
+    def next_step(self, accum: int = 1, rank: int = 0, world: int = 1
+                  ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """This process's micro-batches for one optimizer step.
+
+        One generator (the same on every rank) draws the step's batch_size x accum x world
+        windows; process `rank` takes its own, non-overlapping share. So N processes with
+        accumulation A see exactly the windows of one process with accumulation N x A, and the
+        sampler state is the same on every rank (a checkpoint from N ranks resumes on any number).
+        With accum = world = 1 this is next_batch().
+        """
+        high = len(self.tokens) - self.block_size - 1
+        n = self.batch_size * accum * world
+        starts = torch.randint(0, high + 1, (n,), generator=self.generator).numpy()
+        mine = starts.reshape(accum, world, self.batch_size)[:, rank]  # [accum, batch]
+        return [self._windows(s) for s in mine]
+
+    def _windows(self, starts: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         windows = torch.from_numpy(self.tokens[starts[:, None] + self._span].astype(np.int64))
         if self.device.type == "cuda":
             windows = windows.pin_memory().to(self.device, non_blocking=True)

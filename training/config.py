@@ -44,8 +44,10 @@ class OptimConfig:
 
 @dataclass
 class TrainConfig:
-    max_steps: int = 1800
-    batch_size: int = 32
+    max_steps: int = 2000
+    batch_size: int = 32            # sequences per micro-batch, per process
+    # Micro-batches per optimizer step: the step's batch is batch_size x grad_accum x processes.
+    grad_accum: int = 1
     # Stop early once this much training time has passed (null: run all max_steps).
     max_minutes: Optional[float] = None
     eval_interval: int = 250
@@ -106,7 +108,8 @@ def validate(cfg: Config) -> None:
     for name in ("beta1", "beta2"):
         if not 0.0 <= getattr(o, name) < 1.0:
             raise ValueError(f"optim.{name} must be in [0, 1), got {getattr(o, name)}")
-    for name in ("max_steps", "batch_size", "eval_interval", "eval_batches", "log_interval",
+    for name in ("max_steps", "batch_size", "grad_accum", "eval_interval", "eval_batches",
+                 "log_interval",
                  "keep_checkpoints"):
         _positive(f"train.{name}", getattr(t, name))
     _positive("train.sample_tokens", t.sample_tokens, allow_zero=True)

@@ -68,6 +68,15 @@ def any_rank(flag: bool, world: World) -> bool:
     return all_sum([float(flag)], world)[0] > 0
 
 
+def broadcast_from_main(value, world: World):
+    """Rank 0's value of a picklable object, on every rank."""
+    if not world.distributed:
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
 def barrier(world: World) -> None:
     if world.distributed:
         dist.barrier()

@@ -2,46 +2,55 @@
 from __future__ import annotations
 
 import math
-from typing import Iterable
-
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from data.batches import sequential_windows
 from model.attention import causal_pattern
+from training.distributed import World, all_sum
 
 
 @torch.no_grad()
-def mean_loss(model, batches: Iterable, amp) -> float:
-    """Mean cross-entropy (nats per token) over a fixed list of (x, y) batches."""
+def mean_loss(model, batches: list, amp, world: World = World()) -> float:
+    """Mean cross-entropy (nats per token) over a fixed list of (x, y) batches.
+
+    Under DDP each rank scores every world.size-th batch and the sums are added up, so the
+    result is the same whatever the number of processes.
+    """
     was_training = model.training
     model.eval()
-    losses = []
     device = next(model.parameters()).device
-    for x, y in batches:
+    total, count = 0.0, 0
+    for x, y in batches[world.rank::world.size]:
         with amp:
             _, loss = model(x.to(device), y.to(device))
-        losses.append(loss.item())
+        total += loss.item() * y.numel()
+        count += y.numel()
     model.train(was_training)
-    return float(np.mean(losses))
+    total, count = all_sum([total, float(count)], world)
+    return total / count
 
 
 @torch.no_grad()
-def full_split_loss(model, tokens: np.ndarray, block_size: int, batch_size: int, amp) -> float:
+def full_split_loss(model, tokens: np.ndarray, block_size: int, batch_size: int, amp,
+                    world: World = World()) -> float:
     """Nats per token over every token of a split (non-overlapping windows, each token once)."""
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
     total, count = 0.0, 0
-    for x, y in sequential_windows(tokens, block_size, batch_size):
+    for i, (x, y) in enumerate(sequential_windows(tokens, block_size, batch_size)):
+        if i % world.size != world.rank:
+            continue
         with amp:
             logits, _ = model(x.to(device))
-        nll = F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.to(device).view(-1),
+        nll = F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.to(device).reshape(-1),
                               reduction="sum")
         total += nll.item()
         count += y.numel()
     model.train(was_training)
+    total, count = all_sum([total, float(count)], world)
     return total / count
 
 
