@@ -54,23 +54,33 @@ def scaled_dot_product_attention(
     d_k = q.size(-1)
     if scale is None:
         scale = 1.0 / math.sqrt(d_k)
+    n, m = q.size(-2), k.size(-2)
+    batch_shape = q.shape[:-2]
 
-    # 1. score and 2. scale: one dot product per (query, key) pair, divided by sqrt(d_k) to keep
-    # the scores' variance near 1 whatever d_k is. (q * scale) @ k^T equals (q @ k^T) * scale but
-    # scales n * d_k numbers instead of n * m.
-    scores = (q * scale) @ k.transpose(-2, -1)  # [..., n, m]
-    # 3. mask: add the causal mask to the raw scores, before softmax (in place: scores is ours)
+    # The additive mask M: the float mask as given, or 0 where visible and mask_value elsewhere.
+    additive = None
     if mask is not None and mask.dtype != torch.bool:
-        scores = scores + mask
+        additive = mask
     elif mask is not None and mask_mode is MaskMode.add:
-        if mask_value == float("-inf"):  # x + (-inf) = -inf: a fill is the same addition, cheaper
-            scores = scores.masked_fill_(~mask, mask_value)
-        else:
-            scores = torch.where(mask, scores, scores + mask_value)
-    elif mask is not None and mask_mode is MaskMode.fill:
-        scores = scores.masked_fill_(~mask, mask_value)
+        additive = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill_(~mask, mask_value)
+
+    # 1. score, 2. scale, 3. mask, as one fused matmul: scores = M + (q @ k^T) / sqrt(d_k).
+    # Dividing by sqrt(d_k) keeps the scores' variance near 1 whatever d_k is; the mask is added
+    # to the raw scores before softmax, so a row renormalises over the visible keys only.
+    q3 = q.reshape(-1, n, d_k)  # [batch, n, d_k]
+    k3 = k.reshape(-1, m, d_k)  # [batch, m, d_k]
+    if additive is not None:
+        bias = additive.expand(*batch_shape, n, m).reshape(-1, n, m) if additive.dim() > 2 else additive
+        scores = torch.baddbmm(bias.to(q.dtype), q3, k3.transpose(1, 2), alpha=scale)  # [batch, n, m]
+    else:
+        scores = torch.bmm(q3, k3.transpose(1, 2)) * scale  # [batch, n, m]
+    scores = scores.view(*batch_shape, n, m)
+    if mask is not None and mask.dtype == torch.bool and mask_mode is MaskMode.fill:
+        scores = scores.masked_fill(~mask, mask_value)  # pitfall: a filled 0 still competes
+
     # 4. softmax over the keys, in at least float32 (bfloat16 matmuls upcast, float64 kept)
-    weights = torch.softmax(scores.to(torch.promote_types(scores.dtype, torch.float32)), dim=-1).to(v.dtype)
+    weights = torch.softmax(scores.to(torch.promote_types(scores.dtype, torch.float32)), dim=-1)
+    weights = weights.to(v.dtype)  # [..., n, m]
     if mask is not None and mask.dtype == torch.bool and mask_mode is MaskMode.after_softmax:
         weights = weights.masked_fill(~mask, 0.0)  # pitfall: rows no longer sum to 1
     # 5. blend: each output is a weighted average of the values
