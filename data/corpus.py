@@ -65,8 +65,9 @@ def corpus_key(cfg: DataConfig) -> str:
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def load_texts(cfg: DataConfig) -> dict[str, str]:
-    """{"train": text, "validation": text}: each split's documents joined by data.separator."""
+def load_documents(cfg: DataConfig) -> dict:
+    """{"train": Dataset, "validation": Dataset}, each with one `text` column, one row a document
+    (a file, a work, or a hub record)."""
     import datasets  # heavy import, only needed on a cache miss
 
     datasets.disable_progress_bars()
@@ -94,14 +95,20 @@ def load_texts(cfg: DataConfig) -> dict[str, str]:
             )
         except (OSError, UnicodeDecodeError) as exc:
             raise CorpusError(f"cannot read the text files: {exc}") from exc
-    return {split: documents_to_text(ds[split], cfg) for split in ("train", "validation")}
+    return {split: _text_column(ds[split], cfg) for split in ("train", "validation")}
 
 
-def documents_to_text(split, cfg: DataConfig) -> str:
+def _text_column(split, cfg: DataConfig):
     column = cfg.text_column if cfg.source is Source.hub else "text"
     if column not in split.column_names:
         raise CorpusError(f"data.text_column {column!r} is not a column of the dataset "
                           f"(columns: {split.column_names})")
     if cfg.max_documents is not None:
         split = split.select(range(min(cfg.max_documents, len(split))))
-    return cfg.separator.join(split[column])
+    split = split.select_columns([column])
+    return split.rename_column(column, "text") if column != "text" else split
+
+
+def load_texts(cfg: DataConfig) -> dict[str, str]:
+    """{"train": text, "validation": text}: each split's documents joined by data.separator."""
+    return {split: cfg.separator.join(docs["text"]) for split, docs in load_documents(cfg).items()}

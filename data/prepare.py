@@ -13,17 +13,20 @@ import json
 import os
 import sys
 from dataclasses import dataclass
+from typing import Iterator
 from pathlib import Path
 
 import numpy as np
 from tokenizers import Tokenizer
 
 from data.config import DataConfig, TokenizerConfig
-from data.corpus import corpus_key, load_texts
+from data.corpus import corpus_key, load_documents
 from data.shakespeare import CorpusError
 from data.tokenizer import build_tokenizer, encode, load_tokenizer
 
 SPLITS = ("train", "validation")
+# Below this many documents a split is tokenized in this process (starting workers costs more).
+PARALLEL_MIN_DOCUMENTS = 1000
 
 
 @dataclass
@@ -57,21 +60,55 @@ def prepare_corpus(data: DataConfig, tok_cfg: TokenizerConfig) -> PreparedCorpus
 
 def _build(data: DataConfig, tok_cfg: TokenizerConfig, directory: Path) -> None:
     print(f"tokenizing corpus into {directory} (once) ...", file=sys.stderr)
-    texts = load_texts(data)
+    docs = load_documents(data)
     for split in SPLITS:
-        if not texts[split].strip():
+        if not any(text.strip() for text in _texts(docs[split])):
             raise CorpusError(f"the {split} split of the corpus is empty")
-    tokenizer = build_tokenizer(tok_cfg, texts["train"])
+    # fitted on the training documents as they appear in the stream: with their separator
+    tokenizer = build_tokenizer(tok_cfg, (t + data.separator for t in _texts(docs["train"])))
+    dtype = np.uint16 if tokenizer.get_vocab_size() <= np.iinfo(np.uint16).max + 1 else np.uint32
     directory.mkdir(parents=True, exist_ok=True)
-    meta = {"n_tokens": {}, "n_chars": {}, "vocab_size": tokenizer.get_vocab_size()}
+    meta = {"n_tokens": {}, "n_chars": {}, "vocab_size": tokenizer.get_vocab_size(),
+            "dtype": np.dtype(dtype).name}
     for split in SPLITS:
-        ids = encode(tokenizer, texts[split])
-        meta["dtype"] = ids.dtype.name
-        meta["n_tokens"][split] = int(ids.size)
-        meta["n_chars"][split] = len(texts[split])
-        _atomic_write(directory / f"{split}.bin", ids.tobytes())
+        n_docs = len(docs[split])
+        procs = data.num_proc or (1 if n_docs < PARALLEL_MIN_DOCUMENTS else min(8, os.cpu_count() or 1))
+        if procs > 1:
+            os.environ["TOKENIZERS_PARALLELISM"] = "false"  # the processes are the parallelism
+        # Batched map over the documents, in several processes for a big corpus; datasets caches
+        # the result next to a hub dataset's own cache files.
+        encoded = docs[split].map(
+            encode_documents, batched=True, with_indices=True, num_proc=procs if procs > 1 else None,
+            remove_columns=["text"], desc=f"tokenizing {split}",
+            fn_kwargs={"tokenizer": tokenizer, "separator": data.separator, "last": n_docs - 1})
+        tmp = directory / f".{split}.bin.tmp"
+        n_tokens = 0
+        with open(tmp, "wb") as f:
+            for row in encoded:
+                ids = np.asarray(row["ids"], dtype=dtype)
+                f.write(ids.tobytes())
+                n_tokens += ids.size
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, directory / f"{split}.bin")
+        meta["n_tokens"][split] = n_tokens
+        meta["n_chars"][split] = int(sum(encoded["n_chars"]))
     tokenizer.save(str(directory / "tokenizer.json"))
     _atomic_write(directory / "meta.json", json.dumps(meta, indent=2).encode())
+
+
+def _texts(split, batch_size: int = 1000) -> Iterator[str]:
+    """The documents of a split, streamed in batches (a hub corpus need not fit in memory)."""
+    for batch in split.iter(batch_size=batch_size):
+        yield from batch["text"]
+
+
+def encode_documents(batch: dict, indices: list[int], tokenizer: Tokenizer, separator: str,
+                     last: int) -> dict:
+    """datasets.map function: each document's ids, with data.separator after all but the last
+    document, so the split's stream is the documents joined by the separator."""
+    texts = [t if i == last else t + separator for t, i in zip(batch["text"], indices)]
+    return {"ids": [encode(tokenizer, t) for t in texts], "n_chars": [len(t) for t in texts]}
 
 
 def _open(directory: Path) -> PreparedCorpus:

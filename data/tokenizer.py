@@ -6,6 +6,7 @@ text. Both are fitted on the training split only.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Iterable
 
 import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -19,21 +20,25 @@ EOS = "<|endoftext|>"
 ENCODE_CHUNK_CHARS = 1 << 16
 
 
-def build_char_tokenizer(train_text: str) -> Tokenizer:
+def build_char_tokenizer(train_text: str | Iterable[str]) -> Tokenizer:
     """One token per distinct character of the training text, plus [UNK] (id 0).
 
     A BPE model with an empty merge list is exactly a character tokenizer; the Fuse decoder joins
     the characters back without spaces.
     """
+    chars: set[str] = set()
+    for text in [train_text] if isinstance(train_text, str) else train_text:
+        chars.update(text)
     vocab = {UNK: 0}
-    for ch in sorted(set(train_text)):
+    for ch in sorted(chars):
         vocab[ch] = len(vocab)
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=UNK))
     tok.decoder = decoders.Fuse()
     return tok
 
 
-def build_bpe_tokenizer(train_text: str, vocab_size: int, min_frequency: int = 2) -> Tokenizer:
+def build_bpe_tokenizer(train_text: str | Iterable[str], vocab_size: int,
+                        min_frequency: int = 2) -> Tokenizer:
     """Byte-level BPE (GPT-2 style): any text is encodable, no unknown tokens."""
     alphabet = pre_tokenizers.ByteLevel.alphabet()
     if vocab_size < len(alphabet) + 1:
@@ -45,11 +50,13 @@ def build_bpe_tokenizer(train_text: str, vocab_size: int, min_frequency: int = 2
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency,
                                   initial_alphabet=alphabet, special_tokens=[EOS],
                                   show_progress=False)
-    tok.train_from_iterator(_chunks(train_text), trainer=trainer)
+    texts = [train_text] if isinstance(train_text, str) else train_text
+    tok.train_from_iterator((piece for text in texts for piece in _chunks(text)), trainer=trainer)
     return tok
 
 
-def build_tokenizer(cfg: TokenizerConfig, train_text: str) -> Tokenizer:
+def build_tokenizer(cfg: TokenizerConfig, train_text: str | Iterable[str]) -> Tokenizer:
+    """Fit the configured tokenizer on the training text (one string or an iterable of them)."""
     if cfg.kind is TokenizerKind.char:
         return build_char_tokenizer(train_text)
     return build_bpe_tokenizer(train_text, cfg.vocab_size, cfg.min_frequency)

@@ -122,6 +122,8 @@ def validate(cfg: Config) -> None:
         raise ValueError(f"train.dtype must be auto, float32 or bfloat16, got {t.dtype!r}")
     if not (t.device in ("auto", "cpu", "cuda") or t.device.startswith("cuda:")):
         raise ValueError(f"train.device must be auto, cpu, cuda or cuda:N, got {t.device!r}")
+    if cfg.data.num_proc is not None:
+        _positive("data.num_proc", cfg.data.num_proc)
     if cfg.tokenizer.kind is TokenizerKind.bpe and cfg.tokenizer.vocab_size < 257:
         raise ValueError("tokenizer.vocab_size must be at least 257 for byte-level BPE "
                          f"(256 bytes + 1 special token), got {cfg.tokenizer.vocab_size}")
