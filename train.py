@@ -220,7 +220,8 @@ def train(cfg: Config, run_dir: Path, resuming: bool, world: World) -> dict:
     # micro-step of an optimizer step synchronises (no_sync on the others).
     ddp_model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None) \
         if world.distributed else model
-    step_model = torch.compile(ddp_model) if t.compile else ddp_model
+    use_compile = t.compile if t.compile is not None else device.type == "cuda"
+    step_model = torch.compile(ddp_model) if use_compile else ddp_model
     # On resume, purge from step + 1: what was logged at the checkpoint's own step is part of it
     # (kept), anything later came from the interrupted process and is logged again. A fresh run
     # purges from 0: the curves of an attempt killed before its first checkpoint do not show.

@@ -60,7 +60,9 @@ class TrainConfig:
     keep_checkpoints: int = 2       # most recent checkpoints kept (the best one is kept too)
     device: str = "auto"            # auto | cpu | cuda | cuda:N
     dtype: str = "auto"             # auto | float32 | bfloat16 (autocast)
-    compile: bool = False           # torch.compile the model
+    # torch.compile the model; null = auto: on CUDA, off on CPU (measured 0.92-1.01x here, plus
+    # tens of seconds of compilation).
+    compile: Optional[bool] = None
     threads: Optional[int] = None   # torch CPU threads (null: PyTorch's default)
     progress: bool = True           # tqdm progress bar (on a terminal)
     # A non-finite loss or gradient: stop (keeping the last good checkpoint) or skip the step
