@@ -31,8 +31,8 @@ class NonFinite(str, Enum):
 class OptimConfig:
     """AdamW with decoupled weight decay on matrices only (not on biases, LayerNorm)."""
 
-    lr: float = 2e-3
-    min_lr: float = 1e-4
+    lr: float = 4e-3
+    min_lr: float = 2e-4
     warmup_steps: int = 100
     schedule: Schedule = Schedule.cosine
     weight_decay: float = 0.1
