@@ -258,6 +258,10 @@ def train(cfg: Config, run_dir: Path, resuming: bool, world: World) -> dict:
         nonlocal best_val
         metrics = {"val_loss": mean_loss(model, eval_batches, amp, world)}
         writer.add_scalar("val/loss", metrics["val_loss"], step)
+        # per character, so runs with different tokenizers share one axis (the split's
+        # tokens-per-character ratio converts the sampled batches' nats/token)
+        writer.add_scalar("val/bpc", bits_per_char(metrics["val_loss"], len(corpus.validation),
+                                                   corpus.n_chars["validation"]), step)
         if leaky:
             with model.attention_variant(causal_variant(cfg.attention)):
                 metrics["causal_val_loss"] = mean_loss(model, eval_batches, amp, world)
@@ -392,6 +396,7 @@ def train(cfg: Config, run_dir: Path, resuming: bool, world: World) -> dict:
         metrics["val_loss_full"] = full
         metrics["val_bpc_full"] = bits_per_char(full, len(corpus.validation),
                                                 corpus.n_chars["validation"])
+        metrics["val_nats_per_char_full"] = metrics["val_bpc_full"] * math.log(2)
         writer.add_scalar("val/loss_full", full, step)
         writer.add_scalar("val/bpc_full", metrics["val_bpc_full"], step)
         if leaky:
@@ -415,6 +420,7 @@ def report(metrics: dict, run_dir: Path) -> None:
             ("train_loss", "train loss", "{:.4f}"), ("val_loss", "val loss (eval batches)", "{:.4f}"),
             ("causal_val_loss", "causal val loss", "{:.4f}"),
             ("val_loss_full", "val loss (whole split)", "{:.4f}"),
+            ("val_nats_per_char_full", "val nats/char (whole split)", "{:.4f}"),
             ("val_bpc_full", "val bits/char (whole split)", "{:.4f}")]
     print(f"\nrun: {run_dir}")
     for key, label, fmt in rows:

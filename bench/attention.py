@@ -85,9 +85,10 @@ class Ours(nn.Module):
         return self.layer(x)[0]
 
 
-def build_pair(T: int, device: torch.device) -> tuple[nn.Module, nn.Module]:
+def build_pair(T: int, device: torch.device, query_block: int) -> tuple[nn.Module, nn.Module]:
     torch.manual_seed(SEED)
-    ours = CausalSelfAttention(D_MODEL, N_HEAD, block_size=T, attn=AttentionConfig()).to(device)
+    ours = CausalSelfAttention(D_MODEL, N_HEAD, block_size=T,
+                               attn=AttentionConfig(query_block=query_block)).to(device)
     oracle = OracleAttention(D_MODEL, N_HEAD).to(device)
     oracle.load_state_dict(ours.state_dict())
     return Ours(ours), oracle
@@ -116,9 +117,9 @@ def max_rel_diff(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def measure(T: int, dtype_name: str, tokens: int, device: torch.device, reps: int,
-            warmup: int) -> dict:
+            warmup: int, query_block: int) -> dict:
     dtype = DTYPES[dtype_name]
-    ours, oracle = build_pair(T, device)
+    ours, oracle = build_pair(T, device, query_block)
     B = max(1, tokens // T)
     gen = torch.Generator(device=device).manual_seed(SEED)
     x = torch.randn(B, T, D_MODEL, device=device, generator=gen, requires_grad=True)
@@ -162,6 +163,9 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=None,
                         help=f"tokens per batch, B = tokens // T (default {TOKENS_PER_BATCH}, "
                              f"--quick {QUICK_TOKENS_PER_BATCH})")
+    parser.add_argument("--query-block", type=int, default=AttentionConfig.query_block,
+                        help="our layer's attention.query_block (0: every row over every key; "
+                             f"default {AttentionConfig.query_block})")
     args = parser.parse_args()
     device = setup(args)
     reps, warmup = resolve_repetitions(args)
@@ -172,7 +176,8 @@ def main() -> int:
     print_header(
         "causal self-attention, forward + backward: ours vs F.scaled_dot_product_attention",
         device,
-        f"d_model {D_MODEL}, {N_HEAD} heads, batch = {tokens} // T; bf16 = autocast "
+        f"d_model {D_MODEL}, {N_HEAD} heads, batch = {tokens} // T, query_block "
+        f"{args.query_block}; bf16 = autocast "
         f"(fp32 weights); median of {reps} reps after {warmup} warm-up",
         "act = bytes kept for backward (saved tensors, weights/input excluded)"
         + ("; peak = CUDA max_memory_allocated above baseline" if cuda else
@@ -180,7 +185,7 @@ def main() -> int:
         f"|dy|, |dx| = max |ours - oracle| / max |oracle| (tolerance fp32 {REL_TOL['fp32']:g}, "
         f"bf16 {REL_TOL['bf16']:g})",
     )
-    results = [measure(T, name, tokens, device, reps, warmup)
+    results = [measure(T, name, tokens, device, reps, warmup, args.query_block)
                for name in args.dtypes for T in seq_lens]
 
     headers = ["dtype", "T", "B", "ours ms", "oracle ms", "ours/oracle", "act ours MiB",

@@ -41,6 +41,10 @@ class AttentionConfig:
     # Standard deviation for W_Q and W_K at init; null means the model's init_std. The no_scale
     # pitfall only shows when q and k entries have unit variance (std = 1/sqrt(n_embd)).
     qk_init_std: Optional[float] = None
+    # Speed only, never the result: queries are processed in blocks of this many rows, and each
+    # block leaves out the keys after its last query (they would get weight exactly 0). Used when
+    # the mask is exact (is_causal); 0 = all rows at once over every key.
+    query_block: int = 64
 
     def is_causal(self) -> bool:
         """True when no weight can reach a future position (the generation-time condition)."""
@@ -88,5 +92,8 @@ def validate_model(cfg: ModelConfig) -> None:
 def validate_attention(cfg: AttentionConfig) -> None:
     if math.isnan(cfg.mask_value) or cfg.mask_value > 0:
         raise ValueError(f"attention.mask_value must be 0, negative or -inf, got {cfg.mask_value}")
+    if cfg.query_block < 0:
+        raise ValueError(f"attention.query_block must be 0 (off) or a positive number of rows, "
+                         f"got {cfg.query_block}")
     if cfg.qk_init_std is not None and not cfg.qk_init_std > 0:
         raise ValueError(f"attention.qk_init_std must be positive or null, got {cfg.qk_init_std}")

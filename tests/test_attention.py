@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -282,6 +283,69 @@ def test_module_with_cache_matches_full_pass():
         cache.advance(b - a)
         pieces.append(y)
     torch.testing.assert_close(torch.cat(pieces, dim=1), full, atol=ATOL, rtol=0)
+
+
+# ----------------------------------------------------------------------------- query blocks
+
+
+@pytest.mark.parametrize("T,block", [(16, 4), (16, 5), (17, 16), (9, 1), (16, 15)])
+def test_query_blocks_match_one_pass_and_the_oracle_with_gradients(T, block):
+    """The block path (rows in blocks, each over its visible key prefix) is the same function:
+    outputs and every gradient equal the one-pass layer's, and SDPA's output."""
+    one_pass = make_module(32, 4, block_size=T, attn=AttentionConfig(query_block=0)).train()
+    blocked = make_module(32, 4, block_size=T, attn=AttentionConfig(query_block=block)).train()
+    blocked.load_state_dict(one_pass.state_dict())
+    x = torch.randn(3, T, 32, dtype=D, requires_grad=True)
+    grad_out = torch.randn(3, T, 32, dtype=D)
+    results = []
+    for mod in (one_pass, blocked):
+        y, w = mod(x)
+        assert w is None or mod is one_pass
+        grads = torch.autograd.grad(y, [x, *mod.parameters()], grad_out)
+        results.append((y, grads))
+    torch.testing.assert_close(results[1][0], results[0][0], atol=ATOL, rtol=0)
+    for g_blocked, g_one in zip(results[1][1], results[0][1]):
+        torch.testing.assert_close(g_blocked, g_one, atol=ATOL, rtol=0)
+    with torch.no_grad():
+        q, k, v = blocked.qkv(x).split(32, dim=2)
+        q, k, v = (t.view(3, T, 4, 8).transpose(1, 2) for t in (q, k, v))
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        oracle = blocked.out_proj(o.transpose(1, 2).reshape(3, T, 32))
+    torch.testing.assert_close(results[1][0], oracle, atol=ATOL, rtol=0)
+
+
+def test_query_blocks_with_a_cache_match_the_full_pass():
+    """Right-aligned blocks: n new queries after a cached prefix see the prefix and their past."""
+    mod = make_module(32, 4, block_size=20, attn=AttentionConfig(query_block=3))
+    x = torch.randn(2, 20, 32, dtype=D)
+    reference_mod = make_module(32, 4, block_size=20, attn=AttentionConfig(query_block=0))
+    reference_mod.load_state_dict(mod.state_dict())
+    full, _ = reference_mod(x)
+    cache = KVCache(1, 2, 4, 20, 8, dtype=D)
+    pieces = []
+    for a, b in [(0, 7), (7, 8), (8, 18), (18, 20)]:  # blocks of 3 over 7, 1, 10 and 2 queries
+        y, _ = mod(x[:, a:b], cache=cache, layer=0)
+        cache.advance(b - a)
+        pieces.append(y)
+    torch.testing.assert_close(torch.cat(pieces, dim=1), full, atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("attn", [AttentionConfig(mask_value=0.0),
+                                  AttentionConfig(mask_mode=MaskMode.fill, mask_value=0.0),
+                                  AttentionConfig(mask_mode=MaskMode.after_softmax),
+                                  AttentionConfig(mask_value=-5.0)],
+                         ids=["mask_zero", "fill_zero", "after_softmax", "finite_mask"])
+def test_query_blocks_never_change_a_pitfall(attn):
+    """Skipping the future keys is only exact when they get weight exactly 0; the pitfalls let
+    the future in, so they must take the one-pass path and keep their leak."""
+    one_pass = make_module(32, 4, block_size=12, attn=replace(attn, query_block=0))
+    blocked = make_module(32, 4, block_size=12, attn=replace(attn, query_block=2))
+    blocked.load_state_dict(one_pass.state_dict())
+    x = torch.randn(2, 12, 32, dtype=D)
+    assert torch.equal(blocked(x)[0], one_pass(x)[0])
+    changed = x.clone()
+    changed[:, -1] += 1.0  # the last position moves; a leaky layer moves the first output too
+    assert (blocked(changed)[0][:, 0] - blocked(x)[0][:, 0]).abs().max() > 1e-6
 
 
 def test_kv_cache_refuses_to_overflow():
