@@ -294,7 +294,7 @@ def train(cfg: Config, run_dir: Path, resuming: bool, world: World) -> dict:
             t_step = time.perf_counter()
             lr = lr_at(step, cfg.optim, t.max_steps)
             for group in optimizer.param_groups:
-                group["lr"] = lr
+                group["lr"] = lr * group.get("lr_scale", 1.0)  # Muon's may have its own scale
             loss_sum = 0.0
             micro_batches = sampler.next_step(t.grad_accum, world.rank, world.size)
             for i, (x, y) in enumerate(micro_batches):

@@ -22,6 +22,11 @@ class Schedule(str, Enum):
     constant = "constant"  # linear warmup, then lr
 
 
+class OptimizerName(str, Enum):
+    adamw = "adamw"  # AdamW for every parameter
+    muon = "muon"    # Muon for the blocks' weight matrices, AdamW for embeddings, norms, biases
+
+
 class NonFinite(str, Enum):
     stop = "stop"
     skip = "skip"
@@ -29,8 +34,11 @@ class NonFinite(str, Enum):
 
 @dataclass
 class OptimConfig:
-    """AdamW with decoupled weight decay on matrices only (not on biases, LayerNorm)."""
+    """AdamW (or Muon + AdamW) with decoupled weight decay on matrices only (not on biases,
+    LayerNorm). One schedule drives both optimizers: Muon's step is rescaled to AdamW's RMS, so
+    the same lr suits both."""
 
+    name: OptimizerName = OptimizerName.adamw
     lr: float = 4e-3
     min_lr: float = 2e-4
     warmup_steps: int = 100
@@ -40,6 +48,9 @@ class OptimConfig:
     beta2: float = 0.99
     eps: float = 1e-8
     grad_clip: float = 1.0  # max global gradient norm; 0 turns clipping off
+    muon_momentum: float = 0.95  # Muon's (Nesterov) momentum; only with name=muon
+    muon_lr_scale: float = 1.0   # Muon's lr = this x the schedule's lr (AdamW's)
+    muon_ns_steps: int = 5       # Newton-Schulz iterations orthogonalising each update
 
 
 @dataclass
@@ -107,7 +118,9 @@ def validate(cfg: Config) -> None:
     _positive("optim.warmup_steps", o.warmup_steps, allow_zero=True)
     _positive("optim.weight_decay", o.weight_decay, allow_zero=True)
     _positive("optim.grad_clip", o.grad_clip, allow_zero=True)
-    for name in ("beta1", "beta2"):
+    _positive("optim.muon_ns_steps", o.muon_ns_steps)
+    _positive("optim.muon_lr_scale", o.muon_lr_scale)
+    for name in ("beta1", "beta2", "muon_momentum"):
         if not 0.0 <= getattr(o, name) < 1.0:
             raise ValueError(f"optim.{name} must be in [0, 1), got {getattr(o, name)}")
     for name in ("max_steps", "batch_size", "grad_accum", "eval_interval", "eval_batches",

@@ -1,22 +1,72 @@
-"""AdamW parameter groups and the learning-rate schedule."""
+"""The optimizers (AdamW, or Muon + AdamW) and the learning-rate schedule."""
 from __future__ import annotations
 
 import math
 
 import torch
 
-from training.config import OptimConfig, Schedule
+from training.config import OptimConfig, OptimizerName, Schedule
+from training.muon import Muon
 
 
-def make_optimizer(model: torch.nn.Module, cfg: OptimConfig) -> torch.optim.AdamW:
+class Optimizers:
+    """Several optimizers over disjoint parameters, stepped as one.
+
+    Exposes what the training loop and checkpoints use: `param_groups` (the schedule sets every
+    group's lr), `step`, `zero_grad`, `state_dict` and `load_state_dict`.
+    """
+
+    def __init__(self, *optimizers: torch.optim.Optimizer):
+        self.optimizers = optimizers
+
+    @property
+    def param_groups(self) -> list[dict]:
+        return [group for opt in self.optimizers for group in opt.param_groups]
+
+    def step(self) -> None:
+        for opt in self.optimizers:
+            opt.step()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for opt in self.optimizers:
+            opt.zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self) -> dict:
+        return {"optimizers": [opt.state_dict() for opt in self.optimizers]}
+
+    def load_state_dict(self, state: dict) -> None:
+        if "optimizers" not in state and len(self.optimizers) == 1:
+            state = {"optimizers": [state]}  # a checkpoint from before there could be two
+        if len(state.get("optimizers", ())) != len(self.optimizers):
+            raise ValueError("the checkpoint's optimizer state does not match optim.name")
+        for opt, saved in zip(self.optimizers, state["optimizers"]):
+            opt.load_state_dict(saved)
+
+
+def make_optimizer(model: torch.nn.Module, cfg: OptimConfig) -> Optimizers:
     """Weight decay on matrices and embeddings (dim >= 2) only: decaying biases and LayerNorm
-    gains pulls them towards 0, which is not a useful prior for them."""
-    params = [p for p in model.parameters() if p.requires_grad]  # tied weights appear once
-    decay = [p for p in params if p.dim() >= 2]
-    no_decay = [p for p in params if p.dim() < 2]
-    groups = [{"params": decay, "weight_decay": cfg.weight_decay},
-              {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps)
+    gains pulls them towards 0, which is not a useful prior for them.
+
+    With optim.name=muon, the weight matrices inside the transformer blocks (W_QKV, W_O and the
+    MLP's) get Muon: its update is the momentum orthogonalised by a few Newton-Schulz steps, so
+    every direction of the matrix moves at the same rate. Embeddings (tied with the head),
+    positions, biases and LayerNorm stay with AdamW, as Muon is meant for hidden matrices only.
+    """
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]  # tied: once
+    hidden = [p for n, p in named if cfg.name is OptimizerName.muon
+              and p.dim() == 2 and n.startswith("blocks.")]
+    chosen = {id(p) for p in hidden}
+    rest = [p for _, p in named if id(p) not in chosen]
+    groups = [{"params": [p for p in rest if p.dim() >= 2], "weight_decay": cfg.weight_decay},
+              {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0}]
+    adamw = torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps)
+    if not hidden:
+        return Optimizers(adamw)
+    hidden_group = {"params": hidden, "lr_scale": cfg.muon_lr_scale}
+    muon = Muon([hidden_group], lr=cfg.lr * cfg.muon_lr_scale, weight_decay=cfg.weight_decay,
+                momentum=cfg.muon_momentum, ns_steps=cfg.muon_ns_steps,
+                adjust_lr_fn="match_rms_adamw")
+    return Optimizers(muon, adamw)
 
 
 def lr_at(step: int, cfg: OptimConfig, max_steps: int) -> float:

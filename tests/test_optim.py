@@ -1,0 +1,147 @@
+"""Which optimizer owns which parameter, and that the pair saves and restores exactly."""
+from __future__ import annotations
+
+import io
+
+import pytest
+import torch
+
+from model.config import ModelConfig
+from model.gpt import GPT
+from training.config import OptimConfig, OptimizerName
+from training.optim import make_optimizer
+
+
+def tiny_gpt(seed: int = 0) -> GPT:
+    torch.manual_seed(seed)
+    return GPT(ModelConfig(n_layer=2, n_head=2, n_embd=16, block_size=8), vocab_size=11)
+
+
+def owners(model: GPT, opt) -> dict[str, str]:
+    """Parameter name -> class name of the optimizer that updates it (checks each has one)."""
+    by_id = {}
+    for inner in opt.optimizers:
+        for group in inner.param_groups:
+            for p in group["params"]:
+                assert id(p) not in by_id, "a parameter is in two optimizers"
+                by_id[id(p)] = type(inner).__name__
+    names = dict(model.named_parameters())  # tied weights once, under tok_emb
+    assert len(by_id) == len(names), "every parameter is optimized exactly once"
+    return {name: by_id[id(p)] for name, p in names.items()}
+
+
+def test_adamw_owns_everything():
+    model = tiny_gpt()
+    assert set(owners(model, make_optimizer(model, OptimConfig()))) == \
+           set(dict(model.named_parameters()))
+    assert {type(o).__name__ for o in make_optimizer(model, OptimConfig()).optimizers} == {"AdamW"}
+
+
+def test_muon_owns_the_blocks_weight_matrices_and_adamw_the_rest():
+    model = tiny_gpt()
+    own = owners(model, make_optimizer(model, OptimConfig(name=OptimizerName.muon)))
+    muon = sorted(n for n, o in own.items() if o == "Muon")
+    assert muon == sorted(f"blocks.{i}.{m}.weight" for i in range(2)
+                          for m in ("attn.qkv", "attn.out_proj", "mlp.fc", "mlp.proj"))
+    assert own["tok_emb.weight"] == own["pos_emb.weight"] == own["blocks.0.attn.qkv.bias"] == "AdamW"
+    assert own["blocks.1.ln_1.weight"] == own["ln_f.weight"] == "AdamW"
+
+
+def test_the_schedule_reaches_every_group():
+    model = tiny_gpt()
+    opt = make_optimizer(model, OptimConfig(name=OptimizerName.muon))
+    for group in opt.param_groups:
+        group["lr"] = 0.0  # what the training loop does at each step
+    before = [p.detach().clone() for p in model.parameters()]
+    x = torch.randint(0, 11, (4, 8))
+    model(x, x)[1].backward()
+    opt.step()
+    for p, q in zip(model.parameters(), before):  # lr 0 (and decay * lr = 0): nothing moves
+        assert torch.equal(p, q)
+
+
+@pytest.mark.parametrize("name", list(OptimizerName))
+def test_state_round_trip_continues_bit_exactly(name):
+    """Two steps, save, two more; versus a fresh model + optimizer loaded from the save."""
+    cfg = OptimConfig(name=name)
+    data = [torch.randint(0, 11, (4, 8), generator=torch.Generator().manual_seed(i)) for i in range(4)]
+
+    def train(model, opt, batches):
+        for x in batches:
+            model(x, x)[1].backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+    a = tiny_gpt()
+    opt_a = make_optimizer(a, cfg)
+    train(a, opt_a, data[:2])
+    saved_model = {k: v.clone() for k, v in a.state_dict().items()}
+    saved_opt = opt_a.state_dict()
+    buf = io.BytesIO()
+    torch.save(saved_opt, buf)
+    buf.seek(0)
+    saved_opt = torch.load(buf, weights_only=True)  # as checkpoints load it
+    train(a, opt_a, data[2:])
+
+    b = tiny_gpt(seed=1)
+    b.load_state_dict(saved_model)
+    opt_b = make_optimizer(b, cfg)
+    opt_b.load_state_dict(saved_opt)
+    train(b, opt_b, data[2:])
+    for (key, p), q in zip(a.state_dict().items(), b.state_dict().values()):
+        assert torch.equal(p, q), key
+
+
+def test_loading_another_optimizers_state_is_refused():
+    model = tiny_gpt()
+    adamw_state = make_optimizer(model, OptimConfig()).state_dict()
+    with pytest.raises(ValueError, match="optim.name"):
+        make_optimizer(model, OptimConfig(name=OptimizerName.muon)).load_state_dict(adamw_state)
+
+
+# ----------------------------------------------------------------------------- Muon in float32
+
+
+@pytest.mark.parametrize("adjust", ["match_rms_adamw", "original"])
+@pytest.mark.parametrize("nesterov", [True, False])
+def test_our_muon_follows_torch_muon_step_for_step(adjust, nesterov):
+    """Same rule as torch.optim.Muon; only the orthogonalisation's dtype differs (theirs bf16,
+    ours fp32), so the updates agree to bf16's precision over several steps of momentum."""
+    from training.muon import Muon
+
+    torch.manual_seed(0)
+    shapes = [(48, 16), (16, 48), (32, 32)]
+    start = [torch.randn(s) for s in shapes]
+    grads = [[torch.randn(s) for s in shapes] for _ in range(3)]
+    moved = []
+    for cls in (torch.optim.Muon, Muon):
+        params = [torch.nn.Parameter(p.clone()) for p in start]
+        opt = cls(params, lr=0.02, weight_decay=0.1, nesterov=nesterov, adjust_lr_fn=adjust)
+        for step_grads in grads:
+            for p, g in zip(params, step_grads):
+                p.grad = g.clone()
+            opt.step()
+        moved.append([p.detach() - s for p, s in zip(params, start)])
+    for theirs, ours in zip(*moved):
+        assert (ours - theirs).norm() / theirs.norm() < 2e-2
+    # and the comparison can tell rules apart: the other momentum rule lands elsewhere
+    params = [torch.nn.Parameter(p.clone()) for p in start]
+    other = Muon(params, lr=0.02, weight_decay=0.1, nesterov=not nesterov, adjust_lr_fn=adjust)
+    for step_grads in grads:
+        for p, g in zip(params, step_grads):
+            p.grad = g.clone()
+        other.step()
+    assert max(((p.detach() - s) - t).norm() / t.norm()
+               for p, s, t in zip(params, start, moved[0])) > 0.1
+
+
+def test_orthogonalize_flattens_the_spectrum_in_float32():
+    from training.muon import orthogonalize
+
+    torch.manual_seed(1)
+    g = torch.randn(64, 16) @ torch.diag(torch.logspace(-2, 1, 16))  # condition number 1000
+    o = orthogonalize(g, (3.4445, -4.775, 2.0315), steps=5, eps=1e-7)
+    assert o.dtype == torch.float32 and o.shape == g.shape
+    s = torch.linalg.svdvals(o)
+    assert s.max() < 1.5 and s.min() > 0.2  # from 1000:1 to about 4:1
+    assert torch.linalg.svdvals(g).max() / torch.linalg.svdvals(g).min() > 100
