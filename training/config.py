@@ -55,8 +55,8 @@ class OptimConfig:
 
 @dataclass
 class TrainConfig:
-    max_steps: int = 2000
-    batch_size: int = 32            # sequences per micro-batch, per process
+    max_steps: int = 2100
+    batch_size: int = 16            # sequences per micro-batch, per process
     # Micro-batches per optimizer step: the step's batch is batch_size x grad_accum x processes.
     grad_accum: int = 1
     # Stop early once this much training time has passed (null: run all max_steps).
