@@ -55,7 +55,7 @@ class OptimConfig:
 
 @dataclass
 class TrainConfig:
-    max_steps: int = 2100
+    max_steps: int = 2000
     batch_size: int = 16            # sequences per micro-batch, per process
     # Micro-batches per optimizer step: the step's batch is batch_size x grad_accum x processes.
     grad_accum: int = 1
