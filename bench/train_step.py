@@ -159,7 +159,7 @@ def main() -> int:
     dtypes = list(dict.fromkeys(args.dtypes + [default_dtype]))  # the headline needs its dtype
 
     print_header(
-        "training step (forward + backward + clip + AdamW): tokens/s and MFU",
+        "training step (forward + backward + clip + optimizer step): tokens/s and MFU",
         device,
         f"batch {batch} x block_size, vocab {VOCAB_SIZE}, random tokens; median of {reps} steps "
         f"after {warmup} warm-up (compiled: compilation in the warm-up)",
