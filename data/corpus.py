@@ -11,7 +11,8 @@ import os
 from pathlib import Path
 
 from data.config import DataConfig, Source
-from data.shakespeare import CorpusError, shakespeare_works, split_works
+from data import CorpusError
+from data.shakespeare import shakespeare_works, split_works
 
 
 def _expand(paths: list[str], what: str) -> list[Path]:

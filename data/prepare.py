@@ -21,7 +21,7 @@ from tokenizers import Tokenizer
 
 from data.config import DataConfig, TokenizerConfig
 from data.corpus import corpus_key, load_documents
-from data.shakespeare import CorpusError
+from data import CorpusError
 from data.tokenizer import build_tokenizer, encode, load_tokenizer
 
 SPLITS = ("train", "validation")
@@ -52,10 +52,31 @@ def tokenizer_key(cfg: TokenizerConfig) -> str:
 
 
 def prepare_corpus(data: DataConfig, tok_cfg: TokenizerConfig) -> PreparedCorpus:
-    directory = Path(data.cache_dir) / "tokens" / f"{corpus_key(data)}-{tokenizer_key(tok_cfg)}"
-    if not (directory / "meta.json").exists():
-        _build(data, tok_cfg, directory)
-    return _open(directory)
+    """The tokenized corpus, from the cache or built into it. Every failure below (undecodable
+    text, an unreadable file, a tokenizer that cannot be built) comes out as a CorpusError."""
+    try:
+        directory = Path(data.cache_dir) / "tokens" / f"{corpus_key(data)}-{tokenizer_key(tok_cfg)}"
+        if not (directory / "meta.json").exists():
+            _build(data, tok_cfg, directory)
+        return _open(directory)
+    except CorpusError:
+        raise
+    except (OSError, ValueError) as exc:  # includes UnicodeDecodeError
+        raise CorpusError(f"cannot read or tokenize the corpus: {root_cause(exc)}") from exc
+    except Exception as exc:
+        if type(exc).__module__.split(".")[0] != "datasets":
+            raise
+        raise CorpusError(f"cannot read the corpus files: {root_cause(exc)}") from exc
+
+
+def root_cause(exc: BaseException) -> str:
+    """The innermost cause of a chained exception, in one line (datasets wraps the real error)."""
+    seen = exc
+    while (seen.__cause__ or seen.__context__) is not None and len(str(seen)) < 10_000:
+        seen = seen.__cause__ or seen.__context__
+    lines = [line.strip() for line in str(seen).splitlines() if line.strip()]
+    text = lines[0] if lines else type(seen).__name__
+    return text if seen is exc else f"{type(seen).__name__}: {text}"
 
 
 def _build(data: DataConfig, tok_cfg: TokenizerConfig, directory: Path) -> None:

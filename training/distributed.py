@@ -63,9 +63,13 @@ def all_sum(values: list[float], world: World) -> list[float]:
     return t.tolist()
 
 
-def any_rank(flag: bool, world: World) -> bool:
-    """True on every rank if it is true on one: a stop request reaches all ranks at the same step."""
-    return all_sum([float(flag)], world)[0] > 0
+def all_mean(value: torch.Tensor, world: World) -> torch.Tensor:
+    """Mean over ranks of a tensor, left on its device (itself for a world of one)."""
+    if not world.distributed:
+        return value
+    total = value.clone()
+    dist.all_reduce(total, op=dist.ReduceOp.SUM)
+    return total / world.size
 
 
 def broadcast_from_main(value, world: World):
@@ -81,9 +85,3 @@ def barrier(world: World) -> None:
     if world.distributed:
         dist.barrier()
 
-
-class NullWriter:
-    """Stands in for the SummaryWriter on ranks other than 0: logging calls do nothing."""
-
-    def __getattr__(self, name):
-        return lambda *args, **kwargs: None

@@ -18,14 +18,6 @@ def first_line(exc: BaseException) -> str:
     return lines[0] if lines else type(exc).__name__
 
 
-def root_cause(exc: BaseException) -> str:
-    """The innermost cause of a chained exception, in one line (datasets wraps the real error)."""
-    seen = exc
-    while (seen.__cause__ or seen.__context__) is not None and len(str(seen)) < 10_000:
-        seen = seen.__cause__ or seen.__context__
-    return first_line(seen) if seen is exc else f"{type(seen).__name__}: {first_line(seen)}"
-
-
 def one_line(exc: BaseException) -> str:
     """An error as one line. Hydra and OmegaConf spread theirs over several: keep the first line,
     the available options of a missing config, and the first line of the cause."""

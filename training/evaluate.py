@@ -7,7 +7,6 @@ import torch
 import torch.nn.functional as F
 
 from data.batches import sequential_windows
-from model.attention import causal_pattern
 from training.distributed import World, all_sum
 
 
@@ -21,14 +20,14 @@ def mean_loss(model, batches: list, amp, world: World = World()) -> float:
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
-    total, count = 0.0, 0
+    total, count = torch.zeros((), device=device, dtype=torch.float64), 0
     for x, y in batches[world.rank::world.size]:
         with amp:
             _, loss = model(x.to(device), y.to(device))
-        total += loss.item() * y.numel()
+        total += loss.double() * y.numel()
         count += y.numel()
     model.train(was_training)
-    total, count = all_sum([total, float(count)], world)
+    total, count = all_sum([total.item(), float(count)], world)  # one host sync
     return total / count
 
 
@@ -39,7 +38,7 @@ def full_split_loss(model, tokens: np.ndarray, block_size: int, batch_size: int,
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
-    total, count = 0.0, 0
+    total, count = torch.zeros((), device=device, dtype=torch.float64), 0
     for i, (x, y) in enumerate(sequential_windows(tokens, block_size, batch_size)):
         if i % world.size != world.rank:
             continue
@@ -47,10 +46,10 @@ def full_split_loss(model, tokens: np.ndarray, block_size: int, batch_size: int,
             logits, _ = model(x.to(device))
         nll = F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.to(device).reshape(-1),
                               reduction="sum")
-        total += nll.item()
+        total += nll.double()
         count += y.numel()
     model.train(was_training)
-    total, count = all_sum([total, float(count)], world)
+    total, count = all_sum([total.item(), float(count)], world)  # one host sync
     return total / count
 
 
@@ -65,34 +64,46 @@ def attention_diagnostics(model, x: torch.Tensor, amp) -> list[dict]:
     normalised by log(number of visible keys) (1 = uniform over the past, 0 = one-hot).
 
     A saturated softmax shows as max weight near 1 and entropy near 0. Row 0 (one visible key)
-    is left out of the entropy.
+    is left out of the entropy. Everything is computed where the weights live and read back
+    to the host once, at the end.
     """
     was_training = model.training
     model.eval()
     with amp:
         _, _, weights = model(x.to(next(model.parameters()).device), return_weights=True)
     model.train(was_training)
-    T = x.size(1)
-    visible = causal_pattern(T, T).sum(-1).float()[1:]  # [T-1] keys per row (2..T)
-    out = []
+    stats = []
     for w in weights:  # [B, h, T, T]
         w = w.float()
+        T = w.size(-1)
+        visible = torch.arange(2, T + 1, device=w.device, dtype=w.dtype)  # [T-1] keys of rows 1..
         entropy = -(w * torch.log(w.clamp_min(1e-12))).sum(-1)[..., 1:]  # [B, h, T-1]
-        out.append({
-            "max_weight": w.max(dim=-1).values.mean().item(),
-            "entropy": (entropy / torch.log(visible)).mean().item(),
-        })
-    return out
+        stats.append(torch.stack([w.max(dim=-1).values.mean(),
+                                  (entropy / torch.log(visible)).mean()]))
+    values = torch.stack(stats).tolist()  # [n_layer, 2], one host sync
+    return [{"max_weight": m, "entropy": e} for m, e in values]
 
 
-def qk_grad_norms(model) -> list[dict]:
-    """Gradient norm of W_Q and W_K in each layer (call after backward, before zero_grad)."""
-    out = []
+def qk_grad_norms(model) -> torch.Tensor:
+    """[n_layer, 2]: the gradient norms of W_Q and W_K in each layer, left on the device.
+
+    Call after backward and before clipping: clipping would scale large gradients down to
+    the clip threshold, hiding exactly the layers whose gradients blow up.
+    """
+    norms = []
     for block in model.blocks:
-        grad = block.attn.qkv.weight.grad
-        if grad is None:
-            out.append({"q": 0.0, "k": 0.0})
-            continue
-        d = grad.size(1)
-        out.append({"q": grad[:d].norm().item(), "k": grad[d:2 * d].norm().item()})
-    return out
+        weight = block.attn.qkv.weight
+        grad = weight.grad if weight.grad is not None else torch.zeros_like(weight)
+        d = grad.size(1)  # qkv stacks W_Q, W_K, W_V: rows [0, d), [d, 2d), [2d, 3d)
+        norms.append(torch.stack([grad[:d].norm(), grad[d:2 * d].norm()]))
+    return torch.stack(norms).float()
+
+
+def rising_validation(history: list, patience: int) -> bool:
+    """Whether the last `patience` evaluations each raised the validation loss while each
+    lowered the training loss. history: [step, val loss, train loss] per evaluation."""
+    if patience <= 0 or len(history) <= patience:
+        return False
+    recent = history[-patience - 1:]
+    pairs = list(zip(recent, recent[1:]))
+    return all(b[1] > a[1] for a, b in pairs) and all(b[2] < a[2] for a, b in pairs)

@@ -23,6 +23,11 @@ class Optimizers:
     def param_groups(self) -> list[dict]:
         return [group for opt in self.optimizers for group in opt.param_groups]
 
+    def set_lr(self, lr: float) -> None:
+        """The schedule's lr for every group (times the group's own lr_scale, Muon's)."""
+        for group in self.param_groups:
+            group["lr"] = lr * group.get("lr_scale", 1.0)
+
     def step(self) -> None:
         for opt in self.optimizers:
             opt.step()
@@ -35,8 +40,6 @@ class Optimizers:
         return {"optimizers": [opt.state_dict() for opt in self.optimizers]}
 
     def load_state_dict(self, state: dict) -> None:
-        if "optimizers" not in state and len(self.optimizers) == 1:
-            state = {"optimizers": [state]}  # a checkpoint from before there could be two
         if len(state.get("optimizers", ())) != len(self.optimizers):
             raise ValueError("the checkpoint's optimizer state does not match optim.name")
         for opt, saved in zip(self.optimizers, state["optimizers"]):

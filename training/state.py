@@ -1,10 +1,39 @@
-"""Random-number state: seeding a run, and saving / restoring every generator for exact resume."""
+"""What a checkpoint holds besides weights and optimizer: the loop's counters (`Progress`) and
+every random-number generator's state, so that a resumed run continues bit-exactly."""
 from __future__ import annotations
 
+import math
 import random
+from dataclasses import asdict, dataclass, field, fields
 
 import numpy as np
 import torch
+
+
+@dataclass
+class Progress:
+    """The training loop's counters, saved in every checkpoint and restored on resume."""
+
+    step: int = 0                 # optimizer steps taken (skipped non-finite ones included)
+    tokens_seen: int = 0          # tokens of the steps that updated the weights
+    best_val: float = math.inf    # lowest causal validation loss so far (the `best` weights)
+    best_step: int = -1           # the step it was measured at
+    elapsed: float = 0.0          # seconds of training so far, evaluations included, all processes
+    skipped: int = 0              # non-finite steps skipped (train.on_nonfinite=skip)
+    # training losses since the last log line (their mean is the logged train/loss)
+    loss_window: list = field(default_factory=list)
+    # [step, causal val loss, train loss] at every evaluation: the overfitting guard reads it
+    history: list = field(default_factory=list)
+
+    def state_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_state_dict(cls, state: dict) -> "Progress":
+        return cls(**{f.name: state[f.name] for f in fields(cls)})
+
+
+PROGRESS_KEYS = tuple(f.name for f in fields(Progress))
 
 
 def seed_everything(seed: int) -> None:
@@ -27,8 +56,8 @@ def set_rng_state(state: dict) -> None:
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
     torch.set_rng_state(state["torch"])
-    has_gauss, cached_gaussian = state.get("numpy_gauss", (0, 0.0))
+    has_gauss, cached_gaussian = state["numpy_gauss"]
     np.random.set_state(("MT19937", np.array(state["numpy"], dtype=np.uint32),
-                         int(state.get("numpy_pos", 624)), int(has_gauss), float(cached_gaussian)))
+                         int(state["numpy_pos"]), int(has_gauss), float(cached_gaussian)))
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
