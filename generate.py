@@ -1,6 +1,6 @@
 """Sample text from a trained run, streaming it to stdout.
 
-    python generate.py                                   # the latest run (runs/latest)
+    python generate.py                                   # the newest run (runs/latest names it)
     python generate.py run=runs/<dir> prompt="ROMEO:" max_new_tokens=500 temperature=0.8 top_k=40
 
 Same key=value style as train.py. Everything comes from the run directory alone: config.yaml
@@ -23,6 +23,7 @@ from model.gpt import GPT
 from training.checkpoint import CheckpointError, find_weights, load_weights
 from training.config import Config
 from training.device import pick_device
+from training.run_dir import resolve_latest
 
 USAGE = "usage: python generate.py [run=DIR] [prompt=TEXT] [max_new_tokens=N] [key=value ...]"
 
@@ -131,7 +132,7 @@ def main(argv: list[str]) -> int:
     try:
         cfg = parse_args(argv)
         device = pick_device(cfg.device)
-        model, tokenizer, run_cfg = load_run(Path(cfg.run), cfg.weights, device)
+        model, tokenizer, run_cfg = load_run(resolve_latest(Path(cfg.run)), cfg.weights, device)
         check(cfg, tokenizer.get_vocab_size())
         unknown = unknown_characters(tokenizer, cfg.prompt)
         if unknown:
