@@ -50,8 +50,10 @@ class RandomWindows:
 
     def _windows(self, starts: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         windows = torch.from_numpy(self.tokens[starts[:, None] + self._span].astype(np.int64))
-        if self.device.type == "cuda":
+        if self.device.type == "cuda":  # page-locked, so the copy overlaps the GPU's work
             windows = windows.pin_memory().to(self.device, non_blocking=True)
+        elif self.device.type != "cpu":
+            windows = windows.to(self.device)
         return windows[:, :-1], windows[:, 1:]  # [B, T], [B, T]
 
     def state_dict(self) -> dict:

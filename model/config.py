@@ -27,6 +27,21 @@ class MaskMode(str, Enum):
     after_softmax = "after_softmax"  # softmax over all keys, then weights[future] = 0
 
 
+class Activation(str, Enum):
+    """The MLP's nonlinearity."""
+
+    gelu = "gelu"            # exact GELU, x * Phi(x) with erf
+    gelu_tanh = "gelu_tanh"  # the tanh approximation that OpenAI's GPT-2 was trained with
+
+
+class AttentionImpl(str, Enum):
+    """Which code computes the correct causal attention (results agree to rounding)."""
+
+    auto = "auto"            # fused on CUDA (if Triton is installed), reference elsewhere
+    reference = "reference"  # the step-by-step layer of model/attention.py
+    fused = "fused"          # our Triton kernel, model/fused_attention.py
+
+
 @dataclass
 class AttentionConfig:
     """One attention variant. The default is the correct layer; `conf/attention/` names the pitfalls."""
@@ -43,8 +58,13 @@ class AttentionConfig:
     qk_init_std: Optional[float] = None
     # Speed only, never the result: queries are processed in blocks of this many rows, and each
     # block leaves out the keys after its last query (they would get weight exactly 0). Used when
-    # the mask is exact (is_causal); 0 = all rows at once over every key.
-    query_block: int = 64
+    # the mask is exact (is_causal); 0 = all rows at once over every key; null = by device: 64 on
+    # a CPU, where skipping work pays, 0 on a GPU, where each block costs kernel launches.
+    query_block: Optional[int] = None
+    # Which code computes the correct attention: the readable `reference` (model/attention.py),
+    # our `fused` Triton kernel (model/fused_attention.py), or `auto`: fused on CUDA when Triton
+    # is there, reference elsewhere. The pitfall variants always run the reference code.
+    impl: AttentionImpl = AttentionImpl.auto
 
     def is_causal(self) -> bool:
         """True when no weight can reach a future position (the generation-time condition)."""
@@ -67,6 +87,7 @@ class ModelConfig:
     # 1/sqrt(2 * n_layer) so the residual stream's variance does not grow with depth.
     init_std: float = 0.02
     mlp_ratio: int = 4
+    activation: Activation = Activation.gelu
 
     @property
     def head_dim(self) -> int:
@@ -87,13 +108,21 @@ def validate_model(cfg: ModelConfig) -> None:
         raise ValueError(f"model.dropout must be in [0, 1), got {cfg.dropout}")
     if not (cfg.init_std > 0 and math.isfinite(cfg.init_std)):
         raise ValueError(f"model.init_std must be a positive number, got {cfg.init_std}")
+    try:
+        Activation(cfg.activation)  # Hydra checks YAML values; this catches a bad one from code
+    except ValueError:
+        raise ValueError(f"model.activation must be one of {[a.value for a in Activation]}, "
+                         f"got {cfg.activation!r}") from None
 
 
 def validate_attention(cfg: AttentionConfig) -> None:
     if math.isnan(cfg.mask_value) or cfg.mask_value > 0:
         raise ValueError(f"attention.mask_value must be 0, negative or -inf, got {cfg.mask_value}")
-    if cfg.query_block < 0:
-        raise ValueError(f"attention.query_block must be 0 (off) or a positive number of rows, "
-                         f"got {cfg.query_block}")
+    if cfg.query_block is not None and cfg.query_block < 0:
+        raise ValueError(f"attention.query_block must be 0 (off), a positive number of rows or "
+                         f"null (by device), got {cfg.query_block}")
+    if cfg.impl is AttentionImpl.fused and not cfg.is_causal():
+        raise ValueError(f"attention.impl=fused computes the correct attention only; the pitfall "
+                         f"{cfg.name!r} always runs the reference code (use attention.impl=auto)")
     if cfg.qk_init_std is not None and not cfg.qk_init_std > 0:
         raise ValueError(f"attention.qk_init_std must be positive or null, got {cfg.qk_init_std}")

@@ -10,7 +10,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from model.attention import CausalSelfAttention, KVCache
-from model.config import AttentionConfig, ModelConfig
+from model.config import Activation, AttentionConfig, ModelConfig
+from model.decoding import Decoder
 from model.sampling import sample_next
 
 
@@ -22,9 +23,12 @@ class MLP(nn.Module):
         self.fc = nn.Linear(cfg.n_embd, cfg.mlp_ratio * cfg.n_embd, bias=cfg.bias)
         self.proj = nn.Linear(cfg.mlp_ratio * cfg.n_embd, cfg.n_embd, bias=cfg.bias)
         self.dropout = nn.Dropout(cfg.dropout)
+        # exact erf GELU, or GPT-2's tanh approximation (for weights trained with it)
+        tanh = Activation(cfg.activation) is Activation.gelu_tanh
+        self.approximate = "tanh" if tanh else "none"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.dropout(self.proj(F.gelu(self.fc(x))))
+        return self.dropout(self.proj(F.gelu(self.fc(x), approximate=self.approximate)))
 
 
 class Block(nn.Module):
@@ -87,8 +91,12 @@ class GPT(nn.Module):
                 nn.init.normal_(block.attn.qkv.weight[: 2 * d], 0.0, self.attn_cfg.qk_init_std)
 
     def num_params(self, include_embeddings: bool = True) -> int:
+        """Parameters (the tied token embedding / head counted once); without the token and
+        position embeddings, what the blocks and the final LayerNorm hold."""
         n = sum(p.numel() for p in self.parameters())
-        return n if include_embeddings else n - self.pos_emb.weight.numel()
+        if include_embeddings:
+            return n
+        return n - self.pos_emb.weight.numel() - self.tok_emb.weight.numel()
 
     def forward(self, idx: torch.Tensor, targets: Optional[torch.Tensor] = None,
                 cache: Optional[KVCache] = None, return_weights: bool = False):
@@ -98,7 +106,9 @@ class GPT(nn.Module):
         start = cache.length if cache is not None else 0
         if start + T > self.cfg.block_size:
             raise ValueError(f"sequence of {start + T} tokens exceeds block_size {self.cfg.block_size}")
-        pos = torch.arange(start, start + T, device=idx.device)
+        pos = torch.arange(T, device=idx.device)  # [T] positions, after the cached ones
+        if cache is not None:
+            pos = pos + cache.position  # read on the device: a captured decode step replays it
         x = self.drop(self.tok_emb(idx) + self.pos_emb(pos))  # [B, T, d_model]
         all_weights = []
         for layer, block in enumerate(self.blocks):
@@ -125,41 +135,35 @@ class GPT(nn.Module):
             for block, old in zip(self.blocks, saved):
                 block.attn.attn = old
 
-    def new_cache(self, batch: int, device=None, dtype=None) -> KVCache:
+    def new_cache(self, batch: int, device=None, dtype=None, static: bool = False) -> KVCache:
         p = self.tok_emb.weight
         return KVCache(self.cfg.n_layer, batch, self.cfg.n_head, self.cfg.block_size,
-                       self.cfg.head_dim, device or p.device, dtype or p.dtype)
+                       self.cfg.head_dim, device or p.device, dtype or p.dtype, static=static)
 
     @torch.no_grad()
     def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
                  top_k: Optional[int] = None, top_p: Optional[float] = None,
                  generator: Optional[torch.Generator] = None, greedy: bool = False,
-                 use_cache: bool = True) -> Iterator[torch.Tensor]:
+                 use_cache: bool = True, static_cache: Optional[bool] = None
+                 ) -> Iterator[torch.Tensor]:
         """Yield [B, 1] new token ids one at a time (so callers can stream them).
 
-        With the KV cache each step runs the model on one new token. When the context is full,
-        the cache is rebuilt from the last half context (positions are learned embeddings, so
-        old keys cannot simply be shifted); without the cache each step reruns the whole
-        cropped context, as nanoGPT does.
+        use_cache: run each step on the new token alone, with a KV cache (model/decoding.py).
+        static_cache: a cache whose steps all have the same shapes, so that on CUDA the
+        one-token step runs as a captured CUDA graph; None = on for CUDA with the correct
+        attention. The tokens are the same either way.
         """
+        if static_cache is None:
+            static_cache = idx.device.type == "cuda" and self.attn_cfg.is_causal()
         was_training = self.training
         self.eval()
-        block = self.cfg.block_size
-        cache = None
-        pending = idx[:, -block:]  # tokens not yet in the cache
+        decoder = Decoder(self, idx.size(0), use_cache, static_cache)
         context = idx
         try:
             for _ in range(max_new_tokens):
-                if not use_cache:
-                    logits, _ = self(context[:, -block:])
-                else:
-                    if cache is None or cache.length + pending.size(1) > block:
-                        cache = self.new_cache(idx.size(0))
-                        pending = context[:, -max(block // 2, 1):] if context.size(1) >= block else context
-                    logits, _ = self(pending, cache=cache)
-                token = sample_next(logits[:, -1, :], temperature, top_k, top_p, generator, greedy)
+                logits = decoder.next_logits(context)  # [B, vocab_size]
+                token = sample_next(logits, temperature, top_k, top_p, generator, greedy)
                 context = torch.cat([context, token], dim=1)
-                pending = token
                 yield token
         finally:
             self.train(was_training)

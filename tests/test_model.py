@@ -212,20 +212,35 @@ def test_tiny_model_overfits_one_batch():
 # ----------------------------------------------------------------------------- KV cache
 
 
+@pytest.mark.parametrize("static", [False, True])
 @pytest.mark.parametrize("chunks", [[16], [1] * 16, [5, 1, 1, 4, 5], [9, 7]])
-def test_cached_incremental_forward_equals_full_forward(chunks):
+def test_cached_incremental_forward_equals_full_forward(chunks, static):
+    """Growing cache (attends over the filled prefix) and static cache (attends over the whole
+    buffer, its unfilled tail masked): both give the full forward pass's logits."""
     model = randomize(make_gpt())
     idx = torch.randint(0, VOCAB, (2, 16))
     full, _ = model(idx)
-    cache = model.new_cache(2)
+    cache = model.new_cache(2, static=static)
     assert cache.k.dtype == D
     outs, pos = [], 0
     for n in chunks:
         logits, _ = model(idx[:, pos:pos + n], cache=cache)
         outs.append(logits)
         pos += n
-        assert cache.length == pos
+        assert cache.length == pos == cache.position.item()
     torch.testing.assert_close(torch.cat(outs, 1), full, atol=1e-10, rtol=0)
+
+
+def test_a_static_cache_reset_refills_the_same_buffers():
+    model = randomize(make_gpt())
+    idx = torch.randint(0, VOCAB, (1, 12))
+    cache = model.new_cache(1, static=True)
+    buffers = cache.k.data_ptr(), cache.position.data_ptr()
+    model(torch.randint(0, VOCAB, (1, 7)), cache=cache)
+    cache.reset()
+    logits, _ = model(idx, cache=cache)
+    torch.testing.assert_close(logits, model(idx)[0], atol=1e-10, rtol=0)
+    assert (cache.k.data_ptr(), cache.position.data_ptr()) == buffers
 
 
 def test_cache_overflow_raises():
@@ -242,10 +257,11 @@ def test_greedy_generation_with_and_without_cache_agree_within_block(prompt_len,
     model.train()  # generate must switch to eval and back
     idx = torch.randint(0, VOCAB, (3, prompt_len))
     with_cache = torch.cat(list(model.generate(idx, new, greedy=True, use_cache=True)), 1)
+    static = torch.cat(list(model.generate(idx, new, greedy=True, static_cache=True)), 1)
     without = torch.cat(list(model.generate(idx, new, greedy=True, use_cache=False)), 1)
     assert model.training
     assert with_cache.shape == (3, new)
-    assert torch.equal(with_cache, without)
+    assert torch.equal(with_cache, without) and torch.equal(static, without)
     # and greedy really is argmax of the full forward pass
     seq = torch.cat([idx, without], 1)
     logits, _ = model.eval()(seq[:, :-1])
@@ -255,9 +271,14 @@ def test_greedy_generation_with_and_without_cache_agree_within_block(prompt_len,
 def test_generation_past_block_size_keeps_going():
     model = randomize(make_gpt(block_size=8), std=0.3)
     idx = torch.randint(0, VOCAB, (1, 3))
-    for use_cache in (True, False):
-        out = torch.cat(list(model.generate(idx, 30, greedy=True, use_cache=use_cache)), 1)
+    outs = {}
+    for use_cache, static in ((True, False), (True, True), (False, False)):
+        out = torch.cat(list(model.generate(idx, 30, greedy=True, use_cache=use_cache,
+                                            static_cache=static)), 1)
         assert out.shape == (1, 30) and ((0 <= out) & (out < VOCAB)).all()
+        outs[use_cache, static] = out
+    # the two caches refill at the same points, from the same half context
+    assert torch.equal(outs[True, False], outs[True, True])
 
 
 def test_sampling_is_reproducible_with_a_generator():

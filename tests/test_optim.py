@@ -145,3 +145,18 @@ def test_orthogonalize_flattens_the_spectrum_in_float32():
     s = torch.linalg.svdvals(o)
     assert s.max() < 1.5 and s.min() > 0.2  # from 1000:1 to about 4:1
     assert torch.linalg.svdvals(g).max() / torch.linalg.svdvals(g).min() > 100
+
+
+def test_orthogonalizing_a_batch_equals_one_matrix_at_a_time():
+    """Muon orthogonalises all matrices of one shape in one batch: the same result as one by one
+    (and a batch whose matrices were mixed up would not match)."""
+    from training.muon import orthogonalize
+
+    coefficients = (3.4445, -4.775, 2.0315)
+    torch.manual_seed(2)
+    for shape in [(4, 48, 16), (3, 16, 48), (2, 32, 32)]:
+        batch = torch.randn(shape)
+        together = orthogonalize(batch, coefficients, steps=5, eps=1e-7)
+        one_by_one = torch.stack([orthogonalize(m, coefficients, steps=5, eps=1e-7) for m in batch])
+        torch.testing.assert_close(together, one_by_one, atol=1e-5, rtol=1e-5)
+        assert (together[0] - one_by_one[1]).abs().max() > 0.01

@@ -5,12 +5,14 @@ momentum made (nearly) orthogonal: U S V^T -> ~U V^T. Every direction of the mat
 a similar rate, instead of the few directions with large gradients dominating, which lets the
 hidden layers learn faster per step than with AdamW.
 
-Why not `torch.optim.Muon` as it is: it runs the Newton-Schulz iterations in bfloat16. That is
-fast where bf16 matmuls are (GPUs, CPUs with AVX512-BF16 or AMX) and 7-10x slower than float32
-where they are not; on our 2-core AVX2 machine it cut whole-run training from 9.8k to 2.0k
-tokens/s. This subclass keeps torch's constructor, argument checks, defaults and state layout
-(one `momentum_buffer` per matrix, so checkpoints look the same) and changes only the dtype of
-the orthogonalisation. The tests check it against `torch.optim.Muon` step for step.
+Why not `torch.optim.Muon` as it is: it runs the Newton-Schulz iterations in bfloat16, which is
+fast where bf16 matmuls are (GPUs, CPUs with AVX512-BF16 or AMX) and several times slower than
+float32 where they are not (CPUs with AVX2 only: README, Benchmarks). And it orthogonalises one
+matrix at a time, which on a GPU is a few dozen tiny kernel launches per matrix. This subclass
+keeps torch's constructor, argument checks, defaults and state layout (one `momentum_buffer` per
+matrix, so checkpoints look the same), orthogonalises in float32, and does all the matrices of
+one shape in a single batch of matmuls. The tests check it against `torch.optim.Muon` step for
+step.
 """
 from __future__ import annotations
 
@@ -18,27 +20,35 @@ import torch
 
 
 def orthogonalize(update: torch.Tensor, coefficients: tuple[float, float, float], steps: int,
-                  eps: float) -> torch.Tensor:
+                 eps: float) -> torch.Tensor:
     """~U V^T of update = U S V^T by a quintic Newton-Schulz iteration, in at least float32.
 
-    The iteration maps each singular value s -> a s + b s^3 + c s^5, which, starting from
-    s <= 1 (hence the division by the Frobenius norm), pushes all of them towards ~1.
+    update is one matrix [rows, cols] or a batch of same-shaped ones [n, rows, cols], all
+    orthogonalised together (one batched matmul per iteration instead of n). The iteration maps
+    each singular value s -> a s + b s^3 + c s^5, which, starting from s <= 1 (hence the division
+    by the Frobenius norm), pushes all of them towards ~1.
     """
     x = update.to(torch.promote_types(update.dtype, torch.float32))
-    tall = x.size(0) > x.size(1)
+    single = x.dim() == 2
+    if single:
+        x = x[None]  # [1, rows, cols]
+    tall = x.size(1) > x.size(2)
     if tall:
-        x = x.T  # iterate on the wide side: the Gram matrix x x^T is the smaller one
-    x = x / x.norm().clamp(min=eps)
+        x = x.mT  # iterate on the wide side: the Gram matrix x x^T is the smaller one
+    x = x / x.norm(dim=(1, 2), keepdim=True).clamp(min=eps)
     a, b, c = coefficients
     for _ in range(steps):
-        gram = x @ x.T                                    # [r, r], r = min(rows, cols)
-        poly = torch.addmm(gram, gram, gram, beta=b, alpha=c)  # b G + c G^2
-        x = torch.addmm(x, poly, x, beta=a)               # a x + (b G + c G^2) x
-    return x.T if tall else x
+        gram = x @ x.mT                                          # [n, r, r], r = min(rows, cols)
+        poly = torch.baddbmm(gram, gram, gram, beta=b, alpha=c)  # b G + c G^2
+        x = torch.baddbmm(x, poly, x, beta=a)                    # a x + (b G + c G^2) x
+    if tall:
+        x = x.mT
+    return x[0] if single else x
 
 
 class Muon(torch.optim.Muon):
-    """`torch.optim.Muon`'s update rule, orthogonalising in float32 (see the module docstring)."""
+    """`torch.optim.Muon`'s update rule, orthogonalising in float32 and in batches of
+    same-shaped matrices (see the module docstring)."""
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -48,19 +58,27 @@ class Muon(torch.optim.Muon):
                 loss = closure()
         for group in self.param_groups:
             lr, momentum = group["lr"], group["momentum"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                state = self.state[p]
-                if "momentum_buffer" not in state:
-                    state["momentum_buffer"] = torch.zeros_like(p.grad)
-                buf = state["momentum_buffer"]
-                buf.lerp_(p.grad, 1 - momentum)  # B = mu B + (1 - mu) g
-                update = p.grad.lerp(buf, momentum) if group["nesterov"] else buf
-                update = orthogonalize(update, group["ns_coefficients"], group["ns_steps"],
-                                       group["eps"])
-                p.mul_(1 - lr * group["weight_decay"])  # decoupled weight decay
-                p.add_(update.to(p.dtype), alpha=-self._scaled_lr(lr, group, p.shape))
+            params = [p for p in group["params"] if p.grad is not None]
+            if not params:
+                continue
+            for p in params:
+                if "momentum_buffer" not in self.state[p]:
+                    self.state[p]["momentum_buffer"] = torch.zeros_like(p.grad)
+            grads = [p.grad for p in params]
+            bufs = [self.state[p]["momentum_buffer"] for p in params]
+            torch._foreach_lerp_(bufs, grads, 1 - momentum)  # B = mu B + (1 - mu) g
+            updates = ([g.lerp(b, momentum) for g, b in zip(grads, bufs)] if group["nesterov"]
+                       else bufs)
+            torch._foreach_mul_(params, 1 - lr * group["weight_decay"])  # decoupled weight decay
+            by_shape: dict[torch.Size, list[int]] = {}
+            for i, p in enumerate(params):
+                by_shape.setdefault(p.shape, []).append(i)
+            for shape, members in by_shape.items():
+                ortho = orthogonalize(torch.stack([updates[i] for i in members]),
+                                      group["ns_coefficients"], group["ns_steps"], group["eps"])
+                torch._foreach_add_([params[i] for i in members],
+                                    list(ortho.to(params[members[0]].dtype).unbind(0)),
+                                    alpha=-self._scaled_lr(lr, group, shape))
         return loss
 
     @staticmethod
