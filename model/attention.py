@@ -151,7 +151,7 @@ class CausalSelfAttention(nn.Module):
     """
 
     def __init__(self, n_embd: int, n_head: int, block_size: int, attn: AttentionConfig,
-                 dropout: float = 0.0, bias: bool = True):
+                 dropout: float = 0.0, bias: bool = True, attn_dropout: Optional[float] = None):
         super().__init__()
         if n_embd % n_head != 0:
             raise ValueError(f"d_model ({n_embd}) must be divisible by the number of heads ({n_head})")
@@ -162,8 +162,8 @@ class CausalSelfAttention(nn.Module):
         self.qkv = nn.Linear(n_embd, 3 * n_embd, bias=bias)
         # W_O mixes the concatenated heads; the no_out_proj pitfall leaves it out entirely
         self.out_proj = nn.Linear(n_embd, n_embd, bias=bias) if attn.out_proj else None
-        self.dropout = dropout
-        self.resid_dropout = nn.Dropout(dropout)
+        self.dropout = dropout if attn_dropout is None else attn_dropout  # on the weights
+        self.resid_dropout = nn.Dropout(dropout)  # on the layer's output
         # The causal pattern is a property of the task: built once, shared by heads and batch.
         self.register_buffer("causal", causal_pattern(block_size, block_size), persistent=False)
 

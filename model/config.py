@@ -82,6 +82,9 @@ class ModelConfig:
     n_embd: int = 128
     block_size: int = 128
     dropout: float = 0.0
+    # Dropout on the attention weights; null = the same as `dropout`. 0 lets the fused attention
+    # kernel, which has no dropout, train a model that keeps dropout everywhere else.
+    attn_dropout: Optional[float] = None
     bias: bool = True
     # GPT-2's init: N(0, init_std) for every weight, residual output projections scaled down by
     # 1/sqrt(2 * n_layer) so the residual stream's variance does not grow with depth.
@@ -106,6 +109,8 @@ def validate_model(cfg: ModelConfig) -> None:
         )
     if not 0.0 <= cfg.dropout < 1.0:
         raise ValueError(f"model.dropout must be in [0, 1), got {cfg.dropout}")
+    if cfg.attn_dropout is not None and not 0.0 <= cfg.attn_dropout < 1.0:
+        raise ValueError(f"model.attn_dropout must be in [0, 1) or null, got {cfg.attn_dropout}")
     if not (cfg.init_std > 0 and math.isfinite(cfg.init_std)):
         raise ValueError(f"model.init_std must be a positive number, got {cfg.init_std}")
     try:

@@ -38,7 +38,8 @@ class Block(nn.Module):
         super().__init__()
         self.ln_1 = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
         self.attn = CausalSelfAttention(cfg.n_embd, cfg.n_head, cfg.block_size, attn,
-                                        dropout=cfg.dropout, bias=cfg.bias)
+                                        dropout=cfg.dropout, bias=cfg.bias,
+                                        attn_dropout=cfg.attn_dropout)
         self.ln_2 = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
         self.mlp = MLP(cfg)
 

@@ -1,0 +1,93 @@
+"""Every shipped config composes, validates, and is what its name says.
+
+The dataclasses hold every default and each YAML file only what differs, so a typo in a YAML
+file (a misspelt key, a value of the wrong type) fails here, not halfway through a sweep.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, fields
+from pathlib import Path
+
+import pytest
+
+from training.config import CONF_DIR, Config, compose
+
+GROUPS = ("model", "attention", "data", "tokenizer", "optim", "train")
+PACKAGES = ("arm", "regime", "experiment", "budget")  # added with +name=option
+
+
+def options(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+
+
+def without_names(cfg: Config) -> dict:
+    """A config as a dict, without the names that only label it."""
+    flat = asdict(cfg)
+    flat.pop("run_name")
+    flat["attention"].pop("name")
+    return flat
+
+
+def test_the_default_config_is_the_dataclass_defaults():
+    """One source of defaults: `python train.py` runs exactly what the dataclasses say."""
+    assert asdict(compose()) == asdict(Config()) | {"run_name": "correct_seed1337"}
+
+
+@pytest.mark.parametrize("group,option", [(g, o) for g in GROUPS for o in options(g)])
+def test_every_group_option_composes_and_validates(group, option):
+    compose([f"{group}={option}"])
+
+
+@pytest.mark.parametrize("package,option", [(p, o) for p in PACKAGES for o in options(p)])
+def test_every_added_config_composes_and_validates(package, option):
+    compose([f"+{package}={option}"])
+
+
+@pytest.mark.parametrize("variant", options("attention"))
+def test_each_attention_file_is_named_for_its_variant_and_only_the_pitfalls_leave_the_default(
+        variant):
+    attention = compose([f"attention={variant}"]).attention
+    assert attention.name == variant
+    differs = [f.name for f in fields(attention)
+               if getattr(attention, f.name) != getattr(Config().attention, f.name)]
+    assert (differs == []) == (variant == "correct"), differs
+
+
+@pytest.mark.parametrize("arm", options("arm"))
+def test_each_arm_is_its_regime_with_its_variant(arm):
+    """conf/arm/<regime>-<variant>.yaml: the regime's settings with that attention variant,
+    nothing else, and a run name that says both."""
+    regime, variant = arm.split("-", 1)
+    assert regime in options("regime") and variant in options("attention")
+    cfg = compose([f"+arm={arm}", "seed=7"])
+    expected = compose([f"+regime={regime}", f"attention={variant}", "seed=7"])
+    assert without_names(cfg) == without_names(expected)
+    assert cfg.attention.name == variant
+    assert cfg.run_name == f"{arm}_seed7"
+
+
+def test_the_ablation_study_sweeps_every_arm():
+    text = (CONF_DIR / "experiment" / "ablations.yaml").read_text()
+    for arm in options("arm"):
+        assert arm in text, f"+experiment=ablations does not run {arm}"
+
+
+@pytest.mark.parametrize("arm", options("budget"))
+def test_each_budget_arm_is_named_for_itself(arm):
+    assert compose([f"+budget={arm}"]).run_name == arm
+
+
+def test_no_yaml_file_restates_a_default():
+    """Each group option holds only what differs from the dataclass defaults (a restated
+    default would be a second source of truth that can drift)."""
+    base = asdict(Config())
+    for group in GROUPS:
+        for option in options(group):
+            text = (CONF_DIR / group / f"{option}.yaml").read_text()
+            composed = asdict(compose([f"{group}={option}"]))[group]
+            for line in text.splitlines():
+                key = line.split(":", 1)[0].strip()
+                if line.startswith((" ", "#", "-")) or ":" not in line or key == "defaults":
+                    continue
+                assert composed[key] != base[group][key], \
+                    f"conf/{group}/{option}.yaml restates the default {key}: {composed[key]!r}"
