@@ -6,7 +6,6 @@ file (a misspelt key, a value of the wrong type) fails here, not halfway through
 from __future__ import annotations
 
 from dataclasses import asdict, fields
-from pathlib import Path
 
 import pytest
 

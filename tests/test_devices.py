@@ -13,7 +13,6 @@ The CUDA tests (tests/test_cuda.py) run the same flows for real where a GPU exis
 from __future__ import annotations
 
 import contextlib
-from dataclasses import replace
 
 import numpy as np
 import pytest

@@ -7,7 +7,8 @@ and hands each rank its share, so these runs see exactly the same windows:
     2 processes, batch 4, accumulation 1
 and differ only in the order in which floating-point gradients are added up.
 
-Tolerance: the three runs add the same per-sequence gradients in a different order (one sum, a
+Tolerance (the runs are pinned to float32, whatever train.dtype=auto would pick on this
+machine): the three runs add the same per-sequence gradients in a different order (one sum, a
 sum of two halves, an all_reduce of two halves), which changes float32 results in the last bits
 (~1e-7 relative). AdamW divides each update by sqrt(v), so those differences do not grow large
 over 20 steps: we measured 2.4e-7 between losses and 2.1e-6 between weights; 2e-4 leaves room for other BLAS
@@ -52,7 +53,8 @@ def run(corpus: Path, run_dir: Path, *overrides: str, nproc: int = 1) -> subproc
                       f"data.val_files=[{corpus / 'val.txt'}]", f"data.cache_dir={corpus / 'cache'}",
                       f"hydra.run.dir={run_dir}", f"train.max_steps={STEPS}", "train.eval_interval=10",
                       "train.log_interval=5", "train.sample_tokens=0", "train.threads=1",
-                      *overrides]
+                      "train.dtype=float32",  # the tolerance below is float32's (dtype=auto
+                      *overrides]             # would pick bf16 on a CPU with bf16 units)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, cwd=run_dir.parent, capture_output=True, text=True, timeout=300,
                           env=env)

@@ -7,9 +7,7 @@ import time
 import pytest
 import torch
 
-from model.attention import causal_variant
-from model.config import (AttentionConfig, MaskMode, ModelConfig, Scale, validate_attention,
-                          validate_model)
+from model.config import AttentionConfig, ModelConfig, validate_attention, validate_model
 from model.gpt import GPT
 from model.sampling import filter_logits, sample_next
 
@@ -84,86 +82,8 @@ def test_every_block_has_a_scaled_attention_with_output_projection():
         assert isinstance(block.attn.out_proj, torch.nn.Linear)
 
 
-# ----------------------------------------------------------------------------- causality
-
-
-def future_change_max_diff(model: GPT, T: int, t: int):
-    """Replace every token after position t; return the max |logit change| at positions <= t
-    and (None when t is the last position) at positions > t."""
-    idx = torch.randint(0, VOCAB, (2, T))
-    other = idx.clone()
-    other[:, t + 1:] = (idx[:, t + 1:] + 1 + torch.randint(0, VOCAB - 1, idx[:, t + 1:].shape)) % VOCAB
-    assert (other[:, t + 1:] != idx[:, t + 1:]).all()
-    a, _ = model(idx)
-    b, _ = model(other)
-    past = (a[:, :t + 1] - b[:, :t + 1]).abs().max().item()
-    future = (a[:, t + 1:] - b[:, t + 1:]).abs().max().item() if t + 1 < T else None
-    return past, future
-
-
-@pytest.mark.parametrize("t", [0, 1, 7, 14, 15])
-def test_changing_future_tokens_leaves_past_logits_unchanged(t):
-    model = randomize(make_gpt())
-    past, future = future_change_max_diff(model, 16, t)
-    assert past <= 1e-9
-    if future is not None:
-        assert future > 1e-3  # the change itself is visible where it should be
-
-
-def embedding_gradient(model: GPT, idx: torch.Tensor, t: int) -> torch.Tensor:
-    """|d (output at position t) / d (token embeddings)|, max over batch and features: [T]."""
-    captured = {}
-
-    def hook(module, inputs, output):
-        output.retain_grad()
-        captured["emb"] = output
-
-    handle = model.tok_emb.register_forward_hook(hook)
-    try:
-        logits, _ = model(idx)
-    finally:
-        handle.remove()
-    probe = torch.randn(logits.size(0), logits.size(-1), dtype=logits.dtype)
-    (logits[:, t] * probe).sum().backward()
-    return captured["emb"].grad.abs().amax(dim=(0, 2))
-
-
-@pytest.mark.parametrize("t", [0, 3, 10, 15])
-def test_gradient_of_position_t_wrt_later_embeddings_is_exactly_zero(t):
-    model = randomize(make_gpt())
-    grad = embedding_gradient(model, torch.randint(0, VOCAB, (2, 16)), t)
-    if t < 15:
-        assert grad[t + 1:].max().item() == 0.0
-    assert (grad[: t + 1] > 0).all(), "the past (and the position itself) must influence the output"
-
-
-@pytest.mark.parametrize("attn", [
-    AttentionConfig(name="mask_zero", mask_value=0.0),
-    AttentionConfig(name="mask_fill_zero", mask_mode=MaskMode.fill, mask_value=0.0),
-    AttentionConfig(name="mask_after_softmax", mask_mode=MaskMode.after_softmax),
-], ids=lambda a: a.name)
-def test_the_causality_checks_catch_leaky_variants(attn):
-    """The two checks above are not vacuous: each leaky pitfall fails them..."""
-    model = randomize(make_gpt(attn=attn))
-    past, _ = future_change_max_diff(model, 16, 5)
-    assert past > 1e-6
-    grad = embedding_gradient(model, torch.randint(0, VOCAB, (2, 16)), 5)
-    assert grad[6:].max().item() > 1e-8
-    # ...and the causal variant of the very same weights passes them
-    with model.attention_variant(causal_variant(attn)):
-        past, _ = future_change_max_diff(model, 16, 5)
-        assert past <= 1e-9
-    assert all(b.attn.attn is attn for b in model.blocks)  # restored afterwards
-
-
-@pytest.mark.parametrize("attn", [AttentionConfig(scale=Scale.none), AttentionConfig(scale=Scale.d_model),
-                                  AttentionConfig(out_proj=False),
-                                  AttentionConfig(mask_mode=MaskMode.fill)],
-                         ids=["no_scale", "scale_d_model", "no_out_proj", "fill_inf"])
-def test_non_mask_pitfalls_are_still_causal(attn):
-    model = randomize(make_gpt(attn=attn), std=0.1)
-    past, _ = future_change_max_diff(model, 16, 8)
-    assert past <= 1e-9
+# Causality (the future never moves the past) and its negative controls, the leaky pitfalls,
+# are tested in tests/test_pitfalls.py.
 
 
 # ----------------------------------------------------------------------------- loss

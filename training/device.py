@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 from pathlib import Path
 
 import torch
@@ -15,9 +16,17 @@ def pick_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+# Set to 1 or 0 to decide what `dtype=auto` takes a CPU for: the test suite's --cpu-bf16 runs
+# everything as on a CPU with bf16 units (bf16 autocast works on any CPU, only slower).
+NATIVE_BF16_ENV = "SCRATCH_GPT_CPU_BF16"
+
+
 def cpu_has_native_bf16() -> bool:
     """True when the CPU has bf16 matrix instructions (AVX512-BF16 or AMX). Without them bf16
     matmuls are emulated and slower than fp32, so 'auto' keeps fp32."""
+    forced = os.environ.get(NATIVE_BF16_ENV)
+    if forced in ("0", "1"):
+        return forced == "1"
     try:
         flags = Path("/proc/cpuinfo").read_text()
     except OSError:
