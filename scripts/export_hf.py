@@ -1,0 +1,126 @@
+"""Export a training run as a Hugging Face GPT-2 folder that transformers loads offline.
+
+    python -m scripts.export_hf run=runs/<dir> out=exports/<name> [weights=best|latest]
+
+The folder holds config.json (GPT2LMHeadModel), model.safetensors (GPT-2's names and Conv1D
+layout), the run's tokenizer.json unchanged and a tokenizer_config.json for
+PreTrainedTokenizerFast. transformers is not needed to export. The folder is written under a
+temporary name and renamed into place, so a failed export leaves nothing half-written at `out`.
+A run whose attention variant GPT-2 cannot express is refused (see model/hf.py). Any mistake is
+one `error:` line on stderr and exit status 2, as with train.py and generate.py.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from data.tokenizer import EOS, UNK
+from generate import GenerateError, load_run
+from model.hf import (CONFIG, TOKENIZER, TOKENIZER_CONFIG, WEIGHTS, GPT2FormatError,
+                      check_exportable, gpt2_config, to_gpt2_state_dict, tokenizer_config)
+from training.checkpoint import CheckpointError
+
+USAGE = "usage: python -m scripts.export_hf run=RUN_DIR out=OUT_DIR [weights=best|latest]"
+KEYS = {"run": None, "out": None, "weights": "best"}
+
+
+class ExportError(RuntimeError):
+    pass
+
+
+def parse_args(argv: list[str]) -> dict[str, str]:
+    args = dict(KEYS)
+    for arg in argv:
+        key, sep, value = arg.partition("=")
+        if not sep:
+            raise ExportError(f"arguments must be key=value, got {arg!r}. {USAGE}")
+        if key not in KEYS:
+            raise ExportError(f"unknown key {key!r} (known: {', '.join(KEYS)}). {USAGE}")
+        args[key] = value
+    for key in ("run", "out"):
+        if not args[key]:
+            raise ExportError(f"{key}= is required. {USAGE}")
+    return args
+
+
+def check_out_dir(out: Path) -> None:
+    """The export goes to a new or empty directory: never over anything already there."""
+    if out.exists() or out.is_symlink():
+        if not out.is_dir():
+            raise ExportError(f"out={out} exists and is not a directory")
+        if any(out.iterdir()):
+            raise ExportError(f"out={out} exists and is not empty; give a new directory")
+    parent = out.absolute().parent
+    if parent.exists() and not parent.is_dir():
+        raise ExportError(f"out={out}: {parent} is not a directory")
+
+
+def export(run_dir: Path, out: Path, weights: str = "best") -> Path:
+    """Write the GPT-2 folder for run_dir's `weights` checkpoint at out; returns out."""
+    check_out_dir(out)
+    model, tokenizer, run_cfg = load_run(run_dir, weights, torch.device("cpu"))
+    check_exportable(run_cfg.model, run_cfg.attention)
+    vocab = tokenizer.get_vocab()
+    special = {name: token for name, token in (("eos_token", EOS), ("unk_token", UNK))
+               if token in vocab}
+    files = {
+        CONFIG: gpt2_config(run_cfg.model, tokenizer.get_vocab_size(), vocab.get(EOS)),
+        TOKENIZER_CONFIG: tokenizer_config(special, run_cfg.model.block_size),
+    }
+    tensors = to_gpt2_state_dict(model)
+
+    out.absolute().parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.absolute().parent))
+    try:
+        for name, content in files.items():
+            (tmp / name).write_text(json.dumps(content, indent=2) + "\n", encoding="utf-8")
+        save_file(tensors, str(tmp / WEIGHTS), metadata={"format": "pt"})  # as transformers writes
+        shutil.copyfile(run_dir / TOKENIZER, tmp / TOKENIZER)  # the very file the run encoded with
+        _usual_permissions(tmp)
+        if out.is_dir():
+            out.rmdir()  # empty (checked above)
+        tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def _usual_permissions(folder: Path) -> None:
+    """mkdtemp makes a private (0700) directory: give it, and its files, the umask's modes."""
+    umask = os.umask(0)
+    os.umask(umask)
+    folder.chmod(0o777 & ~umask)
+    for file in folder.iterdir():
+        file.chmod(0o666 & ~umask)
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[0] if lines else type(exc).__name__
+
+
+def main(argv: list[str]) -> int:
+    if any(a in ("-h", "--help") for a in argv):
+        print(USAGE)
+        return 0
+    try:
+        args = parse_args(argv)
+        out = export(Path(args["run"]), Path(args["out"]), args["weights"])
+    except (ExportError, GenerateError, CheckpointError, GPT2FormatError, ValueError,
+            OSError) as exc:
+        print(f"error: {_first_line(exc)}", file=sys.stderr)
+        return 2
+    print(f"exported {args['run']} ({args['weights']} weights) to {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
