@@ -258,11 +258,16 @@ class CausalSelfAttention(nn.Module):
             return False
         if impl is AttentionImpl.auto and q.device.type != "cuda":
             return False
-        from model.fused_attention import fused_available
+        from model.fused_attention import DTYPES, HEAD_DIMS, fused_available
         if not fused_available(q.device):
             if impl is AttentionImpl.fused:
                 raise ValueError(f"attention.impl=fused needs Triton and a CUDA device (or "
                                  f"TRITON_INTERPRET=1); this is {q.device.type}")
+            return False
+        if q.size(-1) not in HEAD_DIMS or q.dtype not in DTYPES:
+            if impl is AttentionImpl.fused:
+                raise ValueError(f"attention.impl=fused takes head sizes {HEAD_DIMS} in "
+                                 f"{[str(d) for d in DTYPES]}; this is {q.size(-1)} in {q.dtype}")
             return False
         return True
 
