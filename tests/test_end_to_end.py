@@ -8,44 +8,22 @@ next to the script), so the repository's own runs/latest link is left alone; eve
 from __future__ import annotations
 
 import math
-import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import generate
-from helpers import REPO_ROOT, build_fake_sdist, fake_sdist_members, shakespeare_like
+from helpers import (GENERATE, TRAIN, build_fake_sdist, corpus_args, fake_sdist_members, ok, run,
+                     scalars, shakespeare_like, write_corpus)
 from training.checkpoint import latest_checkpoint, load_state
 
 pytestmark = pytest.mark.slow
 
-TRAIN = str(REPO_ROOT / "train.py")
-GENERATE = str(REPO_ROOT / "generate.py")
 LOGGED = ["train/loss", "lr", "grad_norm", "tokens_per_sec"]
-
-
-def run(args: list[str], cwd: Path, timeout: int = 240) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    return subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=timeout)
-
-
-def ok(result: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
-    assert result.returncode == 0, f"exit {result.returncode}\n--- stdout\n{result.stdout[-3000:]}" \
-                                   f"\n--- stderr\n{result.stderr[-3000:]}"
-    return result
-
-
-def scalars(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
-    acc = EventAccumulator(str(run_dir))
-    acc.Reload()
-    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
 
 
 def steps(events, tag) -> list[int]:
@@ -58,17 +36,12 @@ def steps(events, tag) -> list[int]:
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("e2e")
-    (root / "corpus").mkdir()
-    (root / "corpus" / "train.txt").write_text(shakespeare_like(50_000, seed=1))
-    (root / "corpus" / "val.txt").write_text(shakespeare_like(8_000, seed=2))
+    write_corpus(root)
     return root
 
 
 def text_files_args(root: Path) -> list[str]:
-    return ["+experiment=smoke", "data=text_files",
-            f"data.train_files=[{root / 'corpus' / 'train.txt'}]",
-            f"data.val_files=[{root / 'corpus' / 'val.txt'}]",
-            f"data.cache_dir={root / 'cache'}", "train.threads=1"]
+    return ["+experiment=smoke", *corpus_args(root / "corpus", root / "cache"), "train.threads=1"]
 
 
 @pytest.fixture(scope="module")

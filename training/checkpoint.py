@@ -18,6 +18,7 @@ import io
 import os
 import pickle
 import pickletools
+import re
 import shutil
 import warnings
 import zipfile
@@ -29,9 +30,11 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save
 from tokenizers import Tokenizer
 
+from data.files import MIB, FileRefused, check_regular, read_text
 from data.tokenizer import load_tokenizer
 from training.errors import UserError, first_line
 from training.state import PROGRESS_KEYS, Progress, set_rng_state
+from training.state_check import StateMismatch, check_state
 
 CHECKPOINTS = "checkpoints"
 WEIGHTS = "model.safetensors"
@@ -128,18 +131,39 @@ def holds_checkpoints(run_dir: Path) -> bool:
     return (root / "latest").is_file() or any(root.glob("step_*"))
 
 
-def latest_checkpoint(run_dir: Path) -> Optional[Path]:
+STEP_NAME = re.compile(r"step_\d{8,}")
+
+
+def latest_pointer(run_dir: Path) -> Optional[str]:
+    """The checkpoint name `latest` holds; None without a pointer. Only a name of the form
+    step_<digits> is accepted: a path could lead out of the run directory."""
     pointer = run_dir / CHECKPOINTS / "latest"
-    if not pointer.is_file():
+    if not os.path.lexists(pointer):
         return None
-    path = run_dir / CHECKPOINTS / pointer.read_text().strip()
+    try:
+        name = read_text(pointer, "checkpoint pointer", 256).strip()
+    except FileRefused as exc:
+        raise CheckpointError(str(exc)) from None
+    if not STEP_NAME.fullmatch(name):
+        raise CheckpointError(f"{pointer} holds {name[:40]!r}, not the name of a checkpoint "
+                              f"(step_<number>); it was not written by train.py")
+    return name
+
+
+def latest_checkpoint(run_dir: Path) -> Optional[Path]:
+    """The checkpoint directory `latest` names, or None if there is none."""
+    name = latest_pointer(run_dir)
+    if name is None:
+        return None
+    path = run_dir / CHECKPOINTS / name
     return path if path.is_dir() else None
 
 
 def find_weights(run_dir: Path, which: str = "latest") -> Path:
     """model.safetensors of the `latest` or `best` checkpoint of a run."""
-    if which == "best" and (run_dir / CHECKPOINTS / "best" / WEIGHTS).is_file():
-        return run_dir / CHECKPOINTS / "best" / WEIGHTS
+    best = run_dir / CHECKPOINTS / "best" / WEIGHTS
+    if which == "best" and os.path.lexists(best):  # load_weights checks what it is
+        return best
     ckpt = latest_checkpoint(run_dir)
     if ckpt is None:
         raise CheckpointError(f"{run_dir} holds no checkpoint (expected {CHECKPOINTS}/latest)")
@@ -148,13 +172,18 @@ def find_weights(run_dir: Path, which: str = "latest") -> Path:
 
 def load_weights(model: torch.nn.Module, path: Path) -> None:
     """Load safetensors weights into model, saying which part (vocabulary or model shape)
-    disagrees when they do not fit."""
-    try:
-        tensors = load_file(str(path))
-    except (SafetensorError, OSError, ValueError) as exc:
-        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise CheckpointError(f"cannot read weights {path} (truncated or corrupt?): {reason}") from exc
+    disagrees when they do not fit. The file must be a regular file no bigger than the model's
+    float32 weights (plus the header), and every weight a finite float."""
     expected = {k: v for k, v in model.state_dict().items() if k not in TIED}
+    limit = sum(4 * v.numel() for v in expected.values()) + 16 * MIB
+    try:
+        check_regular(path, "weights file", limit)
+        tensors = load_file(str(path))
+    except FileRefused as exc:
+        raise CheckpointError(str(exc)) from None
+    except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
+        raise CheckpointError(f"cannot read weights {path} (truncated or corrupt?): "
+                              f"{first_line(exc)}") from exc
     missing = sorted(set(expected) - set(tensors))
     unexpected = sorted(set(tensors) - set(expected))
     if missing or unexpected:
@@ -173,6 +202,13 @@ def load_weights(model: torch.nn.Module, path: Path) -> None:
                 f"weights {path} do not match the model shape of the config: {key} has shape "
                 f"{tuple(tensors[key].shape)}, the config gives {tuple(value.shape)} (different "
                 f"model.n_embd, n_head, block_size or mlp_ratio?)")
+    for key, tensor in tensors.items():
+        if not tensor.is_floating_point():
+            raise CheckpointError(f"weights {path}: {key} holds {tensor.dtype} values, not "
+                                  f"floating-point weights")
+        if not bool(torch.isfinite(tensor).all()):
+            raise CheckpointError(f"weights {path}: {key} holds NaN or infinite values; these "
+                                  f"weights cannot be used (train.py never saves such weights)")
     model.load_state_dict(tensors, strict=False)
 
 
@@ -201,28 +237,39 @@ def _refuse(path: Path, names: list[str]) -> CheckpointError:
 
 
 STATE_KEYS = ("optimizer", "sampler", "rng") + PROGRESS_KEYS
+# The optimizer state of the largest model this project trains is a few hundred MB; a state.pt
+# is checked against its own model's size in `restore`.
+MAX_STATE_BYTES = 1 << 34
 
 
-def load_state(path: Path) -> dict:
-    """The training state, loaded without ever executing pickled code."""
-    if not path.is_file():
-        raise CheckpointError(f"cannot read training state {path}: no such file")
-    if not zipfile.is_zipfile(path):  # torch.save always writes a zip archive
-        try:
-            names = _pickle_imports(path.read_bytes())
-        except OSError as exc:
-            raise CheckpointError(f"cannot read training state {path}: {exc}") from exc
-        if names:
-            raise _refuse(path, names)
-        raise CheckpointError(f"cannot read training state {path}: not a checkpoint written by "
-                              f"train.py (truncated or corrupt?)")
+def load_state(path: Path, limit: int = MAX_STATE_BYTES) -> dict:
+    """The training state, loaded without ever executing pickled code.
+
+    torch.save writes a zip archive of stored (uncompressed) entries; anything else is refused
+    before it is unpickled: a plain pickle (its imports are named, from its opcodes), entries
+    that would decompress to more than the file's size limit. torch.load(weights_only=True)
+    then refuses any global outside its allow-list, naming it."""
     try:
-        unsafe = torch.serialization.get_unsafe_globals_in_checkpoint(str(path))
-    except Exception as exc:
+        check_regular(path, "training state", limit)
+    except FileRefused as exc:
+        raise CheckpointError(str(exc)) from None
+    try:
+        is_zip = zipfile.is_zipfile(path)
+        if not is_zip:
+            names = _pickle_imports(path.read_bytes())
+            if names:
+                raise _refuse(path, names)
+            raise CheckpointError(f"cannot read training state {path}: not a checkpoint written "
+                                  f"by train.py (truncated or corrupt?)")
+        with zipfile.ZipFile(path) as archive:
+            entries = archive.infolist()
+        if any(e.compress_type != zipfile.ZIP_STORED for e in entries) \
+                or sum(e.file_size for e in entries) > limit:
+            raise CheckpointError(f"refusing to load {path}: it holds compressed or oversized "
+                                  f"entries, which torch.save never writes")
+    except (OSError, zipfile.BadZipFile, ValueError) as exc:
         raise CheckpointError(f"cannot read training state {path} (truncated or corrupt?): "
-                              f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from exc
-    if unsafe:
-        raise _refuse(path, unsafe)
+                              f"{first_line(exc)}") from exc
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -230,14 +277,13 @@ def load_state(path: Path) -> dict:
     except pickle.UnpicklingError as exc:
         lines = [l for l in str(exc).splitlines() if "GLOBAL" in l or "operand" in l]
         if any("GLOBAL" in l for l in lines):
-            raise CheckpointError(f"refusing to load {path}: {lines[0].strip()}; nothing was "
-                                  f"executed") from exc
+            raise CheckpointError(f"refusing to load {path}: {lines[0].strip().rstrip('.')}; "
+                                  f"nothing was executed") from exc
         raise CheckpointError(f"cannot read training state {path} (truncated or corrupt?)"
                               + (f": {lines[0].strip()}" if lines else "")) from exc
-    except (RuntimeError, OSError, EOFError, ValueError) as exc:
-        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    except Exception as exc:  # the zip or pickle reader on damaged bytes: many kinds of error
         raise CheckpointError(f"cannot read training state {path} (truncated or corrupt?): "
-                              f"{reason}") from exc
+                              f"{first_line(exc)}") from exc
     if not isinstance(state, dict) or any(k not in state for k in STATE_KEYS):
         raise CheckpointError(f"training state {path} lacks "
                               + (", ".join(k for k in STATE_KEYS if k not in state)
@@ -266,14 +312,21 @@ def restore(run_dir: Path, model: torch.nn.Module, optimizer, sampler,
     the random generators; return the loop's counters saved with it."""
     ckpt = latest_checkpoint(run_dir)
     if ckpt is None:
-        pointer = run_dir / CHECKPOINTS / "latest"
-        if pointer.is_file():
-            raise CheckpointError(f"cannot resume: {pointer} names {pointer.read_text().strip()!r}, "
-                                  f"which is not in {pointer.parent}")
+        name = latest_pointer(run_dir)
+        if name is not None:
+            raise CheckpointError(f"cannot resume: {run_dir / CHECKPOINTS / 'latest'} names "
+                                  f"{name!r}, which is not in {run_dir / CHECKPOINTS}")
         raise UserError(f"cannot resume: {run_dir} holds no checkpoint")
     check_tokenizer(tokenizer, run_dir / "tokenizer.json")
     load_weights(model, ckpt / WEIGHTS)
-    state = load_state(ckpt / STATE)
+    # weights, optimizer moments (two per weight) and the small rest
+    params = sum(p.numel() for p in model.parameters())
+    state = load_state(ckpt / STATE, limit=4 * 4 * params + 64 * MIB)
+    try:
+        check_state(state, optimizer, sampler)
+    except StateMismatch as exc:
+        raise CheckpointError(f"training state {ckpt / STATE} is not one train.py wrote for "
+                              f"this run: {exc}") from exc
     try:
         optimizer.load_state_dict(state["optimizer"])
         sampler.load_state_dict(state["sampler"])

@@ -1,0 +1,207 @@
+"""Checking a training state (a checkpoint's state.pt) field by field before any of it is used.
+
+`torch.load(weights_only=True)` guarantees that loading ran no code, not that what came out is
+what train.py saved: a tampered or damaged state.pt can hold a string where the step count
+belongs, an optimizer moment of the wrong shape, or a random generator state of the wrong length.
+Used as they are, such fields fail somewhere inside the first training step, with a traceback, or
+silently train on garbage (a NaN moment). So each one is checked against the model, the
+optimizer and the generators it will be loaded into, and the first wrong one is named.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+
+import torch
+
+from training.config import MAX_COUNT
+
+
+class StateMismatch(ValueError):
+    """A field of the training state has the wrong type, shape or range."""
+
+
+def check_state(state: dict, optimizer, sampler) -> None:
+    """Raise StateMismatch naming the first field of state that the loop cannot use."""
+    check_progress(state)
+    check_optimizer(state["optimizer"], optimizer)
+    sampler_state = _dict(state["sampler"], "sampler")
+    _generator_state(sampler_state.get("generator"), sampler.generator.get_state(),
+                     "sampler.generator")
+    check_rng(state["rng"])
+
+
+# ----------------------------------------------------------------------------- scalars
+
+
+def _int(value, name: str, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise StateMismatch(f"{name} must be an integer, got {type(value).__name__}")
+    if not low <= value <= high:
+        raise StateMismatch(f"{name} must be between {low} and {high}, got {value}")
+    return int(value)
+
+
+def _float(value, name: str, finite: bool = True, allow_nan: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise StateMismatch(f"{name} must be a number, got {type(value).__name__}")
+    value = float(value)
+    if math.isnan(value) and not allow_nan or finite and math.isinf(value):
+        raise StateMismatch(f"{name} must be a finite number, got {value}")
+    return value
+
+
+def _list(value, name: str, max_len: int) -> list:
+    if not isinstance(value, (list, tuple)):
+        raise StateMismatch(f"{name} must be a list, got {type(value).__name__}")
+    if len(value) > max_len:
+        raise StateMismatch(f"{name} has {len(value)} entries, more than {max_len}")
+    return list(value)
+
+
+def _dict(value, name: str) -> dict:
+    if not isinstance(value, dict):
+        raise StateMismatch(f"{name} must be a mapping, got {type(value).__name__}")
+    return value
+
+
+def _tensor(value, name: str, shape, dtype: torch.dtype) -> torch.Tensor:
+    if not isinstance(value, torch.Tensor):
+        raise StateMismatch(f"{name} must be a tensor, got {type(value).__name__}")
+    if tuple(value.shape) != tuple(shape) or value.dtype != dtype:
+        raise StateMismatch(f"{name} is a {str(value.dtype).replace('torch.', '')} tensor of "
+                            f"shape {tuple(value.shape)}, expected {str(dtype).replace('torch.', '')}"
+                            f" {tuple(shape)}")
+    if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+        raise StateMismatch(f"{name} holds NaN or infinite values")
+    return value
+
+
+# ----------------------------------------------------------------------------- the parts
+
+
+def check_progress(state: dict) -> None:
+    """The loop's counters (training.state.Progress)."""
+    step = _int(state["step"], "step", 0, MAX_COUNT)
+    _int(state["tokens_seen"], "tokens_seen", 0, 2**63 - 1)
+    _float(state["best_val"], "best_val", finite=False)
+    _int(state["best_step"], "best_step", -1, step)
+    if _float(state["elapsed"], "elapsed") < 0:
+        raise StateMismatch(f"elapsed must not be negative, got {state['elapsed']}")
+    _int(state["skipped"], "skipped", 0, step)
+    for i, loss in enumerate(_list(state["loss_window"], "loss_window", step)):
+        _float(loss, f"loss_window[{i}]")
+    for i, entry in enumerate(_list(state["history"], "history", step + 1)):
+        entry = _list(entry, f"history[{i}]", 3)
+        if len(entry) != 3:
+            raise StateMismatch(f"history[{i}] must be [step, val loss, train loss]")
+        _int(entry[0], f"history[{i}] step", 0, step)
+        for value, what in zip(entry[1:], ("val loss", "train loss")):
+            _float(value, f"history[{i}] {what}", finite=False, allow_nan=True)
+
+
+def check_optimizer(saved, optimizers) -> None:
+    """The optimizer state against the live optimizers (training.optim.Optimizers): the same
+    optimizers, groups and parameters, every tensor of its parameter's shape and finite."""
+    saved = _dict(saved, "optimizer")
+    states = _list(saved.get("optimizers"), "optimizer.optimizers", 16)
+    if len(states) != len(optimizers.optimizers):
+        raise StateMismatch(f"the optimizer state holds {len(states)} optimizer(s), this run has "
+                            f"{len(optimizers.optimizers)} (different optim.name?)")
+    for k, (state, live) in enumerate(zip(states, optimizers.optimizers)):
+        name = f"optimizer {k} ({type(live).__name__})"
+        state = _dict(state, name)
+        live_sd = live.state_dict()
+        groups = _list(state.get("param_groups"), f"{name} param_groups", 64)
+        if len(groups) != len(live_sd["param_groups"]):
+            raise StateMismatch(f"{name} has {len(groups)} parameter groups, expected "
+                                f"{len(live_sd['param_groups'])}")
+        params = {}
+        for g, (group, live_group, live_params) in enumerate(zip(
+                groups, live_sd["param_groups"], live.param_groups)):
+            group = _dict(group, f"{name} group {g}")
+            if group.get("params") != live_group["params"]:
+                raise StateMismatch(f"{name} group {g} lists other parameters than this model "
+                                    f"has (different model shape or optim settings?)")
+            params.update(zip(live_group["params"], live_params["params"]))
+            for key, value in live_group.items():
+                if key != "params":
+                    _like(group.get(key, _MISSING), value, f"{name} group {g} {key}")
+        per_param = _dict(state.get("state"), f"{name} state")
+        for index, slots in per_param.items():
+            if index not in params:
+                raise StateMismatch(f"{name} holds state for parameter {index!r}, which this "
+                                    f"model does not have")
+            p = params[index]
+            for slot, value in _dict(slots, f"{name} state of parameter {index}").items():
+                where = f"{name} {slot} of parameter {index}"
+                if isinstance(value, torch.Tensor) and value.dim() == 0:
+                    _tensor(value, where, (), value.dtype)
+                    if not value.is_floating_point() and value.dtype != torch.int64:
+                        raise StateMismatch(f"{where} has dtype {value.dtype}")
+                elif isinstance(value, torch.Tensor):
+                    _tensor(value, where, p.shape, p.dtype)
+                else:
+                    _float(value, where)
+
+
+_MISSING = object()
+
+
+def _like(value, reference, name: str) -> None:
+    """value is of reference's kind (a hyper-parameter of an optimizer group)."""
+    if value is _MISSING:  # saved by another torch version: torch fills in its default
+        return
+    if reference is None or isinstance(reference, (bool, str)):
+        if type(value) is not type(reference):
+            raise StateMismatch(f"{name} must be {reference!r}-like, got {type(value).__name__}")
+    elif isinstance(reference, numbers.Real):
+        _float(value, name)
+    elif isinstance(reference, (tuple, list)):
+        value = _list(value, name, len(reference))
+        if len(value) != len(reference):
+            raise StateMismatch(f"{name} must have {len(reference)} entries")
+        for i, (v, r) in enumerate(zip(value, reference)):
+            _like(v, r, f"{name}[{i}]")
+    elif isinstance(reference, torch.Tensor):
+        _tensor(value, name, reference.shape, reference.dtype)
+
+
+def _generator_state(value, reference: torch.Tensor, name: str) -> None:
+    _tensor(value, name, reference.shape, reference.dtype)
+
+
+def check_rng(rng) -> None:
+    """The Python, NumPy, torch (and CUDA) generator states of training.state.rng_state."""
+    rng = _dict(rng, "rng")
+    for key in ("python", "torch", "numpy", "numpy_pos", "numpy_gauss"):
+        if key not in rng:
+            raise StateMismatch(f"rng lacks its {key} state")
+    python = _list(rng["python"], "rng.python", 3)
+    if len(python) != 3:
+        raise StateMismatch("rng.python must be (version, state, gauss)")
+    _int(python[0], "rng.python version", 3, 3)
+    internal = _list(python[1], "rng.python state", 625)
+    if len(internal) != 625:
+        raise StateMismatch(f"rng.python state must have 625 entries, got {len(internal)}")
+    for i, word in enumerate(internal[:-1]):
+        _int(word, f"rng.python state[{i}]", 0, 2**32 - 1)
+    _int(internal[-1], "rng.python position", 0, 624)
+    if python[2] is not None:
+        _float(python[2], "rng.python gauss")
+    _generator_state(rng["torch"], torch.get_rng_state(), "rng.torch")
+    keys = _list(rng["numpy"], "rng.numpy", 624)
+    if len(keys) != 624:
+        raise StateMismatch(f"rng.numpy must have 624 entries, got {len(keys)}")
+    for i, word in enumerate(keys):
+        _int(word, f"rng.numpy[{i}]", 0, 2**32 - 1)
+    _int(rng["numpy_pos"], "rng.numpy_pos", 0, 624)
+    gauss = _list(rng["numpy_gauss"], "rng.numpy_gauss", 2)
+    if len(gauss) != 2:
+        raise StateMismatch("rng.numpy_gauss must be [has_gauss, cached_gaussian]")
+    _int(gauss[0], "rng.numpy_gauss flag", 0, 1)
+    _float(gauss[1], "rng.numpy_gauss value")
+    if "cuda" in rng:
+        for i, s in enumerate(_list(rng["cuda"], "rng.cuda", 1024)):
+            if not isinstance(s, torch.Tensor) or s.dtype != torch.uint8 or s.dim() != 1:
+                raise StateMismatch(f"rng.cuda[{i}] must be a byte tensor")
