@@ -1,12 +1,22 @@
-"""Turn an ablation sweep's TensorBoard event files into a Markdown table and a PNG of curves.
+"""Turn an ablation sweep into a Markdown table, a PNG of curves and a PNG of attention maps.
 
-    python scripts/summarize_ablations.py runs/ablations/<date> [--out DIR]
+    python scripts/summarize_ablations.py runs/ablations/<date> [--out DIR] [--layer N]
 
 Each run directory is named `<regime>-<variant>_seed<N>` (see conf/experiment/ablations.yaml).
 For every arm: final train loss, validation loss under its own attention, and the *causal*
-validation loss (same weights, correct mask) as mean +- std over seeds; the effect is the
-difference of causal validation loss to the correct layer of the same regime, also in units of
-the seeds' standard deviation.
+validation loss (same weights, correct mask) as mean ± std over seeds. The effect of a pitfall is
+its causal validation loss minus that of the correct layer of the same regime, with the standard
+error of that difference and a 95% interval.
+
+The arms of a regime share their seeds, and a seed fixes the initial weights, the order of the
+training batches and the validation batches: the pitfall and the correct layer of one seed differ
+only by the pitfall. So the effect is estimated from the per-seed differences (a paired
+comparison), whose spread leaves out what the two runs of a seed have in common; that is far
+less than the spread of either arm's own losses over seeds. Without common seeds the two arms
+are compared as independent samples (Welch).
+
+The maps figure draws, from each run's last checkpoint, the correct model's attention beside each
+pitfall's: the same validation window, the same layer, the same seed.
 """
 from __future__ import annotations
 
@@ -15,19 +25,34 @@ import math
 import re
 import sys
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+REPO = Path(__file__).resolve().parents[1]
 RUN_NAME = re.compile(r"^(?P<regime>[^-]+)-(?P<variant>.+)_seed(?P<seed>\d+)$")
 METRICS = {"train": "train/loss", "val": "val/loss", "causal": "val/causal_loss",
-           "max_weight": "attn/max_weight/layer0"}
+           "max_weight": "attn/max_weight/layer0", "future_weight": "attn/future_weight/layer0"}
+# Two-sided 95% quantiles of Student's t for 1..30 degrees of freedom.
+T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
+        2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,
+        2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+
+
+def t975(df: float) -> float:
+    """The 97.5% quantile of Student's t: the table above, or its expansion around the normal
+    (Cornish-Fisher, exact to 1e-4 beyond 30 degrees of freedom)."""
+    if df <= len(T975):
+        return T975[max(int(df), 1) - 1]
+    z = 1.959964
+    return z + (z ** 3 + z) / (4 * df) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * df ** 2)
 
 
 def read_run(run_dir: Path) -> dict:
     """Scalar series of one run: {short name: (steps, values)}."""
-    acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
+    acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0, "images": 1})
     acc.Reload()
     tags = set(acc.Tags()["scalars"])
     out = {}
@@ -59,32 +84,73 @@ def final(series_by_seed: dict, key: str) -> np.ndarray:
     return np.array([s[key][1][-1] for s in series_by_seed.values() if key in s])
 
 
-def fmt(values: np.ndarray) -> str:
+@dataclass
+class Effect:
+    """A pitfall's causal validation loss minus its regime's correct one."""
+
+    mean: float
+    se: float       # standard error of the mean difference
+    low: float      # 95% interval
+    high: float
+    n: int          # seeds (pairs when paired)
+    paired: bool
+
+    @property
+    def in_se(self) -> float:
+        return self.mean / self.se if self.se > 0 else math.nan
+
+
+def effect(pitfall: dict, correct: dict) -> Effect:
+    """From the final causal losses {seed: series} of two arms: paired over their common seeds
+    when there are at least two, else Welch's comparison of independent means."""
+    common = sorted(set(pitfall) & set(correct))
+    if len(common) >= 2:
+        d = np.array([pitfall[s]["causal"][1][-1] - correct[s]["causal"][1][-1] for s in common])
+        se = d.std(ddof=1) / math.sqrt(d.size)
+        half = t975(d.size - 1) * se
+        return Effect(d.mean(), se, d.mean() - half, d.mean() + half, d.size, True)
+    a, b = final(pitfall, "causal"), final(correct, "causal")
+    if min(a.size, b.size) < 2:
+        return Effect(a.mean() - b.mean(), math.nan, math.nan, math.nan, min(a.size, b.size), False)
+    va, vb = a.var(ddof=1) / a.size, b.var(ddof=1) / b.size
+    se = math.sqrt(va + vb)
+    df = (va + vb) ** 2 / (va ** 2 / (a.size - 1) + vb ** 2 / (b.size - 1)) if se > 0 else 1
+    half = t975(df) * se
+    diff = a.mean() - b.mean()
+    return Effect(diff, se, diff - half, diff + half, min(a.size, b.size), False)
+
+
+def fmt(values: np.ndarray, digits: int = 3) -> str:
     if values.size == 0:
         return "n/a"
     std = values.std(ddof=1) if values.size > 1 else 0.0
-    return f"{values.mean():.3f} ± {std:.3f}"
+    return f"{values.mean():.{digits}f} ± {std:.{digits}f}"
+
+
+def ordered(arms: dict) -> list:
+    """Regimes in order of their names, each with its correct arm first."""
+    return sorted(arms.items(), key=lambda kv: (kv[0][0], kv[0][1] != "correct", kv[0][1]))
 
 
 def table(arms: dict) -> str:
     lines = ["| regime | variant | seeds | train loss | val loss (own attention) | causal val loss "
-             "| effect vs correct | effect / seed std | attn max weight (layer 0) |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    for (regime, variant), runs in sorted(arms.items(), key=lambda kv: (kv[0][0], kv[0][1] != "correct", kv[0][1])):
-        causal = final(runs, "causal")
+             "| effect vs correct | SE | 95% interval | effect / SE | attn max weight (layer 0) "
+             "| future weight (layer 0) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for (regime, variant), runs in ordered(arms):
         base = arms.get((regime, "correct"))
-        effect, in_std = "", ""
+        cells = ["", "", "", ""]
         if base is not None and variant != "correct":
-            base_causal = final(base, "causal")
-            diff = causal.mean() - base_causal.mean()
-            # pooled seed spread of the two arms: the yardstick for "is this effect real?"
-            spread = math.sqrt((np.var(causal, ddof=1) + np.var(base_causal, ddof=1)) / 2) \
-                if min(causal.size, base_causal.size) > 1 else float("nan")
-            effect = f"{diff:+.3f}"
-            in_std = f"{diff / spread:+.1f}" if spread > 0 else "n/a"
+            e = effect(runs, base)
+            digits = 3 if abs(e.mean) >= 0.1 else 4
+            cells = [f"{e.mean:+.{digits}f}", f"{e.se:.{digits}f}",
+                     f"[{e.low:+.{digits}f}, {e.high:+.{digits}f}]", f"{e.in_se:+.1f}"]
+            if math.isnan(e.se):  # a single seed: no spread to measure
+                cells[1:] = ["n/a", "n/a", "n/a"]
         lines.append(f"| {regime} | {variant} | {len(runs)} | {fmt(final(runs, 'train'))} | "
-                     f"{fmt(final(runs, 'val'))} | {fmt(causal)} | {effect} | {in_std} | "
-                     f"{fmt(final(runs, 'max_weight'))} |")
+                     f"{fmt(final(runs, 'val'))} | {fmt(final(runs, 'causal'))} | "
+                     + " | ".join(cells) + f" | {fmt(final(runs, 'max_weight'), 2)} | "
+                     f"{fmt(final(runs, 'future_weight'), 2)} |")
     return "\n".join(lines)
 
 
@@ -116,15 +182,88 @@ def plot(arms: dict, path: Path) -> None:
             axes[row][col].legend(fontsize=8)
             axes[row][col].grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=80)
     plt.close(fig)
+
+
+# ----------------------------------------------------------------------------- the maps figure
+
+
+def load_maps(run_dir: Path, layer: int):
+    """(weights [h, n, n], token labels) of a run's last checkpoint on its fixed validation
+    window (the window of its TensorBoard images), under its own attention."""
+    import torch
+
+    from data.prepare import prepare_corpus
+    from generate import load_run
+    from training.attention_maps import attention_weights, map_window, token_labels
+
+    model, tokenizer, cfg = load_run(run_dir, "latest", torch.device("cpu"))
+    corpus = prepare_corpus(cfg.data, cfg.tokenizer)
+    window = map_window(corpus.validation, tokenizer,
+                        min(cfg.train.attention_map_tokens, cfg.model.block_size))
+    weights, _ = attention_weights(model, window, torch.autocast("cpu", enabled=False))
+    return weights[min(layer, len(weights) - 1)], token_labels(tokenizer, window)
+
+
+def sharpest(weights: np.ndarray) -> int:
+    """The head whose rows put most weight on one key (largest mean row maximum): the head that
+    shows a layer's mechanism most plainly, chosen the same way in every model."""
+    return int(weights.max(-1).mean(-1).argmax())
+
+
+def plot_maps(sweep_dir: Path, arms: dict, path: Path, layer: int = 0) -> bool:
+    """Each regime's correct map beside its pitfalls' (one row per regime), all of the lowest
+    seed every arm has. False, and nothing written, when the sweep kept no checkpoints to draw
+    from."""
+    import torch
+
+    from training.attention_maps import colorbar, draw_map, future_weight
+
+    seed = min(set.intersection(*(set(runs) for runs in arms.values())), default=None)
+    rows = defaultdict(list)  # regime -> [(variant, run dir)], correct first
+    for (regime, variant), runs in ordered(arms):
+        run_dir = sweep_dir / f"{regime}-{variant}_seed{seed}"
+        if seed in runs and (run_dir / "checkpoints").is_dir():
+            rows[regime].append((variant, run_dir))
+    if not rows:
+        return False
+
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cols = max(len(v) for v in rows.values())
+    fig, axes = plt.subplots(len(rows), cols, figsize=(3.6 * cols + 0.8, 3.7 * len(rows)),
+                             squeeze=False, layout="constrained")
+    for r, (regime, runs) in enumerate(rows.items()):
+        for c in range(cols):
+            ax = axes[r][c]
+            if c >= len(runs):
+                ax.axis("off")
+                continue
+            variant, run_dir = runs[c]
+            weights, labels = load_maps(run_dir, layer)
+            head = sharpest(weights)
+            leak = future_weight(torch.from_numpy(weights[head])).item()
+            draw_map(ax, weights[head], labels, f"{regime}: {variant}\nhead {head}, max weight "
+                     f"{weights[head].max(-1).mean():.2f}, future {leak:.2f}", fontsize=6)
+            ax.set_xlabel("")
+            ax.set_ylabel("")
+    colorbar(fig, axes, fraction=0.015, pad=0.01, shrink=0.5)
+    fig.suptitle(f"Attention of layer {layer} on the same validation window, seed {seed}, after "
+                 f"training (rows: query, columns: key; each model's sharpest head)", fontsize=10)
+    fig.savefig(path, dpi=100, bbox_inches="tight")
+    plt.close(fig)
+    return True
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("sweep_dir", type=Path)
-    parser.add_argument("--out", type=Path, default=None, help="where to write ablations.md/.png "
-                        "(default: the sweep directory)")
+    parser.add_argument("--out", type=Path, default=None, help="where to write ablations.md, "
+                        "ablations.png and ablation_maps.png (default: the sweep directory)")
+    parser.add_argument("--layer", type=int, default=0, help="layer of the maps figure")
     args = parser.parse_args(argv)
     if not args.sweep_dir.is_dir():
         print(f"error: {args.sweep_dir} is not a directory", file=sys.stderr)
@@ -135,10 +274,15 @@ def main(argv=None) -> int:
     md = table(arms)
     (out / "ablations.md").write_text(md + "\n")
     plot(arms, out / "ablations.png")
+    written = [out / "ablations.md", out / "ablations.png"]
+    if plot_maps(args.sweep_dir, arms, out / "ablation_maps.png", args.layer):
+        written.append(out / "ablation_maps.png")
     print(md)
-    print(f"\nwrote {out / 'ablations.md'} and {out / 'ablations.png'}")
+    print(f"\nwrote {', '.join(map(str, written))}")
     return 0
 
 
 if __name__ == "__main__":
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))  # run as a file: the repository's packages still import
     sys.exit(main())

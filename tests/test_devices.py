@@ -89,7 +89,7 @@ def test_training_step_and_diagnostics_stay_on_the_device(name):
         optimizer.step()
         optimizer.zero_grad()
         for layer in attention_diagnostics(model, x, contextlib.nullcontext()):
-            assert set(layer) == {"max_weight", "entropy"}
+            assert set(layer) == {"max_weight", "entropy", "future_weight"}
 
 
 def test_evaluation_moves_cpu_batches_to_the_model():

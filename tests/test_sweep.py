@@ -2,11 +2,13 @@
 
 One sweep of two attention variants x one seed is trained once per module; then
 - TensorBoard is started on it (free local port) and its HTTP data API is queried for the runs,
-  the scalar tags and the HParams experiment, as a user's browser would;
+  the scalar tags, the attention-map images and the HParams experiment, as a user's browser
+  would;
 - scripts/summarize_ablations.py turns it into the Markdown table and the PNG.
 """
 from __future__ import annotations
 
+import io
 import json
 import socket
 import subprocess
@@ -15,11 +17,11 @@ import time
 import urllib.request
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from helpers import shakespeare_like
+from helpers import REPO_ROOT as REPO, TRAIN, corpus_args, write_corpus
 
-REPO = Path(__file__).resolve().parents[1]
 VARIANTS = ["correct", "mask_zero"]
 
 pytestmark = pytest.mark.slow
@@ -28,13 +30,10 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def sweep_dir(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("sweep")
-    (root / "train.txt").write_text(shakespeare_like(40_000, seed=1))
-    (root / "val.txt").write_text(shakespeare_like(8_000, seed=2))
+    corpus = write_corpus(root, 40_000, 8_000)
     out = root / "multirun"
-    cmd = [sys.executable, str(REPO / "train.py"), "-m", "+experiment=smoke",
-           f"attention={','.join(VARIANTS)}", "seed=0",
-           "data=text_files", f"data.train_files=[{root / 'train.txt'}]",
-           f"data.val_files=[{root / 'val.txt'}]", f"data.cache_dir={root / 'cache'}",
+    cmd = [sys.executable, TRAIN, "-m", "+experiment=smoke",
+           f"attention={','.join(VARIANTS)}", "seed=0", *corpus_args(corpus, root / "cache"),
            "run_name=smoke-${attention.name}_seed${seed}",
            "train.max_steps=20", "train.eval_interval=10", f"hydra.sweep.dir={out}"]
     proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=300)
@@ -92,11 +91,24 @@ def test_tensorboard_serves_runs_scalars_and_hparams(sweep_dir):
         scalars = get_json(f"{base}/data/plugin/scalars/scalars?run=smoke-correct_seed0&tag=train%2Floss")
         assert [row[1] for row in scalars] == [10, 20]  # [wall_time, step, value] rows
 
+        # the weight on future keys: exactly 0 for the correct mask, large for mask_zero's leak
+        for v, check in (("correct", lambda x: x == 0.0), ("mask_zero", lambda x: x > 0.2)):
+            for layer in (0, 1):
+                rows = get_json(f"{base}/data/plugin/scalars/scalars?run=smoke-{v}_seed0"
+                                f"&tag=attn%2Ffuture_weight%2Flayer{layer}")
+                assert [r[1] for r in rows] == [10, 20] and all(check(r[2]) for r in rows), rows
+
+        check_attention_images(base)
+
         experiment = get_json(f"{base}/data/plugin/hparams/experiment", {"experimentName": ""})
-        hparams = {h["name"] for h in experiment["hparamInfos"]}
-        metrics = {m["name"]["tag"] for m in experiment["metricInfos"]}
-        assert {"variant", "seed", "n_head", "mask_value"} <= hparams
-        assert {"hparam/val_loss", "hparam/causal_val_loss"} <= metrics
+        hparams = [h["name"] for h in experiment["hparamInfos"]]
+        metrics = [m["name"]["tag"] for m in experiment["metricInfos"]]
+        assert {"variant", "seed", "n_head", "mask_value"} <= set(hparams)
+        # what tells runs apart leads the table, and the causal loss leads the metrics
+        assert hparams[:3] == ["regime", "seed", "variant"]
+        assert all(h["differs"] for h in experiment["hparamInfos"][:3])
+        assert not any(h["differs"] for h in experiment["hparamInfos"][3:])
+        assert metrics[:2] == ["hparam/causal_val_loss", "hparam/val_loss"]
 
         groups = get_json(f"{base}/data/plugin/hparams/session_groups",
                           {"experimentName": "", "allowedStatuses": ["STATUS_UNKNOWN", "STATUS_SUCCESS",
@@ -104,9 +116,40 @@ def test_tensorboard_serves_runs_scalars_and_hparams(sweep_dir):
                            "colParams": [], "startIndex": 0, "sliceSize": 100})
         variants = {g["hparams"]["variant"] for g in groups["sessionGroups"]}
         assert variants == set(VARIANTS)
+        assert {g["hparams"]["run"] for g in groups["sessionGroups"]} == \
+            {f"smoke-{v}_seed0" for v in VARIANTS}
+        assert {g["hparams"]["regime"] for g in groups["sessionGroups"]} == {"-"}  # no conf/regime
     finally:
         tb.terminate()
         tb.wait(timeout=20)
+
+
+def check_attention_images(base: str) -> None:
+    """The Images tab: one attention grid per layer and evaluation, the same window in every run;
+    the correct run's future keys are all grey (weight exactly 0), mask_zero's none are."""
+    from PIL import Image
+
+    from training.attention_maps import FUTURE_RGB
+
+    tags = get_json(f"{base}/data/plugin/images/tags")
+    grey = {}
+    for v in VARIANTS:
+        run = f"smoke-{v}_seed0"
+        assert set(tags[run]) == {"attention/layer0", "attention/layer1"}, tags
+        for layer in (0, 1):
+            images = get_json(f"{base}/data/plugin/images/images?run={run}"
+                              f"&tag=attention%2Flayer{layer}")
+            assert [im["step"] for im in images] == [10, 20]
+            with urllib.request.urlopen(f"{base}/data/plugin/images/individualImage?"
+                                        f"{images[-1]['query']}", timeout=10) as resp:
+                png = resp.read()
+            picture = np.asarray(Image.open(io.BytesIO(png)).convert("RGB"))
+            grey[v, layer] = int((picture == FUTURE_RGB).all(-1).sum())
+            sizes = grey.setdefault(("size", layer), picture.shape)
+            assert picture.shape == sizes  # the same window, so the same picture size
+    # smoke model: 4 heads, a 32-token window, 9 x 9 pixels per weight
+    assert grey["correct", 0] == grey["correct", 1] == 4 * (32 * 31 // 2) * 81
+    assert grey["mask_zero", 0] == grey["mask_zero", 1] == 0
 
 
 def test_summary_script_writes_table_and_png(sweep_dir, tmp_path):
@@ -119,8 +162,9 @@ def test_summary_script_writes_table_and_png(sweep_dir, tmp_path):
     assert [r.split("|")[2].strip() for r in rows] == VARIANTS  # correct first, then the pitfall
     effect = rows[1].split("|")[7].strip()
     assert effect.startswith(("+", "-")) and float(effect) == pytest.approx(float(effect))
-    png = (tmp_path / "ablations.png").read_bytes()
-    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+    for name in ("ablations.png", "ablation_maps.png"):  # curves, and the maps side by side
+        png = (tmp_path / name).read_bytes()
+        assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
 
 
 def test_summary_script_rejects_a_directory_without_runs(tmp_path):

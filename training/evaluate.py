@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from data.batches import sequential_windows
+from training.attention_maps import future_weight
 from training.distributed import World, all_sum
 
 
@@ -60,12 +61,13 @@ def bits_per_char(nats_per_token: float, n_tokens: int, n_chars: int) -> float:
 
 @torch.no_grad()
 def attention_diagnostics(model, x: torch.Tensor, amp) -> list[dict]:
-    """Per layer: mean over rows of the largest attention weight, and the mean row entropy
-    normalised by log(number of visible keys) (1 = uniform over the past, 0 = one-hot).
+    """Per layer: mean over rows of the largest attention weight, the mean row entropy
+    normalised by log(number of visible keys) (1 = uniform over the past, 0 = one-hot), and the
+    future weight (`attention_maps.future_weight`: exactly 0 for a causal mask, large for a leak).
 
     A saturated softmax shows as max weight near 1 and entropy near 0. Row 0 (one visible key)
     is left out of the entropy. Everything is computed where the weights live and read back
-    to the host once, at the end.
+    to the host once, at the end. The weights are the model's own: a leaky variant's leak.
     """
     was_training = model.training
     model.eval()
@@ -73,15 +75,16 @@ def attention_diagnostics(model, x: torch.Tensor, amp) -> list[dict]:
         _, _, weights = model(x.to(next(model.parameters()).device), return_weights=True)
     model.train(was_training)
     stats = []
-    for w in weights:  # [B, h, T, T]
-        w = w.float()
+    for layer_weights in weights:  # [B, h, T, T]
+        w = layer_weights.float()
         T = w.size(-1)
         visible = torch.arange(2, T + 1, device=w.device, dtype=w.dtype)  # [T-1] keys of rows 1..
         entropy = -(w * torch.log(w.clamp_min(1e-12))).sum(-1)[..., 1:]  # [B, h, T-1]
         stats.append(torch.stack([w.max(dim=-1).values.mean(),
-                                  (entropy / torch.log(visible)).mean()]))
-    values = torch.stack(stats).tolist()  # [n_layer, 2], one host sync
-    return [{"max_weight": m, "entropy": e} for m, e in values]
+                                  (entropy / torch.log(visible)).mean(),
+                                  future_weight(layer_weights)]))
+    values = torch.stack(stats).tolist()  # [n_layer, 3], one host sync
+    return [{"max_weight": m, "entropy": e, "future_weight": f} for m, e, f in values]
 
 
 def qk_grad_norms(model) -> torch.Tensor:

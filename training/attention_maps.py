@@ -1,0 +1,222 @@
+"""Seeing attention: how much weight reaches the future, and where each query's weight goes.
+
+- `future_weight`: the per-layer scalar logged with the attention diagnostics.
+- `map_window`, `token_labels`: the fixed validation window that every run's maps are drawn on,
+  and its tokens as axis labels.
+- `attention_weights`: one forward pass over a window, every layer's weights (and future
+  weight) on the host.
+- `grid_image`: one layer's heads as a grid of heatmaps, tokens on the axes, as an RGB array;
+  `log_attention_maps` puts one per layer in TensorBoard's Images tab at each evaluation.
+- `draw_map`: the same picture on a matplotlib Axes, for the command line and the ablation figure.
+
+Both renderers share `colorize`, so a map looks the same in TensorBoard, in a PNG and in the
+README: weights from 0 to 1 on a square-root colour scale (small weights stay visible), and
+future keys that get exactly 0 weight in grey, so a correct map is a coloured lower triangle
+on grey and any leak shows as colour in the grey. `grid_image` draws with numpy and Pillow
+rather than matplotlib because it runs at every evaluation of every run, where matplotlib's
+layout and text rendering would cost more than the evaluation itself; nothing here imports
+either library until a picture is drawn.
+"""
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from model.attention import causal_pattern
+
+FUTURE_RGB = (64, 68, 78)   # future keys with no weight: a bluish grey, unlike any text pixel
+GAMMA = 0.5                 # colour = magma(weight ** GAMMA)
+VISIBLE = {"\n": "↵", " ": "·", "\t": "→", "\r": "␍"}
+
+
+# ----------------------------------------------------------------------------- the scalar
+
+
+def future_weight(weights: torch.Tensor) -> torch.Tensor:
+    """Mean over query rows of the softmax mass that did not stay on the keys the query may see.
+
+    weights [..., T, m] (queries right-aligned on the keys, as the layer returns them) -> a
+    0-dim tensor, computed where the weights are. It is 1 - (weight on the visible keys): for a
+    mask that lets the future in (mask_zero, mask_fill_zero) that is the weight on future keys;
+    for mask_after_softmax, whose future weights are zeroed after the softmax, it is the mass
+    the future took from the softmax's denominator, which is how that bug leaks. A correct
+    softmax row sums to 1 up to rounding (one rounding per weight in the weights' dtype, at most
+    its eps in total, plus float32's over the row); a row whose deficit is within that is
+    counted as 0, so correct attention gives exactly 0.
+    """
+    T, m = weights.shape[-2:]
+    w = weights.float()
+    visible = causal_pattern(T, m, w.device)                    # [T, m]
+    missing = 1.0 - (w * visible).sum(-1)                       # [..., T]
+    rounding = torch.finfo(weights.dtype).eps + m * torch.finfo(torch.float32).eps
+    return torch.where(missing.abs() <= rounding, 0.0, missing).mean()
+
+
+# ----------------------------------------------------------------------------- the window
+
+
+def map_window(tokens: np.ndarray, tokenizer, n: int, at: float = 0.5) -> list[int]:
+    """n token ids of a split, starting at the first non-empty line at or after fraction `at`
+    of it: a fixed place, so every run with the same data and tokenizer is drawn on the same
+    text, and a line start, so the window reads naturally."""
+    n = max(1, min(n, len(tokens)))
+    start = min(int(at * len(tokens)), len(tokens) - n)
+    end_of_line = False
+    for i in range(start, len(tokens) - n + 1):
+        text = tokenizer.decode([int(tokens[i])])
+        if end_of_line and text.strip():
+            return [int(t) for t in tokens[i:i + n]]
+        end_of_line = end_of_line or text.endswith("\n")
+    return [int(t) for t in tokens[start:start + n]]  # no line break after `at`: as it comes
+
+
+def token_labels(tokenizer, ids: list[int]) -> list[str]:
+    """Each token decoded on its own, whitespace made visible (· space, ↵ newline, → tab)."""
+    labels = []
+    for i in ids:
+        text = tokenizer.decode([i]) or tokenizer.id_to_token(i) or f"<{i}>"
+        labels.append("".join(VISIBLE.get(ch, ch) for ch in text))
+    return labels
+
+
+# ----------------------------------------------------------------------------- the weights
+
+
+@torch.no_grad()
+def attention_weights(model, ids: list[int], amp) -> tuple[np.ndarray, np.ndarray]:
+    """Every layer's weights over one window, under whatever attention the model runs now (its
+    own, or a variant set by `attention_variant`), and each layer's future weight, both on the
+    host: [n_layer, n_head, n, n] and [n_layer] float32. The future weight is computed where the
+    weights are, in the dtype they were computed in (autocast's rounding is not a leak)."""
+    was_training = model.training
+    model.eval()
+    x = torch.tensor([ids], device=next(model.parameters()).device)  # [1, n]
+    with amp:
+        _, _, weights = model(x, return_weights=True)
+    model.train(was_training)
+    maps = torch.stack([w[0].float() for w in weights])           # [L, h, n, n]
+    leaks = torch.stack([future_weight(w) for w in weights])      # [L]
+    host = torch.cat([leaks, maps.flatten()]).cpu().numpy()       # one host transfer
+    return host[len(leaks):].reshape(maps.shape), host[:len(leaks)]
+
+
+def log_attention_maps(writer, model, window: list[int], tokenizer, step: int, amp) -> None:
+    """One image per layer in TensorBoard (tag attention/layer<i>): its heads' maps on the window,
+    titled with the layer's future weight on it."""
+    weights, leaks = attention_weights(model, window, amp)  # [L, h, n, n], [L]
+    labels = token_labels(tokenizer, window)
+    for layer, (w, leak) in enumerate(zip(weights, leaks)):
+        title = f"layer {layer}, step {step}: future weight {leak:.3f}"
+        writer.add_image(f"attention/layer{layer}", grid_image(w, labels, title), step,
+                         dataformats="HWC")
+
+
+# ----------------------------------------------------------------------------- pictures
+
+
+@lru_cache(maxsize=1)
+def _lut() -> np.ndarray:
+    """[256, 3] uint8: magma, indexed by round(255 * weight ** GAMMA)."""
+    from matplotlib import colormaps  # the colormap only: no pyplot, no figure machinery
+
+    return (colormaps["magma"](np.linspace(0.0, 1.0, 256))[:, :3] * 255).round().astype(np.uint8)
+
+
+def colorize(weights: np.ndarray) -> np.ndarray:
+    """[..., n, m] weights in [0, 1] -> [..., n, m, 3] uint8 RGB (see the module docstring)."""
+    n, m = weights.shape[-2:]
+    index = np.rint(np.sqrt(np.clip(weights, 0.0, 1.0)) * 255).astype(np.intp)
+    rgb = _lut()[index]
+    future = ~causal_pattern(n, m).numpy() & (weights == 0)
+    rgb[future] = FUTURE_RGB
+    return rgb
+
+
+@lru_cache(maxsize=4)
+def _font(size: int):
+    from matplotlib import get_data_path  # DejaVu ships with matplotlib: no system fonts needed
+    from PIL import ImageFont
+
+    return ImageFont.truetype(str(Path(get_data_path()) / "fonts/ttf/DejaVuSansMono.ttf"), size)
+
+
+def grid_image(weights: np.ndarray, labels: list[str], title: str = "", cell: int = 9) -> np.ndarray:
+    """[h, n, n] weights of one layer -> [H, W, 3] uint8: a grid of heatmaps, one per head (rows
+    are queries, columns keys), `cell` pixels per weight, tokens along the left column's rows and
+    under the bottom row's columns."""
+    from PIL import Image, ImageDraw
+
+    h, n, _ = weights.shape
+    cols = math.ceil(math.sqrt(h))
+    rows = math.ceil(h / cols)
+    font, small = _font(cell), _font(max(cell - 1, 6))
+    panel, gap = n * cell, 2 * cell
+    label = max(int(font.getlength(s)) for s in labels) + 4  # room for the token labels
+    line = cell + 6                                           # one line of title text
+    width = label + cols * panel + (cols - 1) * gap + gap
+    height = 2 * line + rows * (line + panel) + (rows - 1) * gap + label + gap
+    canvas = np.full((height, width, 3), 255, dtype=np.uint8)
+
+    tiles = colorize(weights).repeat(cell, axis=1).repeat(cell, axis=2)  # [h, n*cell, n*cell, 3]
+    corners = []
+    for head in range(h):
+        r, c = divmod(head, cols)
+        x, y = label + c * (panel + gap), 2 * line + r * (line + panel + gap) + line
+        canvas[y:y + panel, x:x + panel] = tiles[head]
+        corners.append((x, y))
+    # a colour bar: 0 to 1, under the title
+    bar = colorize(np.linspace(0, 1, panel // 2)[None, None, :])[0].repeat(line // 2, axis=0)
+    canvas[line + 2:line + 2 + bar.shape[0], width - gap - bar.shape[1]:width - gap] = bar
+
+    image = Image.fromarray(canvas)
+    draw = ImageDraw.Draw(image)
+    draw.text((label, 2), title, fill=(0, 0, 0), font=font)
+    draw.text((width - gap - bar.shape[1] - 4, line), "0", fill=(0, 0, 0), font=small, anchor="rt")
+    draw.text((width - gap + 2, line), "1", fill=(0, 0, 0), font=small, anchor="lt")
+    # x labels: drawn as rows of a strip, then turned to run upwards under the panel
+    strip = Image.new("RGB", (label, panel), (255, 255, 255))
+    strip_draw = ImageDraw.Draw(strip)
+    for i, text in enumerate(labels):
+        strip_draw.text((label - 2, i * cell + cell / 2), text, fill=(0, 0, 0), font=font, anchor="rm")
+    under = strip.rotate(90, expand=True)
+    for head, (x, y) in enumerate(corners):
+        r, c = divmod(head, cols)
+        draw.text((x, y - 2), f"head {head}", fill=(0, 0, 0), font=small, anchor="lb")
+        if c == 0:
+            for i, text in enumerate(labels):
+                draw.text((x - 2, y + i * cell + cell / 2), text, fill=(0, 0, 0), font=font,
+                          anchor="rm")
+        if head + cols >= h:  # the lowest panel of its column
+            image.paste(under, (x, y + panel + 2))
+    return np.asarray(image)
+
+
+def draw_map(ax, weights: np.ndarray, labels: list[str], title: str = "",
+             fontsize: float | None = None) -> None:
+    """One head's [n, n] map on a matplotlib Axes, tokens on both axes (keys along x)."""
+    n = weights.shape[-1]
+    fontsize = fontsize or max(4.0, min(9.0, 300 / n))
+    ax.imshow(colorize(weights), interpolation="nearest")
+    ax.set_xticks(range(n), labels, rotation=90, fontsize=fontsize, family="DejaVu Sans Mono")
+    ax.set_yticks(range(n), labels, fontsize=fontsize, family="DejaVu Sans Mono")
+    ax.tick_params(length=0, pad=1)
+    ax.set_xlabel("key", fontsize=fontsize + 1)
+    ax.set_ylabel("query", fontsize=fontsize + 1)
+    if title:
+        ax.set_title(title, fontsize=fontsize + 2)
+
+
+def colorbar(fig, ax, **kwargs):
+    """A colour bar for `draw_map`'s scale (grey: future keys with weight exactly 0)."""
+    from matplotlib import colormaps
+    from matplotlib.cm import ScalarMappable
+    from matplotlib.colors import PowerNorm
+
+    mappable = ScalarMappable(PowerNorm(GAMMA, 0.0, 1.0), colormaps["magma"])
+    bar = fig.colorbar(mappable, ax=ax, **kwargs)
+    bar.set_label("attention weight (sqrt scale)")
+    return bar
