@@ -21,7 +21,7 @@ import os
 import signal
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Optional
 
@@ -38,12 +38,16 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 
 from data import CorpusError
 from data.batches import RandomWindows, fixed_windows
+from data.config import TokenizerConfig, TokenizerKind
 from data.prepare import PreparedCorpus, prepare_corpus
+from data.tokenizer import load_tokenizer
 from model.attention import causal_variant
 from model.gpt import GPT
+from model.hf import GPT2FormatError, load_gpt2_folder
 from model.sampling import seeded_generator
-from training.checkpoint import (CHECKPOINTS, CheckpointError, atomic_write, restore, save_best,
-                                 save_checkpoint)
+from training.attention_maps import log_attention_maps, map_window
+from training.checkpoint import (CHECKPOINTS, WEIGHTS, CheckpointError, atomic_write, load_weights,
+                                 restore, save_best, save_checkpoint)
 from training.config import Config, NonFinite, register_configs
 from training.device import autocast, pick_dtype
 from training.distributed import (World, all_mean, all_sum, barrier, broadcast_from_main,
@@ -158,6 +162,9 @@ def train(cfg: Config, run_dir: Path, resuming: bool, world: World) -> dict:
 def build_run(cfg: Config, run_dir: Path, resuming: bool, world: World) -> Optional[Run]:
     """Data, model, optimizer, sampler and logging for a new run, or all of them restored from
     the run's latest checkpoint. None when a resumed run has already finished."""
+    pretrained = None
+    if cfg.init_from and not resuming:  # (a resumed run has its own weights and saved config)
+        cfg, pretrained = start_from(cfg)
     t, m = cfg.train, cfg.model
     if t.threads:
         torch.set_num_threads(t.threads)
@@ -182,7 +189,10 @@ def build_run(cfg: Config, run_dir: Path, resuming: bool, world: World) -> Optio
             atomic_write(run_dir / "config.yaml",
                          OmegaConf.to_yaml(OmegaConf.structured(cfg)).encode())
 
-    model = GPT(m, corpus.vocab_size, cfg.attention).to(device)
+    model = GPT(m, corpus.vocab_size, cfg.attention)
+    if pretrained is not None:
+        model.load_state_dict(pretrained, strict=False)  # all but the tied head, stored once
+    model = model.to(device)
     optimizer = make_optimizer(model, cfg.optim)
     sampler = RandomWindows(corpus.train, m.block_size, t.batch_size, cfg.seed, device)
     eval_batches = fixed_windows(corpus.validation, min(m.block_size, len(corpus.validation) - 1),
@@ -219,6 +229,26 @@ def build_run(cfg: Config, run_dir: Path, resuming: bool, world: World) -> Optio
                  f"{run.tokens_per_step:,} tokens per step (batch {t.batch_size} x accumulation "
                  f"{t.grad_accum} x processes {world.size} x block {m.block_size}), run dir {run_dir}")
     return run
+
+
+def start_from(cfg: Config) -> tuple[Config, dict]:
+    """init_from=<GPT-2 folder>: the folder's weights, with its model shape and tokenizer in
+    place of the config's (dropout and the attention variant stay the run's)."""
+    folder = Path(cfg.init_from)
+    if not (folder / "tokenizer.json").is_file():
+        raise UserError(f"init_from={folder}: no tokenizer.json there; the weights need the "
+                        f"tokenizer they were trained with")
+    try:
+        shape, weights = load_gpt2_folder(folder)
+    except GPT2FormatError as exc:
+        raise UserError(f"init_from={folder}: {exc}") from exc
+    model = replace(shape, dropout=cfg.model.dropout, attn_dropout=cfg.model.attn_dropout)
+    tokenizer = TokenizerConfig(kind=TokenizerKind.file,
+                                path=str((folder / "tokenizer.json").resolve()))
+    if weights["tok_emb.weight"].size(0) != load_tokenizer(folder / "tokenizer.json").get_vocab_size():
+        raise UserError(f"init_from={folder}: its tokenizer.json and its weights have different "
+                        f"vocabulary sizes")
+    return replace(cfg, model=model, tokenizer=tokenizer), weights
 
 
 def optimizer_step(run: Run) -> StepResult:
@@ -317,6 +347,11 @@ def evaluate(run: Run) -> dict:
         for i, d in enumerate(attention_diagnostics(model, run.eval_batches[0][0], run.amp)):
             w.add_scalar(f"attn/max_weight/layer{i}", d["max_weight"], p.step)
             w.add_scalar(f"attn/entropy/layer{i}", d["entropy"], p.step)
+            w.add_scalar(f"attn/future_weight/layer{i}", d["future_weight"], p.step)
+        if cfg.train.attention_maps:  # the same validation window at every evaluation, every run
+            window = map_window(run.corpus.validation, run.corpus.tokenizer,
+                                min(cfg.train.attention_map_tokens, cfg.model.block_size))
+            log_attention_maps(w, model, window, run.corpus.tokenizer, p.step, run.amp)
         if cfg.train.sample_tokens > 0:
             w.add_text("sample", sample_text(run), p.step)
     if metrics["causal_val_loss"] < p.best_val:
@@ -385,6 +420,9 @@ def final_metrics(run: Run, meter: "Speedometer") -> dict:
     cfg, p, w, model = run.cfg, run.progress, run.writer, run.model
     metrics = {"train_time_min": p.elapsed / 60, "tokens_per_sec": meter.rate(), "steps": p.step,
                "best_val_loss": p.best_val, "best_step": p.best_step}
+    if run.overfitting and cfg.train.early_stop:
+        log.info(f"stopped early at step {p.step}: scoring the best weights (step {p.best_step})")
+        load_weights(model, run.run_dir / CHECKPOINTS / "best" / WEIGHTS)
     if cfg.train.final_full_eval:
         split, block, batch = run.corpus.validation, cfg.model.block_size, cfg.train.batch_size
         full = full_split_loss(model, split, block, batch, run.amp, run.world)
@@ -469,25 +507,43 @@ def main(cfg: DictConfig) -> float:
 def cli() -> None:
     """python train.py ...: Hydra's main, with the mistakes Hydra finds itself (an unknown key or
     option, an unparsable override, a run directory it cannot create) reported in one line too.
-    HYDRA_FULL_ERROR=1 set by the user still shows Hydra's full traceback."""
+    HYDRA_FULL_ERROR=1 set by the user still shows Hydra's full traceback.
+
+    `preflight` checks the command before Hydra creates or writes anything, and spells out the
+    run directory Hydra is to use; a new run that then fails before training leaves nothing."""
     user_wants_trace = os.environ.get("HYDRA_FULL_ERROR") == "1"
     if int(os.environ.get("RANK", "0")) > 0:
         # Under torchrun only rank 0 owns a run directory; the others write nothing of Hydra's.
         sys.argv += ["hydra.run.dir=.", "hydra.output_subdir=null",
                      "hydra/job_logging=disabled", "hydra/hydra_logging=disabled"]
+    plan = None
     try:
         if int(os.environ.get("RANK", "0")) == 0:
-            preflight(sys.argv[1:])
+            plan = preflight(sys.argv[1:])
+            sys.argv[1:] = plan.argv
         os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra re-raises instead of printing several lines
         main()
-    except (UserError, HydraException, OmegaConfBaseException, OSError) as exc:
+    except (UserError, CorpusError, CheckpointError, HydraException, OmegaConfBaseException,
+            OSError) as exc:
         if user_wants_trace:
             raise
         print(f"error: {one_line(exc)}", file=sys.stderr)
+        _undo(plan)
         sys.exit(2)
     except KeyboardInterrupt:
         print("error: interrupted; the last complete checkpoint, if any, is kept", file=sys.stderr)
+        _undo(plan)
         sys.exit(130)
+    except SystemExit as exc:
+        if exc.code not in (0, None):
+            _undo(plan)
+        raise
+
+
+def _undo(plan) -> None:
+    """A failed new run that never started training leaves no directory behind."""
+    if plan is not None:
+        plan.undo()
 
 
 if __name__ == "__main__":

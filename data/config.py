@@ -15,8 +15,9 @@ class Source(str, Enum):
 
 
 class TokenizerKind(str, Enum):
-    char = "char"
-    bpe = "bpe"
+    char = "char"  # one token per character of the training split
+    bpe = "bpe"    # byte-level BPE fitted on the training split
+    file = "file"  # a ready tokenizer.json (tokenizer.path), e.g. a pretrained model's
 
 
 @dataclass
@@ -63,3 +64,5 @@ class TokenizerConfig:
     # the best of 2,048 / 4,096 / 8,192 in docs/budget.md).
     vocab_size: int = 4096
     min_frequency: int = 2
+    # kind=file only: the tokenizer.json to use as it is (train.py init_from=<folder> sets it).
+    path: Optional[str] = None

@@ -196,7 +196,8 @@ class CausalSelfAttention(nn.Module):
         weights, block = None, self._query_block(q, T)
         if self._fused(q, return_weights, static=cache is not None and cache.static):
             from model.fused_attention import fused_causal_attention
-            y = fused_causal_attention(q, k, v, scale=self.scale())  # [B, h, T, d_k]
+            # (a KV cache keeps the weights' dtype; under autocast q is already bf16)
+            y = fused_causal_attention(q, k.to(q.dtype), v.to(q.dtype), scale=self.scale())
         elif block and not return_weights:
             y = self._attend_by_query_blocks(q, k, v, visible, block)  # [B, h, T, d_k]
         else:

@@ -343,3 +343,18 @@ def test_impl_fused_refuses_what_the_kernel_cannot_do():
     layer = CausalSelfAttention(24, 2, 8, AttentionConfig(impl=AttentionImpl.fused)).to(DEVICE)
     with pytest.raises(ValueError, match="head sizes"):  # d_k = 12 is not a power of two
         layer(torch.randn(1, 8, 24, device=DEVICE))
+
+
+def test_the_fused_layer_reads_a_float32_cache_under_bf16_autocast():
+    """Sampling during training runs under autocast with a cache in the weights' dtype: the
+    kernel gets bf16 queries and float32 cached keys, which the layer must reconcile."""
+    from model.config import AttentionConfig, AttentionImpl, ModelConfig
+    from model.gpt import GPT
+
+    torch.manual_seed(0)
+    model = GPT(ModelConfig(n_layer=1, n_head=2, n_embd=32, block_size=16), 30,
+                AttentionConfig(impl=AttentionImpl.fused)).to(DEVICE)
+    prompt = torch.randint(0, 30, (1, 4), device=DEVICE)
+    with torch.autocast(DEVICE, dtype=torch.bfloat16):
+        tokens = list(model.generate(prompt, 3, greedy=True, static_cache=False))
+    assert len(tokens) == 3

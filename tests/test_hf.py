@@ -396,3 +396,59 @@ def test_export_into_an_existing_empty_directory(runs, tmp_path):
     assert sorted(p.name for p in out.iterdir()) == [
         "config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"]
     assert gpt_from_gpt2_folder(out).vocab_size == load_folder_tokenizer(out).get_vocab_size()
+
+
+# ----------------------------------------------------------------------------- using an import
+
+
+@pytest.mark.slow
+def test_generate_samples_from_a_gpt2_folder_as_from_the_run(runs, exports):
+    """generate.py run=<GPT-2 folder>: the same greedy text as from the run it was exported from."""
+    texts = [ok(run([str(REPO_ROOT / "generate.py"), f"run={source}", "prompt=ROMEO:",
+                     "greedy=true", "max_new_tokens=40", "weights=latest"], cwd=REPO_ROOT)).stdout
+             for source in (runs["bpe"], exports["bpe"])]
+    assert texts[0] == texts[1] and len(texts[0]) > len("ROMEO:")
+
+
+@pytest.mark.slow
+def test_training_starts_from_a_gpt2_folder(runs, exports, fake_sdist, tmp_path):
+    """train.py init_from=<folder>: the folder's shape, tokenizer and weights, so the first
+    evaluation already scores what the exported run scored, far below a fresh model."""
+    common = [str(REPO_ROOT / "train.py"), "+experiment=smoke", f"data.sdist_path={fake_sdist}",
+              f"data.cache_dir={tmp_path / 'cache'}", "train.max_steps=1", "train.eval_interval=1",
+              "train.threads=1", "train.sample_tokens=0", "optim.lr=1e-9", "optim.warmup_steps=1"]
+    ok(run([*common, f"init_from={exports['bpe']}", f"hydra.run.dir={tmp_path / 'tuned'}"],
+           cwd=tmp_path))
+    ok(run([*common, "tokenizer=bpe", "tokenizer.vocab_size=300", f"hydra.run.dir={tmp_path / 'fresh'}"],
+           cwd=tmp_path))
+    tuned, tokenizer, cfg = generate.load_run(tmp_path / "tuned", "latest", torch.device("cpu"))
+    assert cfg.model.block_size == 64 and cfg.model.activation.value == "gelu_tanh"
+    assert cfg.tokenizer.kind.value == "file"
+    assert tokenizer.get_vocab() == load_folder_tokenizer(exports["bpe"]).get_vocab()
+    source = generate.load_run(runs["bpe"], "latest", torch.device("cpu"))[0].state_dict()
+    for name, a in tuned.state_dict().items():  # lr 1e-9: barely moved from the export
+        # (the run had model.bias=false: GPT-2's format carries its biases as zeros)
+        b = source[name] if name in source else torch.zeros_like(a)
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=0, msg=name)
+    val = {name: read_val_loss(tmp_path / name) for name in ("tuned", "fresh")}
+    assert val["tuned"] < val["fresh"] - 0.5, val
+
+
+def read_val_loss(run_dir: Path) -> float:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run_dir))
+    acc.Reload()
+    return acc.Scalars("val/loss")[-1].value
+
+
+@pytest.mark.slow
+def test_init_from_a_folder_without_a_tokenizer_is_one_error_line(exports, tmp_path):
+    folder = tmp_path / "no_tokenizer"
+    shutil.copytree(exports["bpe"], folder)
+    (folder / "tokenizer.json").unlink()
+    result = run([str(REPO_ROOT / "train.py"), "+experiment=smoke", f"init_from={folder}",
+                  f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path)
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert result.returncode == 2 and len(errors) == 1 and "tokenizer.json" in errors[0], result.stderr
+    assert "Traceback" not in result.stderr

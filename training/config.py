@@ -16,7 +16,8 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
 from data.config import DataConfig, TokenizerConfig, TokenizerKind
-from model.config import AttentionConfig, ModelConfig, validate_attention, validate_model
+from model.config import (AttentionConfig, AttentionImpl, ModelConfig, validate_attention,
+                          validate_model)
 
 
 class Schedule(str, Enum):
@@ -70,6 +71,10 @@ class TrainConfig:
     sample_tokens: int = 300        # text sample logged at each evaluation (0 = none)
     sample_prompt: str = "\n"
     sample_temperature: float = 0.8
+    # At each evaluation, every layer's attention maps on a fixed validation window of this many
+    # tokens (capped at model.block_size) go to TensorBoard's Images tab (README, TensorBoard).
+    attention_maps: bool = True
+    attention_map_tokens: int = 48
     keep_checkpoints: int = 2       # most recent checkpoints kept (the best one is kept too)
     device: str = "auto"            # auto | cpu | cuda | cuda:N
     dtype: str = "auto"             # auto | float32 | bfloat16 (autocast)
@@ -105,12 +110,22 @@ class Config:
     seed: int = 1337
     # A run directory to continue from its latest checkpoint.
     resume: Optional[str] = None
+    # A GPT-2-format folder (config.json, model.safetensors, tokenizer.json; e.g. from
+    # scripts/export_hf.py) to start from: its weights, model shape and tokenizer are used.
+    init_from: Optional[str] = None
     # Name shown for this run in TensorBoard's run list and HParams table (and a multirun's
     # sub-directory name).
     run_name: str = "${attention.name}_seed${seed}"
 
 
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+# Seeds, step counts and token ids end up in torch's and numpy's 64-bit integers (a seed plus the
+# step seeds each evaluation's sample), so they must stay well inside them.
+MAX_SEED = 2**63 - 1
+MAX_COUNT = 2**62
+# Below this, logits / temperature overflow float32 and sampling yields NaN: use greedy instead.
+MIN_TEMPERATURE = 1e-6
+MAX_WORKERS = 1024  # threads or processes: more is a typo, and each one costs memory
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 
 
@@ -137,10 +152,31 @@ def _positive(name: str, value, allow_zero: bool = False) -> None:
         raise ValueError(f"{name} must be {'non-negative' if allow_zero else 'positive'}, got {value}")
 
 
+def _at_most(name: str, value, limit) -> None:
+    if value > limit:
+        raise ValueError(f"{name} must be at most {limit:,}, got {value:,}")
+
+
+def check_seed(name: str, seed: int) -> None:
+    if not 0 <= seed <= MAX_SEED:
+        raise ValueError(f"{name} must be an integer from 0 to 2**63 - 1, got {seed}")
+
+
+def check_temperature(name: str, value: float) -> None:
+    if not (math.isfinite(value) and value >= MIN_TEMPERATURE):
+        raise ValueError(f"{name} must be a finite number of at least {MIN_TEMPERATURE:g}, got "
+                         f"{value} (for the most likely token, sample greedily)")
+
+
 def validate(cfg: Config) -> None:
     """Raise ValueError naming the first bad value (types were already checked by Hydra)."""
     validate_model(cfg.model)
     validate_attention(cfg.attention)
+    m = cfg.model
+    if cfg.attention.impl is AttentionImpl.fused and \
+            (m.dropout if m.attn_dropout is None else m.attn_dropout) > 0:
+        raise ValueError("attention.impl=fused has no dropout on the attention weights: set "
+                         "model.attn_dropout=0 (dropout elsewhere stays), or attention.impl=auto")
     o, t = cfg.optim, cfg.train
     _positive("optim.lr", o.lr)
     _positive("optim.min_lr", o.min_lr, allow_zero=True)
@@ -157,11 +193,13 @@ def validate(cfg: Config) -> None:
                  "keep_checkpoints"):
         _positive(f"train.{name}", getattr(t, name))
     _positive("train.sample_tokens", t.sample_tokens, allow_zero=True)
+    _positive("train.attention_map_tokens", t.attention_map_tokens)
     _positive("train.overfit_patience", t.overfit_patience, allow_zero=True)
     if t.compile_mode not in COMPILE_MODES:
         raise ValueError(f"train.compile_mode must be one of {', '.join(COMPILE_MODES)}, "
                          f"got {t.compile_mode!r}")
     _positive("train.sample_temperature", t.sample_temperature)
+    check_temperature("train.sample_temperature", t.sample_temperature)
     if t.max_minutes is not None:
         _positive("train.max_minutes", t.max_minutes)
     if t.threads is not None:
@@ -172,6 +210,32 @@ def validate(cfg: Config) -> None:
         raise ValueError(f"train.device must be auto, cpu, cuda or cuda:N, got {t.device!r}")
     if cfg.data.num_proc is not None:
         _positive("data.num_proc", cfg.data.num_proc)
+    check_seed("seed", cfg.seed)
+    if cfg.attention.impl is AttentionImpl.fused:
+        from model.fused_attention import HEAD_DIMS  # Triton is optional: only when asked for
+        if cfg.model.n_embd % cfg.model.n_head or cfg.model.head_dim not in HEAD_DIMS:
+            raise ValueError(f"attention.impl=fused supports head sizes {HEAD_DIMS}; model.n_embd "
+                             f"/ model.n_head = {cfg.model.n_embd} / {cfg.model.n_head} gives "
+                             f"{cfg.model.n_embd / cfg.model.n_head:g} (or use attention.impl=auto)")
+    if not (o.eps > 0 and math.isfinite(o.eps)):
+        raise ValueError(f"optim.eps must be a positive number, got {o.eps}")
+    for name in ("max_steps", "grad_accum", "eval_interval", "eval_batches", "log_interval",
+                 "sample_tokens", "keep_checkpoints", "overfit_patience"):
+        _at_most(f"train.{name}", getattr(t, name), MAX_COUNT)
+    _at_most("optim.warmup_steps", o.warmup_steps, MAX_COUNT)
+    _at_most("optim.muon_ns_steps", o.muon_ns_steps, 1000)
+    if t.threads is not None:
+        _at_most("train.threads", t.threads, MAX_WORKERS)
+    if cfg.data.num_proc is not None:
+        _at_most("data.num_proc", cfg.data.num_proc, MAX_WORKERS)
+    if cfg.data.max_documents is not None:
+        _positive("data.max_documents", cfg.data.max_documents)
+    _positive("tokenizer.min_frequency", cfg.tokenizer.min_frequency, allow_zero=True)
+    _at_most("tokenizer.min_frequency", cfg.tokenizer.min_frequency, 2**32 - 1)
+    _positive("tokenizer.vocab_size", cfg.tokenizer.vocab_size)
+    _at_most("tokenizer.vocab_size", cfg.tokenizer.vocab_size, 2**32)  # ids are stored as uint32
+    if cfg.tokenizer.kind is TokenizerKind.file and not cfg.tokenizer.path:
+        raise ValueError("tokenizer.kind=file needs tokenizer.path (a tokenizer.json)")
     if cfg.tokenizer.kind is TokenizerKind.bpe and cfg.tokenizer.vocab_size < 257:
         raise ValueError("tokenizer.vocab_size must be at least 257 for byte-level BPE "
                          f"(256 bytes + 1 special token), got {cfg.tokenizer.vocab_size}")
