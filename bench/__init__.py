@@ -1,1 +1,1 @@
-"""Benchmarks, run as scripts from the repository root: `python bench/<name>.py [--quick]`."""
+"""Benchmarks, run as modules from the repository root: `python -m bench.<name> [--quick]`."""

@@ -1,67 +1,101 @@
-"""How much does writing attention out by hand cost? Our layer vs PyTorch's fused kernel.
+"""Our attention implementations vs PyTorch's fused kernel: forward + backward, time and memory.
 
-    python bench/attention.py            # T in 64..1024, fp32 and bf16
-    python bench/attention.py --quick    # seconds: T in {64, 128}, fewer repetitions
+What does writing attention out by hand cost, and what does fusing it into one kernel buy?
 
-Times forward + backward of `model.attention.CausalSelfAttention` (explicit scores, mask,
-softmax, weights @ V) against an oracle with the *same weights* and the same qkv / out_proj
-Linears whose core is `F.scaled_dot_product_attention(q, k, v, is_causal=True)` (flash or
-memory-efficient kernels, which never materialise the T x T weights). The batch is sized so that
-every T processes about the same number of tokens, so the rows differ only in T.
+    python -m bench.attention             # fp32, bf16; T in 64..1024 (CPU), 256..2048 (CUDA)
+    python -m bench.attention --quick     # seconds: T in {64, 128}, fewer repetitions
+    python -m bench.attention --dtypes fp32 --seq-lens 256 512
 
-Memory: "activation memory" is what autograd keeps between forward and backward (counted with
-saved_tensors_hooks, works on CPU too); on CUDA the allocator's peak is reported as well.
-Outputs and input gradients are compared first, so the two layers are shown to compute the same
-function. Headline: ours / oracle time at T=256 in fp32 (the largest T run, with --quick).
+Every arm is the same layer with the same weights -- the qkv Linear, an attention core, the
+out_proj Linear -- and only the core differs:
+
+    SDPA                        F.scaled_dot_product_attention(is_causal=True): flash or
+                                memory-efficient kernels. The oracle, and the unit of every ratio.
+    ours (reference)            model.attention.CausalSelfAttention itself: explicit scores, mask,
+                                softmax, weights @ V, query rows in blocks of attention.query_block.
+    ours (fused Triton kernel)  model.fused_attention.fused_causal_attention: one kernel per pass,
+                                online softmax, nothing T x T in memory. CUDA with Triton only;
+                                elsewhere the run says why it is skipped.
+
+Shapes: the model the device trains by default -- on the CPU the default config (d_k 32), on
+CUDA the GPU recipe's (`+experiment=gpu`, d_k 64) -- and a batch of about the same number of
+tokens at every T, so the rows differ only in T. bf16 is autocast over fp32 weights, as in
+training; fp32 is IEEE fp32 (no TF32), so that the oracle check can be tight.
+
+Before any timing, each arm's output and input gradient are compared with SDPA's; beyond the
+dtype's tolerance the bench still prints its table but exits with status 1, since its timings
+would compare different functions. Memory is the activation memory, per arm and as a ratio to
+SDPA's: on CUDA the allocator's peak during forward + backward above what was allocated before;
+everywhere, the bytes autograd keeps between forward and backward (saved_tensors_hooks; the only
+measure a CPU offers). Headline: ours (reference) / SDPA time at T=256 (the GPU recipe's context,
+and the CPU figure the README has tracked) in the dtype `python train.py` picks on the device
+(fp32 on a CPU without bf16 instructions, bf16 on a recent GPU).
 """
 from __future__ import annotations
 
 import sys
-from pathlib import Path
+from dataclasses import replace
+from typing import Callable, Optional
 
-# `python bench/attention.py` puts bench/ first on sys.path, where bench/data.py would shadow
-# the project's `data` package: put the repository root there instead.
-_ROOT = Path(__file__).resolve().parents[1]
-sys.path[:] = [str(_ROOT)] + [p for p in sys.path
-                              if Path(p or ".").resolve() not in (_ROOT, _ROOT / "bench")]
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
 
-import contextlib  # noqa: E402
+from bench.common import (GPU_RECIPE, MIB, activation_bytes, compose_config, cuda_peak_bytes,
+                          fmt, interleaved_medians, make_parser,
+                          print_header, print_headline, print_table, resolve_repetitions, setup)
+from model.attention import CausalSelfAttention
+from model.config import AttentionConfig, AttentionImpl, ModelConfig
+from training.device import autocast, pick_dtype
 
-import torch  # noqa: E402
-import torch.nn as nn  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-
-from bench.common import (MIB, activation_bytes, cuda_peak_bytes, fmt,  # noqa: E402
-                          interleaved_medians, make_parser, print_header, print_headline,
-                          print_table, resolve_repetitions, setup)
-from model.attention import CausalSelfAttention  # noqa: E402
-from model.config import AttentionConfig  # noqa: E402
-
-D_MODEL = 128              # the default model's width (conf/model/small.yaml)
-N_HEAD = 4
-TOKENS_PER_BATCH = 8192    # batch = tokens // T: same work per row, only T changes
-QUICK_TOKENS_PER_BATCH = 1024
-SEQ_LENS = (64, 128, 256, 512, 1024)
+SEQ_LENS = {"cpu": (64, 128, 256, 512, 1024), "cuda": (256, 1024, 2048)}
 QUICK_SEQ_LENS = (64, 128)
+# batch = tokens // T: the same work per row, only T changes
+TOKENS_PER_BATCH = {"cpu": 8192, "cuda": 16384}
+QUICK_TOKENS_PER_BATCH = 1024
 HEADLINE_T = 256
-HEADLINE_DTYPE = "fp32"
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-# Largest |ours - oracle| allowed, relative to the largest |oracle output|: fp32 differs only
-# in summation order; bf16 rounds every matmul input to 8 mantissa bits (eps = 2^-8 ~ 0.004).
+# Largest |ours - SDPA| allowed, relative to the largest |SDPA output|: fp32 differs only in
+# summation order; bf16 rounds every matmul input to 8 mantissa bits (eps = 2^-8 ~ 0.004).
 REL_TOL = {"fp32": 1e-4, "bf16": 3e-2}
+SDPA, REFERENCE, FUSED = "SDPA", "ours (reference)", "ours (fused Triton kernel)"
 SEED = 0
 
+Core = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
-class OracleAttention(nn.Module):
-    """The same layer with PyTorch's fused causal attention in the middle.
 
-    Parameter names match CausalSelfAttention's (qkv, out_proj), so our layer's state_dict
-    loads into it unchanged: the comparison is weight for weight.
+def sdpa_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+def fused_core(device: torch.device) -> tuple[Optional[Core], str]:
+    """The fused Triton kernel when it can be timed here, else (None, why not).
+
+    The module is optional: it may be absent from a checkout, and without Triton it imports but
+    cannot run. On a CPU only Triton's interpreter could run it, which checks correctness and
+    says nothing about speed.
+    """
+    if device.type != "cuda":
+        return None, "needs a CUDA GPU (on a CPU only Triton's interpreter runs it: not timed)"
+    try:
+        from model.fused_attention import fused_available, fused_causal_attention
+    except ImportError as exc:
+        return None, f"model.fused_attention cannot be imported ({exc})"
+    if not fused_available(device):
+        return None, "Triton is not importable here"
+    return fused_causal_attention, ""
+
+
+class CoreLayer(nn.Module):
+    """qkv -> core(q, k, v) on [B, h, T, d_k] heads -> out_proj.
+
+    Parameter names match CausalSelfAttention's (qkv, out_proj), so our layer's state_dict loads
+    unchanged: arms are compared weight for weight.
     """
 
-    def __init__(self, n_embd: int, n_head: int, bias: bool = True):
+    def __init__(self, n_embd: int, n_head: int, core: Core, bias: bool = True):
         super().__init__()
-        self.n_head = n_head
+        self.n_head, self.core = n_head, core
         self.qkv = nn.Linear(n_embd, 3 * n_embd, bias=bias)
         self.out_proj = nn.Linear(n_embd, n_embd, bias=bias)
 
@@ -70,11 +104,11 @@ class OracleAttention(nn.Module):
         h = self.n_head
         q, k, v = self.qkv(x).split(C, dim=2)
         q, k, v = (t.view(B, T, h, C // h).transpose(1, 2) for t in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        y = self.core(q, k, v)
         return self.out_proj(y.transpose(1, 2).reshape(B, T, C))
 
 
-class Ours(nn.Module):
+class Reference(nn.Module):
     """CausalSelfAttention returns (y, weights); the benchmark only needs y."""
 
     def __init__(self, layer: CausalSelfAttention):
@@ -85,27 +119,30 @@ class Ours(nn.Module):
         return self.layer(x)[0]
 
 
-def build_pair(T: int, device: torch.device, query_block: int) -> tuple[nn.Module, nn.Module]:
+def build_arms(model: ModelConfig, attn: AttentionConfig, T: int, device: torch.device,
+               fused: Optional[Core]) -> dict[str, nn.Module]:
+    """SDPA first (the unit), then ours; one set of weights for all."""
     torch.manual_seed(SEED)
-    ours = CausalSelfAttention(D_MODEL, N_HEAD, block_size=T,
-                               attn=AttentionConfig(query_block=query_block)).to(device)
-    oracle = OracleAttention(D_MODEL, N_HEAD).to(device)
-    oracle.load_state_dict(ours.state_dict())
-    return Ours(ours), oracle
+    # impl=reference: left to itself (auto) the layer would hand the work to the fused kernel
+    reference = replace(attn, impl=AttentionImpl.reference)
+    ours = CausalSelfAttention(model.n_embd, model.n_head, block_size=T, attn=reference,
+                               bias=model.bias).to(device)
+    arms = {SDPA: CoreLayer(model.n_embd, model.n_head, sdpa_core, model.bias),
+            REFERENCE: Reference(ours)}
+    if fused is not None:
+        arms[FUSED] = CoreLayer(model.n_embd, model.n_head, fused, model.bias)
+    for name, arm in arms.items():
+        if name != REFERENCE:
+            arm.to(device).load_state_dict(ours.state_dict())
+    return arms
 
 
-def amp(device: torch.device, dtype: torch.dtype):
-    """bf16 the way training runs it: autocast, weights kept in fp32."""
-    if dtype == torch.float32:
-        return contextlib.nullcontext()
-    return torch.autocast(device_type=device.type, dtype=dtype)
-
-
-def fwd_bwd(module: nn.Module, x: torch.Tensor, grad_out: torch.Tensor, device, dtype):
+def fwd_bwd(module: nn.Module, x: torch.Tensor, grad_out: torch.Tensor,
+            dtype: torch.dtype) -> torch.Tensor:
     """One training-style call: forward under autocast, backward of a fixed output gradient."""
     module.zero_grad(set_to_none=True)
     x.grad = None
-    with amp(device, dtype):
+    with autocast(x.device, dtype):
         y = module(x)
     y.backward(grad_out.to(y.dtype))
     return y
@@ -116,107 +153,150 @@ def max_rel_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-30)).item()
 
 
-def measure(T: int, dtype_name: str, tokens: int, device: torch.device, reps: int,
-            warmup: int, query_block: int) -> dict:
+def measure(model: ModelConfig, attn: AttentionConfig, T: int, dtype_name: str, tokens: int,
+            device: torch.device, reps: int, warmup: int, fused: Optional[Core]) -> list[dict]:
+    """One row per arm at this (T, dtype): times, memory and agreement with SDPA."""
     dtype = DTYPES[dtype_name]
-    ours, oracle = build_pair(T, device, query_block)
+    arms = build_arms(model, attn, T, device, fused)
     B = max(1, tokens // T)
     gen = torch.Generator(device=device).manual_seed(SEED)
-    x = torch.randn(B, T, D_MODEL, device=device, generator=gen, requires_grad=True)
-    grad_out = torch.randn(B, T, D_MODEL, device=device, generator=gen)
+    x = torch.randn(B, T, model.n_embd, device=device, generator=gen, requires_grad=True)
+    grad_out = torch.randn(B, T, model.n_embd, device=device, generator=gen)
+    calls = {name: (lambda m=m: fwd_bwd(m, x, grad_out, dtype)) for name, m in arms.items()}
 
-    # 1. same function? outputs and input gradients, before any timing
-    y_ours = fwd_bwd(ours, x, grad_out, device, dtype).detach()
-    dx_ours = x.grad.clone()
-    y_oracle = fwd_bwd(oracle, x, grad_out, device, dtype).detach()
-    dx_oracle = x.grad.clone()
-    diff_y, diff_dx = max_rel_diff(y_ours, y_oracle), max_rel_diff(dx_ours, dx_oracle)
+    # 1. the same function? outputs and input gradients, before any timing (this first call
+    #    also compiles the Triton kernels, so neither memory nor time pays for it)
+    outputs, failed = {}, []
+    for name, call in list(calls.items()):
+        try:
+            outputs[name] = (call().detach(), x.grad.clone())
+        except Exception as exc:  # noqa: BLE001 -- a failing kernel is reported, the rest timed
+            if name != FUSED:
+                raise
+            del calls[name], arms[name]
+            failed.append({"arm": name, "T": T, "B": B, "dtype": dtype_name, "s": None,
+                           "ratio": None, "kept": None, "peak": None, "mem_ratio": None,
+                           "diff_y": None, "diff_dx": None, "ok": False,
+                           "error": f"{type(exc).__name__}: {str(exc).strip()[:200]}"})
+    y_ref, dx_ref = outputs[SDPA]
 
-    # 2. memory kept for backward (weights and the input excluded: both layers hold them alike)
+    # 2. memory: what autograd keeps for backward (weights and input excluded: every arm holds
+    #    them alike), and on CUDA the allocator's peak over a whole forward + backward
     def kept(module: nn.Module) -> int:
-        exclude = [x, *module.parameters(), *module.buffers()]
-        with amp(device, dtype):
-            n_bytes, y = activation_bytes(lambda: module(x), exclude)
+        with autocast(device, dtype):
+            n_bytes, y = activation_bytes(lambda: module(x),
+                                          [x, *module.parameters(), *module.buffers()])
         del y
         return n_bytes
 
-    peaks = {name: cuda_peak_bytes(lambda m=m: fwd_bwd(m, x, grad_out, device, dtype), device)
-             for name, m in (("ours", ours), ("oracle", oracle))}
+    kept_bytes = {name: kept(m) for name, m in arms.items()}
+    peaks = {name: cuda_peak_bytes(call, device) for name, call in calls.items()}
 
-    # 3. time, alternating the two layers repetition by repetition
-    times = interleaved_medians({"ours": lambda: fwd_bwd(ours, x, grad_out, device, dtype),
-                                 "oracle": lambda: fwd_bwd(oracle, x, grad_out, device, dtype)},
-                                device, reps, warmup)
-    return {"T": T, "B": B, "dtype": dtype_name, "ours_s": times["ours"],
-            "oracle_s": times["oracle"], "ratio": times["ours"] / times["oracle"],
-            "act_ours": kept(ours), "act_oracle": kept(oracle), "peak_ours": peaks["ours"],
-            "peak_oracle": peaks["oracle"], "diff_y": diff_y, "diff_dx": diff_dx,
-            "ok": diff_y <= REL_TOL[dtype_name] and diff_dx <= REL_TOL[dtype_name]}
+    # 3. time, the arms taking turns repetition by repetition
+    times = interleaved_medians(calls, device, reps, warmup)
+
+    rows = []
+    for name in arms:
+        y, dx = outputs[name]
+        diff_y, diff_dx = max_rel_diff(y, y_ref), max_rel_diff(dx, dx_ref)
+        memory = peaks if device.type == "cuda" else kept_bytes
+        rows.append({"arm": name, "T": T, "B": B, "dtype": dtype_name, "s": times[name],
+                     "ratio": times[name] / times[SDPA], "kept": kept_bytes[name],
+                     "peak": peaks[name], "mem_ratio": memory[name] / max(memory[SDPA], 1),
+                     "diff_y": diff_y, "diff_dx": diff_dx,
+                     "ok": diff_y <= REL_TOL[dtype_name] and diff_dx <= REL_TOL[dtype_name]})
+    return rows + failed
+
+
+def shapes_config(device: torch.device) -> tuple[ModelConfig, AttentionConfig, str]:
+    """The model whose attention is measured: the one this device trains by default."""
+    if device.type != "cuda":
+        cfg = compose_config()
+        return cfg.model, cfg.attention, "the default config"
+    cfg = compose_config([GPU_RECIPE])
+    return cfg.model, cfg.attention, f"the GPU recipe ({GPU_RECIPE})"
 
 
 def main() -> int:
-    parser = make_parser(__doc__.splitlines()[0])
+    parser = make_parser("bench.attention", __doc__.splitlines()[0])
     parser.add_argument("--seq-lens", type=int, nargs="+", default=None,
-                        help=f"sequence lengths T (default {list(SEQ_LENS)}, "
-                             f"--quick {list(QUICK_SEQ_LENS)})")
+                        help=f"sequence lengths T (default: CPU {list(SEQ_LENS['cpu'])}, CUDA "
+                             f"{list(SEQ_LENS['cuda'])}; --quick {list(QUICK_SEQ_LENS)})")
     parser.add_argument("--dtypes", nargs="+", choices=sorted(DTYPES), default=list(DTYPES))
     parser.add_argument("--tokens", type=int, default=None,
-                        help=f"tokens per batch, B = tokens // T (default {TOKENS_PER_BATCH}, "
+                        help=f"tokens per batch, B = tokens // T (default: CPU "
+                             f"{TOKENS_PER_BATCH['cpu']}, CUDA {TOKENS_PER_BATCH['cuda']}; "
                              f"--quick {QUICK_TOKENS_PER_BATCH})")
-    parser.add_argument("--query-block", type=int, default=AttentionConfig.query_block,
+    parser.add_argument("--query-block", type=int, default=None,
                         help="our layer's attention.query_block (0: every row over every key; "
-                             f"default {AttentionConfig.query_block})")
+                             "default: the config's, where null means by device)")
     args = parser.parse_args()
     device = setup(args)
     reps, warmup = resolve_repetitions(args)
-    seq_lens = args.seq_lens or (QUICK_SEQ_LENS if args.quick else SEQ_LENS)
-    tokens = args.tokens or (QUICK_TOKENS_PER_BATCH if args.quick else TOKENS_PER_BATCH)
+    kind = "cuda" if device.type == "cuda" else "cpu"
+    seq_lens = args.seq_lens or (QUICK_SEQ_LENS if args.quick else SEQ_LENS[kind])
+    tokens = args.tokens or (QUICK_TOKENS_PER_BATCH if args.quick else TOKENS_PER_BATCH[kind])
+    model, attn, which = shapes_config(device)
+    if args.query_block is not None:
+        attn.query_block = args.query_block
+    fused, why_not_fused = fused_core(device)
 
     cuda = device.type == "cuda"
     print_header(
-        "causal self-attention, forward + backward: ours vs F.scaled_dot_product_attention",
+        "causal self-attention, forward + backward: our implementations vs "
+        "F.scaled_dot_product_attention",
         device,
-        f"d_model {D_MODEL}, {N_HEAD} heads, batch = {tokens} // T, query_block "
-        f"{args.query_block}; bf16 = autocast "
-        f"(fp32 weights); median of {reps} reps after {warmup} warm-up",
-        "act = bytes kept for backward (saved tensors, weights/input excluded)"
-        + ("; peak = CUDA max_memory_allocated above baseline" if cuda else
-           "; CPU has no peak counter, see act"),
-        f"|dy|, |dx| = max |ours - oracle| / max |oracle| (tolerance fp32 {REL_TOL['fp32']:g}, "
+        f"shapes of {which}: d_model {model.n_embd}, {model.n_head} heads (d_k "
+        f"{model.head_dim}); batch = {tokens} // T; our layer's attention.query_block "
+        f"{'null (by device)' if attn.query_block is None else attn.query_block}",
+        f"bf16 = autocast (fp32 weights); median of {reps} reps after {warmup} warm-up",
+        ("mem = CUDA max_memory_allocated during forward + backward, above the baseline"
+         if cuda else "mem = bytes kept for backward (saved tensors; weights and input excluded)"),
+        f"|dy|, |dx| = max |arm - SDPA| / max |SDPA| (tolerance fp32 {REL_TOL['fp32']:g}, "
         f"bf16 {REL_TOL['bf16']:g})",
     )
-    results = [measure(T, name, tokens, device, reps, warmup, args.query_block)
-               for name in args.dtypes for T in seq_lens]
+    if fused is None:
+        print(f"   skipped: {FUSED}: {why_not_fused}")
+    results = [row for name in args.dtypes for T in seq_lens
+               for row in measure(model, attn, T, name, tokens, device, reps, warmup, fused)]
 
-    headers = ["dtype", "T", "B", "ours ms", "oracle ms", "ours/oracle", "act ours MiB",
-               "act oracle MiB"] + (["peak ours MiB", "peak oracle MiB"] if cuda else []) + [
-               "|dy|", "|dx|", "match"]
+    headers = ["dtype", "T", "B", "attention", "ms", "time/SDPA", "mem MiB", "mem/SDPA"]
+    headers += ["kept MiB"] if cuda else []
+    headers += ["|dy|", "|dx|", "match"]
+
+    def scaled(value: Optional[float], by: float) -> Optional[float]:
+        return None if value is None else value * by
+
     rows = []
     for r in results:
-        row = [r["dtype"], r["T"], r["B"], fmt(r["ours_s"] * 1e3, ".1f"),
-               fmt(r["oracle_s"] * 1e3, ".1f"),
-               fmt(r["ratio"], ".2f"), fmt(r["act_ours"] / MIB, ".1f"),
-               fmt(r["act_oracle"] / MIB, ".1f")]
-        if cuda:
-            row += [fmt(r["peak_ours"] / MIB, ".1f"), fmt(r["peak_oracle"] / MIB, ".1f")]
-        row += [fmt(r["diff_y"], ".1e"), fmt(r["diff_dx"], ".1e"), "yes" if r["ok"] else "NO"]
+        mem = r["peak"] if cuda else r["kept"]
+        row = [r["dtype"], r["T"], r["B"], r["arm"], fmt(scaled(r["s"], 1e3), ".1f"),
+               fmt(r["ratio"], ".2f"), fmt(scaled(mem, 1 / MIB), ".1f"),
+               fmt(r["mem_ratio"], ".2f")]
+        row += [fmt(scaled(r["kept"], 1 / MIB), ".1f")] if cuda else []
+        row += [fmt(r["diff_y"], ".1e"), fmt(r["diff_dx"], ".1e"),
+                "FAILED" if "error" in r else "yes" if r["ok"] else "NO"]
         rows.append(row)
     print_table(headers, rows)
+    for r in results:
+        if "error" in r:
+            print(f"FAILED: {r['arm']} {r['dtype']} T={r['T']}: {r['error']}")
 
     mismatched = [r for r in results if not r["ok"]]
     if mismatched:
-        print(f"error: ours and the oracle disagree beyond tolerance at "
-              f"{[(r['dtype'], r['T']) for r in mismatched]}: the timings compare different "
-              f"functions", file=sys.stderr)
-    headline_dtype = HEADLINE_DTYPE if HEADLINE_DTYPE in args.dtypes else args.dtypes[0]
-    candidates = [r for r in results if r["dtype"] == headline_dtype]
+        print(f"error: these failed or disagree with SDPA beyond tolerance: "
+              f"{[(r['arm'], r['dtype'], r['T']) for r in mismatched]}; a timing is only "
+              f"meaningful for the same function", file=sys.stderr)
+    auto = {v: k for k, v in DTYPES.items()}[pick_dtype("auto", device)]
+    headline_dtype = auto if auto in args.dtypes else args.dtypes[0]
+    candidates = [r for r in results if r["dtype"] == headline_dtype and r["arm"] == REFERENCE]
     head = next((r for r in candidates if r["T"] == HEADLINE_T), None)
     if head is None:
         head = max(candidates, key=lambda r: r["T"])
-        print(f"headline: ours/oracle time at T={head['T']} {headline_dtype} "
+        print(f"headline: {REFERENCE} / SDPA time at T={head['T']} {headline_dtype} "
               f"(T={HEADLINE_T} was not run; this is the largest T of this run)")
     else:
-        print(f"headline: ours/oracle time at T={HEADLINE_T} {headline_dtype}")
+        print(f"headline: {REFERENCE} / SDPA time at T={HEADLINE_T} {headline_dtype}")
     print_headline(head["ratio"])
     return 1 if mismatched else 0
 

@@ -1,4 +1,4 @@
-"""Plumbing shared by the benchmark scripts: command line, timing, memory, tables, headline.
+"""Plumbing shared by the benchmarks: command line, configuration, timing, memory, tables, headline.
 
 Every script prints a small table whose header states what its numbers depend on (device,
 threads, torch version) and ends with one line `ratio=<number>`: the single figure that CI
@@ -15,16 +15,21 @@ from __future__ import annotations
 import argparse
 import math
 import platform
+import re
 import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Iterable, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Optional, Sequence
 
 import torch
 
+if TYPE_CHECKING:
+    from training.config import Config
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 MIB = 1 << 20
+GPU_RECIPE = "+experiment=gpu"  # conf/experiment/gpu.yaml: the model and batch meant for a GPU
 # Defaults of the timing loop; each script may choose its own and --reps / --warmup override.
 DEFAULT_REPS, QUICK_REPS = 10, 3
 DEFAULT_WARMUP, QUICK_WARMUP = 2, 1
@@ -33,9 +38,10 @@ DEFAULT_WARMUP, QUICK_WARMUP = 2, 1
 # ----------------------------------------------------------------------------- command line
 
 
-def make_parser(description: str) -> argparse.ArgumentParser:
-    """The options every benchmark takes; scripts add their own to the returned parser."""
-    parser = argparse.ArgumentParser(description=description,
+def make_parser(module: str, description: str) -> argparse.ArgumentParser:
+    """The options every benchmark takes; scripts add their own to the returned parser.
+    `module` is the benchmark's module name, which `python -m` runs it by."""
+    parser = argparse.ArgumentParser(prog=f"python -m {module}", description=description,
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--quick", action="store_true",
                         help="a seconds-long smoke run (CI): fewer sizes and repetitions")
@@ -49,6 +55,13 @@ def make_parser(description: str) -> argparse.ArgumentParser:
                         help=f"untimed warm-up calls (default {DEFAULT_WARMUP}, "
                              f"--quick {QUICK_WARMUP})")
     return parser
+
+
+def add_overrides_argument(parser: argparse.ArgumentParser) -> None:
+    """Trailing `key=value` arguments, composed exactly as `python train.py key=value` would."""
+    parser.add_argument("overrides", nargs="*", metavar="OVERRIDE",
+                        help="Hydra overrides as for train.py (e.g. model=baby "
+                             "train.batch_size=32), applied to every configuration benchmarked")
 
 
 def resolve_repetitions(args: argparse.Namespace, reps: int = DEFAULT_REPS,
@@ -72,6 +85,48 @@ def setup(args: argparse.Namespace) -> torch.device:
         return pick_device(args.device)
     except ValueError as exc:
         raise SystemExit(f"error: {exc}") from exc
+
+
+# ----------------------------------------------------------------------------- configuration
+
+
+def compose_config(overrides: Sequence[str] = ()) -> Config:
+    """The validated config `python train.py <overrides>` runs with (`training.config.compose`).
+
+    Benchmarks measure what training actually uses -- model, attention, tokenizer, optimizer,
+    batch -- so they compose it from conf/ rather than restate defaults that would drift. A bad
+    override ends the benchmark with Hydra's one-line reason instead of a traceback.
+    """
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from training.config import compose
+
+    try:
+        return compose(list(overrides))
+    except (HydraException, OmegaConfBaseException, ValueError) as exc:
+        reasons = [str(e).strip().splitlines()[0] for e in (exc, exc.__cause__)
+                   if e is not None and str(e).strip()]
+        where = " ".join(overrides) or "(defaults)"
+        raise SystemExit(f"error: config `{where}`: {': '.join(reasons)}") from exc
+
+
+def vocab_size(cfg: Config) -> int:
+    """The vocabulary a model is built with, for benchmarks on random tokens: BPE's configured
+    size (which a real corpus fills); a character vocabulary depends on the corpus, so a byte's
+    256 values stand in for it."""
+    from data.config import TokenizerKind
+
+    return cfg.tokenizer.vocab_size if cfg.tokenizer.kind is TokenizerKind.bpe else 256
+
+
+def hydra_string(text: str) -> str:
+    """`text` as a quoted Hydra override value, so that a path with spaces, commas or '=' passes
+    intact. In Hydra's quoted strings a backslash is literal unless it precedes a quote or the
+    closing quote, where it must be doubled; the quote itself is escaped with a backslash."""
+    escaped = re.sub(r"(\\*)('|$)",
+                     lambda m: m.group(1) * 2 + ("\\'" if m.group(2) else ""), text)
+    return f"'{escaped}'"
 
 
 # ----------------------------------------------------------------------------- timing

@@ -123,8 +123,3 @@ def _text_column(split, cfg: DataConfig):
         split = split.select(range(min(cfg.max_documents, len(split))))
     split = split.select_columns([column])
     return split.rename_column(column, "text") if column != "text" else split
-
-
-def load_texts(cfg: DataConfig) -> dict[str, str]:
-    """{"train": text, "validation": text}: each split's documents joined by data.separator."""
-    return {split: cfg.separator.join(docs["text"]) for split, docs in load_documents(cfg).items()}

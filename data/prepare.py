@@ -30,7 +30,7 @@ from data.config import DataConfig, TokenizerConfig
 from data.corpus import corpus_key, load_documents
 from data import CorpusError
 from data.files import MIB, FileRefused, check_regular, read_text
-from data.tokenizer import build_tokenizer, encode, load_tokenizer
+from data.tokenizer import build_tokenizer, encode, load_tokenizer, token_dtype
 
 SPLITS = ("train", "validation")
 # Below this many documents a split is tokenized in this process (starting workers costs more).
@@ -116,7 +116,7 @@ def _tokenize(data: DataConfig, tok_cfg: TokenizerConfig, directory: Path) -> No
             raise CorpusError(f"the {split} split of the corpus is empty")
     # fitted on the training documents as they appear in the stream: with their separator
     tokenizer = build_tokenizer(tok_cfg, (t + data.separator for t in _texts(docs["train"])))
-    dtype = np.uint16 if tokenizer.get_vocab_size() <= np.iinfo(np.uint16).max + 1 else np.uint32
+    dtype = token_dtype(tokenizer.get_vocab_size())
     directory.mkdir(parents=True, exist_ok=True)
     meta = {"n_tokens": {}, "n_chars": {}, "vocab_size": tokenizer.get_vocab_size(),
             "dtype": np.dtype(dtype).name}

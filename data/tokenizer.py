@@ -84,9 +84,14 @@ def _chunks(text: str) -> list[str]:
     return pieces
 
 
+def token_dtype(vocab_size: int) -> type:
+    """The smallest unsigned integer type that holds every id of the vocabulary."""
+    return np.uint16 if vocab_size <= np.iinfo(np.uint16).max + 1 else np.uint32
+
+
 def encode(tok: Tokenizer, text: str) -> np.ndarray:
     """Token ids of a long text, as the smallest unsigned dtype that holds the vocabulary."""
-    dtype = np.uint16 if tok.get_vocab_size() <= np.iinfo(np.uint16).max + 1 else np.uint32
+    dtype = token_dtype(tok.get_vocab_size())
     encodings = tok.encode_batch(_chunks(text), add_special_tokens=False)
     if not encodings:
         return np.zeros(0, dtype=dtype)

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import io
-import tarfile
 
 import datasets
 import numpy as np
@@ -14,7 +13,7 @@ import data.shakespeare
 import data.tokenizer
 from data.batches import RandomWindows, fixed_windows, sequential_windows
 from data.config import DataConfig, Source, TokenizerConfig, TokenizerKind
-from data.corpus import corpus_key, load_texts, local_splits
+from data.corpus import corpus_key, load_documents, local_splits
 from data.prepare import prepare_corpus, tokenizer_key
 from data import CorpusError
 from data.shakespeare import split_works
@@ -22,6 +21,13 @@ from data.tokenizer import (UNK, build_bpe_tokenizer, build_char_tokenizer, enco
                             unknown_characters)
 from helpers import (TRAIN_WORKS, VAL_WORKS, build_fake_sdist, fake_sdist_members, marker,
                      shakespeare_like)
+
+
+def load_texts(cfg: DataConfig) -> dict[str, str]:
+    """{"train": text, "validation": text}: each split's documents joined by data.separator, as
+    the token stream will see them."""
+    return {split: cfg.separator.join(docs["text"]) for split, docs in load_documents(cfg).items()}
+
 
 TRICKY = "ROMEO:\n  Two  spaces,\ttab;\n\nnaïve café — Œdipus «quoth» 東京 🎭\r\nlast line without newline"
 
