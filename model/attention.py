@@ -235,8 +235,10 @@ class CausalSelfAttention(nn.Module):
             end = m - T + r1  # keys visible to this block's last query
             y, _ = self._attend(q[:, :, r0:r1], k[:, :, :end], v[:, :, :end],
                                 visible[r0:r1, :end])  # [B, h, r1 - r0, d_k]
-            outputs.append(y)
-        return torch.cat(outputs, dim=2)  # [B, h, T, d_k]
+            outputs.append(y.transpose(1, 2))  # [B, r1 - r0, h, d_k]
+        # joined in the layout the heads are concatenated in, so that the caller's
+        # transpose back and reshape copy nothing
+        return torch.cat(outputs, dim=1).transpose(1, 2)  # [B, h, T, d_k]
 
     def _query_block(self, q: torch.Tensor, T: int) -> int:
         """Rows per query block, 0 for one pass: blocks only with the exact mask, and by
