@@ -63,9 +63,7 @@ def settle(cfg: DictConfig, task_overrides: list[str], output_dir: Path
         cfg = _merge_saved(run_dir, cfg, task_overrides)
     else:
         run_dir = output_dir
-        if holds_checkpoints(run_dir):
-            raise UserError(f"{run_dir} already holds a checkpoint; resume it with "
-                            f"resume={run_dir} or choose another hydra.run.dir")
+        refuse_checkpointed(run_dir)
     try:
         conf: Config = OmegaConf.to_object(cfg)
         validate(conf)
@@ -307,12 +305,17 @@ def is_run(path: Path) -> bool:
         or (path / ".hydra" / "config.yaml").is_file()
 
 
-def check_new_run_dir(path: Path, output_subdir: Optional[str]) -> None:
-    """A new run's directory (resolved) must not hold a checkpoint, lie inside a run, or hold
-    files of something that is not a run; and it must be possible to create."""
+def refuse_checkpointed(path: Path) -> None:
+    """A new run never starts where checkpoints are: it would overwrite them."""
     if holds_checkpoints(path):
         raise UserError(f"{path} already holds a checkpoint; resume it with resume={path} "
                         "or choose another hydra.run.dir")
+
+
+def check_new_run_dir(path: Path, output_subdir: Optional[str]) -> None:
+    """A new run's directory (resolved) must not hold a checkpoint, lie inside a run, or hold
+    files of something that is not a run; and it must be possible to create."""
+    refuse_checkpointed(path)
     for parent in path.parents:
         if is_run(parent) or holds_checkpoints(parent):
             raise UserError(f"hydra.run.dir {path} is inside the run {parent}; a new run goes "
