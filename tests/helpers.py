@@ -147,3 +147,13 @@ def tree(root: Path) -> dict[str, str]:
         else:
             out[str(p.relative_to(root))] = "<dir>" if p.is_dir() else "<special>"
     return out
+
+
+def one_error_line(result) -> str:
+    """The one `error:` line a refused command ends with (and no traceback anywhere)."""
+    text = result.stdout + result.stderr
+    assert "Traceback" not in text, result
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, result
+    assert result.stderr.strip().splitlines()[-1] == errors[0], result  # the last word, alone
+    return errors[0]

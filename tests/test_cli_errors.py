@@ -35,9 +35,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from forkserver import ForkServer, Result
-from helpers import (build_fake_sdist, corpus_args, fake_sdist_members, ok, shakespeare_like,
-                     tree, write_corpus)
+from forkserver import ForkServer
+from helpers import (build_fake_sdist, corpus_args, fake_sdist_members, ok, one_error_line,
+                     shakespeare_like, tree, write_corpus)
 from training.checkpoint import latest_checkpoint
 
 pytestmark = pytest.mark.slow
@@ -135,15 +135,6 @@ def _argv(case: Case, ctx: Ctx) -> list[str]:
 
 
 DEFAULT_DIR = "<default run dir>"
-
-
-def one_error_line(result: Result) -> str:
-    text = result.stdout + result.stderr
-    assert "Traceback" not in text, result
-    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1, result
-    assert result.stderr.strip().splitlines()[-1] == errors[0], result  # the last word, alone
-    return errors[0]
 
 
 def check_case(env: dict, tmp_path: Path, case: Case) -> None:

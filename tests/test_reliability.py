@@ -21,7 +21,7 @@ import torch
 from safetensors.torch import load_file
 
 from forkserver import ForkServer, Result, alive
-from helpers import SCRIPT_ENV, TRAIN, corpus_args, ok, scalars, tree, write_corpus
+from helpers import SCRIPT_ENV, TRAIN, corpus_args, ok, one_error_line, scalars, tree, write_corpus
 from training.checkpoint import latest_checkpoint, load_state
 
 pytestmark = pytest.mark.slow
@@ -38,15 +38,6 @@ def assert_loads(run_dir: Path) -> int:
         assert "tok_emb.weight" in load_file(str(each / "model.safetensors"))
         assert each.name == f"step_{load_state(each / 'state.pt')['step']:08d}"
     return load_state(ckpt / "state.pt")["step"]
-
-
-def one_error_line(result: Result) -> str:
-    text = result.stdout + result.stderr
-    assert "Traceback" not in text, result
-    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1, result
-    assert result.stderr.strip().splitlines()[-1] == errors[0], result  # the last word, alone
-    return errors[0]
 
 
 # ----------------------------------------------------------------------------- fixtures
