@@ -1,0 +1,721 @@
+"""The cheat sheet's checklist, run on someone's attention: probes, comparisons, verdict.
+
+Black-box checks need nothing but the layer's outputs on seeded random inputs: causality (change
+one position, see which earlier outputs move), the output's shape for several head counts, and
+whether identical tokens give identical outputs at every position (they do exactly when each row
+of attention weights sums to 1). White-box checks map the layer's weights onto our reference
+(layouts.py) and find which of our variants (variants.py) reproduces its output; when none does,
+the layer's own intermediate results (the inputs and outputs of its Linears) locate the first
+step that differs. Every comparison is in float64 against the layer's output, with a tolerance
+set by the layer's dtype.
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field, replace
+from typing import Optional
+
+import torch
+
+from model.attention import causal_pattern
+from model.config import MaskMode
+from scripts.check_attention import layouts
+from scripts.check_attention.runner import D_MODEL, N_HEAD
+from scripts.check_attention.sandbox import Sandbox, SandboxError, project_snapshot
+from scripts.check_attention.variants import (ITEMS, Variant, all_variants, attend, attend_heads,
+                                              divisor_words, mistake_words, module_output, num,
+                                              variant_attend_kwargs)
+
+ITEM_WORDS = {
+    "scale": "The scaling divisor is the per-head d_k (d_model / h), not the full d_model",
+    "w_o": "W_O is applied after concatenating heads, not skipped",
+    "before_softmax": "The causal mask is added to the raw scores before softmax, not applied "
+                      "to the weights after",
+    "mask_value": "The mask value is a large negative number (or -inf), not 0",
+    "shape": "Output shape is [n, d_model] regardless of head count",
+    "causal": "Causality: no future position changes an earlier output",
+    "equation": "Matches the equation: softmax(QK^T / sqrt(d_k) + M) V per head, concatenated, "
+                "then W_O",
+}
+# Relative difference (to the largest reference value) a layer computing our equation stays
+# under, by the dtype it computes in: float64 reference vs the layer's own rounding.
+TOLERANCE = {torch.float64: 1e-9, torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 5e-2}
+INPUT_SCALES = (1.0, 4.0, 16.0)      # x = N(0, 1) * s: flat, sharp and saturated softmax rows
+QKV_SCALES = (0.5, 1.0, 2.0)         # q, k, v of a scaled dot-product function
+LEAK = 1e-6                          # causality: a change this large (relative) is a leak
+MASKS = {"keep": "boolean, True = may attend", "drop": "boolean, True = masked out",
+         "add": "additive, 0 or -inf added to the scores"}
+
+
+class CheckError(Exception):
+    """A file or object the checker cannot use (the CLI prints it as one `error:` line)."""
+
+
+@dataclass
+class Options:
+    d_model: int = 64
+    n_head: int = 4
+    seq_len: int = 8
+    batch: int = 2
+    seed: int = 0
+    dtype: Optional[str] = None
+    device: str = "cpu"
+    mask: str = "auto"
+    timeout: float = 120.0
+
+
+@dataclass
+class Item:
+    status: str      # PASS, FAIL, SKIP (could not judge) or N/A (does not apply)
+    detail: str = ""
+
+
+@dataclass
+class Report:
+    target: str
+    header: list = field(default_factory=list)
+    items: dict = field(default_factory=dict)
+    diagnosis: list = field(default_factory=list)
+
+    def set(self, key: str, status: str, detail: str = "") -> None:
+        self.items[key] = Item(status, detail)
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if all(i.status in ("PASS", "N/A") for i in self.items.values()) else 1
+
+    @property
+    def verdict(self) -> str:
+        judged = [k for k, i in self.items.items() if i.status != "N/A"]
+        failed = [k for k in judged if self.items[k].status == "FAIL"]
+        skipped = [k for k in judged if self.items[k].status == "SKIP"]
+        if failed:
+            return f"FAIL ({len(failed)} of {len(judged)} checks fail)"
+        if skipped:
+            return (f"NOT VERIFIED (no check fails, but {len(skipped)} of {len(judged)} could "
+                    f"not be judged)")
+        return f"PASS (all {len(judged)} checks pass)"
+
+    def lines(self) -> list[str]:
+        out = [f"check_attention {self.target}"] + [f"  {h}" for h in self.header]
+        for key in ITEM_WORDS:
+            if key in self.items:
+                item = self.items[key]
+                sep = ": " if item.status in ("FAIL", "SKIP") else ("  " if item.detail else "")
+                words = ITEM_WORDS[key].replace("d_model]", "d_v]") \
+                    if key == "shape" and "function" in " ".join(self.header) else ITEM_WORDS[key]
+                detail = f"({item.detail})" if item.status in ("PASS", "N/A") and item.detail \
+                    else item.detail
+                out.append(f"{item.status:<4}  {words}{sep}{detail}")
+        out += [f"diagnosis: {d}" for d in self.diagnosis]
+        out.append(f"verdict: {self.verdict}")
+        return out
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def rel_err(y: torch.Tensor, ref: torch.Tensor, skip_first: bool = False) -> float:
+    """max |y - ref| / max |ref|, NaN where both are NaN counting as equal; inf on a shape
+    mismatch. skip_first leaves out position 0 (dim -2 of each [.., T, d] row block)."""
+    y, ref = y.double(), ref.double()
+    if y.shape != ref.shape:
+        return math.inf
+    if skip_first:
+        y, ref = y[..., 1:, :], ref[..., 1:, :]
+    both = torch.isnan(y) & torch.isnan(ref)
+    diff = (y - ref).abs().masked_fill(both, 0)
+    if torch.isnan(diff).any():
+        return math.inf
+    scale = ref.masked_fill(torch.isnan(ref), 0).abs().max().item()
+    return diff.max().item() / max(scale, 1e-30)
+
+
+def same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and rel_err(a, b) == 0.0
+
+
+def ask(child, cmd: str, **fields) -> dict:
+    try:
+        answer = child.ask(cmd, **fields)
+    except SandboxError as exc:
+        raise CheckError(str(exc)) from None
+    if "error" in answer:
+        raise CheckError(answer["error"])
+    return answer
+
+
+def head_choices(D: int, h: int) -> list[int]:
+    return sorted({c for c in (1, 2, h, 2 * h, 8) if c <= D and D % c == 0})
+
+
+def golden(f, lo: float, hi: float, steps: int = 40) -> tuple[float, float]:
+    """Minimise f on [lo, hi]: a coarse grid, then golden-section search around its best."""
+    grid = [lo + (hi - lo) * i / 24 for i in range(25)]
+    vals = [f(g) for g in grid]
+    i = min(range(len(grid)), key=vals.__getitem__)
+    a, b = grid[max(i - 1, 0)], grid[min(i + 1, len(grid) - 1)]
+    r = (math.sqrt(5) - 1) / 2
+    c, d = b - r * (b - a), a + r * (b - a)
+    fc, fd = f(c), f(d)
+    for _ in range(steps):
+        if fc < fd:
+            b, d, fd = d, c, fc
+            c = b - r * (b - a)
+            fc = f(c)
+        else:
+            a, c, fc = c, d, fd
+            d = a + r * (b - a)
+            fd = f(d)
+    best = min([(vals[i], grid[i]), (fc, c), (fd, d)])
+    return best[1], best[0]
+
+
+@dataclass
+class Leaks:
+    """Which earlier outputs move when one position changes: worst[i][j] for j > i."""
+
+    worst: list
+    threshold: float
+
+    def pairs(self) -> list[tuple[int, int, float]]:
+        return [(i, j, v) for i, row in enumerate(self.worst) for j, v in enumerate(row)
+                if j > i and v > self.threshold]
+
+    def words(self) -> str:
+        pairs = self.pairs()
+        if not pairs:
+            return ""
+        i, j, v = max(pairs, key=lambda p: p[2])
+        T = len(self.worst)
+        if all(j == i + 1 for i, j, _ in pairs):
+            pattern = "only the next position leaks (position i sees i + 1)"
+        elif all(i == 0 for i, _, _ in pairs):
+            pattern = "only position 0 sees the future"
+        else:
+            pattern = f"{len(pairs)} of {T * (T - 1) // 2} (earlier, later) pairs leak"
+        return (f"changing position {j} changes the output at position {i} by up to {v:.3g} "
+                f"(relative); {pattern}")
+
+
+def leak_matrix(base: torch.Tensor, perturbed: list, axis: int) -> Leaks:
+    """base [.., T, ..] outputs; perturbed[j]: outputs with position j changed. axis: time."""
+    T = base.size(axis)
+    scale = max(base.double().nan_to_num(0).abs().max().item(), 1e-30)
+    worst = [[0.0] * T for _ in range(T)]
+    for j, y in enumerate(perturbed):
+        for i in range(j):
+            a, b = base.select(axis, i).double(), y.select(axis, i).double()
+            both = torch.isnan(a) & torch.isnan(b)
+            d = (a - b).abs().masked_fill(both, 0).nan_to_num(math.inf).max().item()
+            worst[i][j] = d / scale
+    return Leaks(worst, LEAK)
+
+
+# ----------------------------------------------------------------------------- entry point
+
+
+def check(file: str, name: str, opts: Options, sandbox: Optional[Sandbox] = None) -> Report:
+    """Run the checklist on FILE:NAME. Raises CheckError when the file or object is unusable."""
+    own = sandbox is None
+    if own:
+        sandbox = Sandbox()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny tensors: more threads only wait on each other
+    try:
+        try:
+            confinement = sandbox.confinement
+        except SandboxError as exc:
+            raise CheckError(str(exc)) from None
+        before = None if confinement else project_snapshot()
+        with sandbox.child(opts.timeout) as child:
+            info = ask(child, "load", file=os.path.abspath(file), name=name, d_model=opts.d_model,
+                       n_head=opts.n_head, block_size=opts.seq_len, dtype=opts.dtype,
+                       device=opts.device)
+            report = Report(f"{file}:{name}")
+            if info["kind"] == "function":
+                _check_function(child, info, opts, report)
+            else:
+                _check_module(child, info, opts, report)
+        if before is not None:
+            changed = sorted(set(before.items()) ^ set(project_snapshot().items()))
+            if changed:
+                raise CheckError(f"the file's code changed the project ({changed[0][0]}); "
+                                 f"its results are not trusted")
+        report.header.append("user code ran in a child process"
+                             + (f" ({confinement})" if confinement else
+                                " (no Landlock here: the project's files were checked unchanged)"))
+        return report
+    finally:
+        torch.set_num_threads(threads)
+        if own:
+            sandbox.close()
+
+
+# ----------------------------------------------------------------------------- a module
+
+
+def _infer(info: dict, names: set) -> Optional[int]:
+    for key, value in info["attrs"].items():
+        if key in names and isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def _check_module(child, info: dict, opts: Options, report: Report) -> None:
+    consumed = set(info["consumed"])
+    dtype = getattr(torch, info["dtype"])
+    tol = TOLERANCE.get(dtype, 5e-2)
+    D = opts.d_model if "d_model" in consumed else (_infer(info, D_MODEL) or _width(info, opts))
+    h = opts.n_head if "n_head" in consumed else _infer(info, N_HEAD)
+    B, T = opts.batch, opts.seq_len
+    gen = torch.Generator().manual_seed(opts.seed)
+
+    def rand(*shape, scale=1.0):  # seeded, and rounded to the layer's dtype once
+        return (torch.randn(*shape, generator=gen, dtype=torch.float64) * scale).to(dtype).double()
+
+    xs = [rand(B, T, D, scale=s) for s in INPUT_SCALES]
+    main = ask(child, "forward", xs=xs + [xs[0]], seeds=[0, 0, 0, 1], capture=[True] * 3 + [False])
+    if main["errors"][0]:
+        raise CheckError(f"{info['how']} failed on x [{B}, {T}, {D}]: {main['errors'][0]}")
+    ys = [y.double() if y is not None else None for y in main["ys"]]
+    captures = main["captures"]
+    report.header += [
+        f"built as {info['how']}; {info['dtype']} on {info['device']}, eval mode"
+        + ("" if "d_model" in consumed else f"; d_model = {D} read from the layer"),
+        f"probes: batch {B} x {T} positions, x ~ N(0, 1) times {', '.join(f'{s:g}' for s in INPUT_SCALES)}, "
+        f"seed {opts.seed}; outputs must agree to {tol:.0e} (relative, {info['dtype']})"]
+
+    # -- black box: shape, determinism, causality, rows summing to 1
+    y0 = ys[0]
+    shape_ok = list(y0.shape) == [B, T, D]
+    if not shape_ok:
+        report.set("shape", "FAIL", f"x [{B}, {T}, {D}] gives {list(y0.shape)}, not [{B}, {T}, {D}]")
+    elif "n_head" in consumed:
+        shapes, broken = {}, []
+        for hh in head_choices(D, opts.n_head):
+            got = ask(child, "rebuild", n_head=hh, x=xs[0]) if hh != opts.n_head else \
+                {"shape": list(y0.shape)}
+            shapes[hh] = got.get("shape")
+            if "error" in got:
+                broken.append(f"n_head={hh}: {got['error']}")
+        bad = {hh: s for hh, s in shapes.items() if s is not None and s != [B, T, D]}
+        if bad:
+            report.set("shape", "FAIL", "; ".join(f"n_head={hh} gives {s}" for hh, s in bad.items())
+                       + f", not [{B}, {T}, {D}]")
+        elif len([s for s in shapes.values() if s]) < 2:
+            report.set("shape", "SKIP", "could not build it with another head count ("
+                       + "; ".join(broken) + ")")
+        else:
+            report.set("shape", "PASS", f"[{B}, {T}, {D}] for n_head = "
+                       + ", ".join(str(hh) for hh, s in shapes.items() if s))
+    else:
+        report.set("shape", "SKIP", f"[{B}, {T}, {D}] here, but the layer was not built with "
+                   f"n_head, so other head counts could not be tried")
+
+    if ys[3] is not None and not same(ys[3], y0):
+        report.diagnosis.append("the output changes from one call to the next in eval mode "
+                                "(dropout that ignores self.training?): comparisons are unreliable")
+    swaps = []
+    for j in range(T):
+        x = xs[0].clone()
+        x[:, j] = rand(B, D, scale=4.0)
+        swaps.append(x)
+    token = rand(B, 1, D).expand(B, T, D).contiguous()
+    probe = ask(child, "forward", xs=swaps + [token], seeds=[0] * (T + 1), capture=[False] * (T + 1))
+    leaks = None
+    if y0.dim() >= 2 and y0.size(1) == T and all(y is not None for y in probe["ys"][:T]):
+        leaks = leak_matrix(y0, probe["ys"][:T], axis=1)
+        if leaks.pairs():
+            report.set("causal", "FAIL", leaks.words())
+        else:
+            report.set("causal", "PASS", f"each of the {T} positions changed in turn; no earlier "
+                       f"output moved")
+    else:
+        report.set("causal", "SKIP", "the output is not [batch, positions, ...]")
+    yt = probe["ys"][T]
+    rows_sum_to_one = yt is not None and yt.dim() >= 2 and yt.size(1) == T and \
+        rel_err(yt, yt[:, :1].expand_as(yt)) <= tol
+
+    # -- white box: map the weights, find the variant
+    heads = [h] if h else [c for c in range(1, D + 1) if D % c == 0]
+    maps = layouts.mappings(info, captures[0], D, heads) if shape_ok else []
+    if maps:
+        if not h and not any(m.layout == "per_head" for m in maps):
+            report.header.append(f"n_head not known: tried {', '.join(map(str, heads))}")
+        found = _match(maps, xs, ys[:3], tol)
+        if found:
+            _report_match(report, found, D, tol, info)
+            return
+        if _first_difference(report, maps, captures[:3], xs, ys[:3], tol, D):
+            return
+    else:
+        report.header.append("layout: none recognised (" + layouts.describe_linears(info) + ")")
+    _black_box_items(report, leaks, rows_sum_to_one, shape_ok,
+                     "no layout fits" if not maps else "no variant of ours reproduces it")
+
+
+def _width(info: dict, opts: Options) -> int:
+    """The width the layer's projections read: the most common input size of its Linears."""
+    sizes = [p.size(1) for n, p in info["params"].items() if p.dim() == 2 and n.endswith("weight")]
+    return max(set(sizes), key=sizes.count) if sizes else opts.d_model
+
+
+@dataclass
+class Match:
+    mapping: layouts.Mapping
+    variant: Variant
+    err: float
+    unresolved: dict   # item -> the variant it cannot be told from
+
+
+def _match(maps: list, xs: list, ys: list, tol: float) -> Optional[Match]:
+    """The simplest (mapping, variant) whose output equals the layer's."""
+    x, y = torch.cat(xs), torch.cat(ys)
+    variants = all_variants()
+    best, refs_of = None, {}
+    for i, m in enumerate(maps):
+        if best is not None and m.prior > maps[i - 1].prior:
+            break  # a less plausible reading is tried only when the likelier ones explain nothing
+        refs = {}
+        for v in variants:
+            if v.attn.out_proj != (m.weights.wo is not None):
+                continue
+            ref = module_output(m.weights, m.h, v, x)
+            refs[v.name] = ref
+            err = rel_err(y, ref, skip_first=v.pattern == "mask_no_diagonal")
+            key = (len(v.mistakes), m.prior, err)
+            if err <= tol and (best is None or key < best[0]):
+                best, refs_of[id(m)] = (key, m, v, err), refs
+        if best is not None and best[1] is m and not best[2].mistakes and m.prior == 0:
+            break  # a correct, name-confirmed match: nothing simpler exists
+    if best is None:
+        return None
+    _, m, v, err = best
+    refs, unresolved = refs_of[id(m)], {}
+    for other in variants:
+        if other.name == v.name or other.name not in refs:
+            continue
+        if rel_err(refs[other.name], refs[v.name], skip_first=True) <= 2 * tol:
+            for item in ITEMS:
+                if other.fails()[item] != v.fails()[item]:
+                    unresolved.setdefault(item, other.name)
+    return Match(m, v, err, unresolved)
+
+
+def _report_match(report: Report, found: Match, D: int, tol: float, info: dict) -> None:
+    m, v = found.mapping, found.variant
+    d_k = D // m.h
+    report.header.append(f"layout: {m.words}; {m.h} heads, d_k = {d_k}")
+    words = mistake_words(v, d_k, m.h)
+    by_item = {item: w for item, w in words if item}
+    if "w_o" in by_item:
+        unused = [n for n, e in zip([l["name"] for l in info["linears"]], info["linears"])
+                  if n and layouts.role_of(n) == "o"]
+        if unused:
+            by_item["w_o"] = f"{unused[0]} is defined but never applied: the concatenated " \
+                             f"heads are the output"
+    passes = {"scale": f"divided by sqrt(d_k) = {num(math.sqrt(d_k))}",
+              "w_o": f"{m.names.get('o')} mixes the heads",
+              "before_softmax": "each row of weights sums to 1 over the visible keys",
+              "mask_value": "future keys get weight 0"}
+    for item in ITEMS:
+        if item in by_item:
+            report.set(item, "FAIL", by_item[item])
+        elif item in found.unresolved:
+            report.set(item, "SKIP", f"at this precision the probes cannot tell the layer from "
+                                     f"our variant {found.unresolved[item]}")
+        else:
+            report.set(item, "PASS", passes[item])
+    ours = "our CausalSelfAttention with the layer's weights"
+    if not v.mistakes:
+        report.set("equation", "PASS", f"{ours}: max relative difference {found.err:.1e}")
+    else:
+        report.set("equation", "FAIL", "; ".join(w for _, w in words))
+        report.diagnosis.append(f"{ours} reproduces this layer as attention={v.name} (max "
+                                f"relative difference {found.err:.1e}, tolerance {tol:.0e})")
+
+
+# ----------------------------------------------------------------------------- first difference
+
+
+def _first_difference(report: Report, maps: list, captures: list, xs: list, ys: list,
+                      tol: float, D: int) -> bool:
+    """No variant reproduces the layer under any reading: follow its own intermediate results
+    (the Linears' inputs and outputs) to the first step that differs from ours."""
+    for m in [m for m in maps if m.prior == 0][:6] or maps[:3]:
+        acts = [m.activations(c) for c in captures]
+        if any(a is None for a in acts):
+            continue
+        found = _core(m, acts, captures, xs, ys, tol, D)
+        if found is None:
+            continue
+        words, verdicts = found
+        report.header.append(f"layout: {m.words}; {m.h} heads, d_k = {D // m.h}")
+        for item in ITEMS:
+            if item in verdicts:
+                ok, detail = verdicts[item]
+                report.set(item, "PASS" if ok else "FAIL", detail)
+            else:
+                report.set(item, "SKIP", "not judged: the first difference comes before it")
+        report.set("equation", "FAIL", f"first difference: {words}")
+        return True
+    # a reading exists but the layer's own steps could not be followed
+    m = maps[0]
+    report.header.append(f"layout: {m.words}? (no variant of ours reproduces it)")
+    return False
+
+
+def _core(m, acts, captures, xs, ys, tol, D):
+    """(words, {item: (ok, detail)}) for the first step of the layer that differs from ours, or
+    None if this reading of the layer explains nothing."""
+    h, d_k = m.h, D // m.h
+    for role in ("qkv", "q", "k", "v"):
+        for name in ([m.names[role]] if isinstance(m.names.get(role), str) else
+                     m.names.get(role) or []):
+            for cap, x in zip(captures, xs):
+                inp = cap[name].get("input")
+                if inp is not None and rel_err(inp, x) > tol:
+                    return (f"{name} is applied to something other than the layer's input x", {})
+    o = m.out_input
+    if o and captures[0][o]["calls"] == 0:
+        return None  # this reading's W_O never runs: the reading without one explains it
+    concat = [cap[o]["input"].double() for cap in captures] if o else ys
+    target = torch.cat(concat)
+    q, k, v = (torch.cat([a[i] for a in acts]) for i in range(3))
+    ok_o = (True, f"{o} mixes the heads") if o else (False, "there is no output Linear: the "
+                                                            "concatenated heads are the output")
+    if o and not all(rel_err(y, cap[o]["output"]) <= tol for y, cap in zip(ys, captures)):
+        return (f"the layer's output is not {o}'s output: something changes it after W_O", {})
+    best = closest = None
+    for split, merge in (("heads", "heads"), ("mixed", "heads"), ("heads", "mixed"),
+                         ("mixed", "mixed")):
+        for var in [v_ for v_ in all_variants() if v_.attn.out_proj]:
+            ref = attend(q, k, v, h, split=split, merge=merge, pattern_name=var.pattern,
+                         **variant_attend_kwargs(var, d_k, h))
+            err = rel_err(target, ref, skip_first=var.pattern == "mask_no_diagonal")
+            key = ((split, merge) != ("heads", "heads"), len(var.mistakes), err)
+            if err <= tol and (best is None or key < best[0]):
+                best = (key, split, merge, var, err)
+            if closest is None or err < closest[-1]:
+                closest = (None, split, merge, var, err)
+        if best is not None:
+            break
+    best = best or closest
+    _, split, merge, var, err = best
+    if err <= tol:
+        words = []
+        if split == "mixed":
+            words.append(f"heads are split with .view(B, {h}, T, {d_k}), a reshape that mixes "
+                         f"positions and heads, instead of .view(B, T, {h}, {d_k}).transpose(1, 2)")
+        if merge == "mixed":
+            words.append(f"heads are joined with .reshape(B, T, {D}) without first transposing "
+                         f"[B, h, T, d_k] back, which mixes positions and heads")
+        mistakes = mistake_words(var, d_k, h)
+        words += [w for _, w in mistakes]
+        verdicts = {"w_o": ok_o}
+        fails = dict(mistakes)
+        for item in ("scale", "before_softmax", "mask_value"):
+            verdicts[item] = (False, fails[item]) if item in fails else (True, "")
+        return "; ".join(words), verdicts
+    # fits: a divisor, then a finite mask value, that no variant has
+    heads_kw = dict(split="heads", merge="heads")
+
+    def scale_err(log_s):
+        return rel_err(target, attend(q, k, v, h, scale=math.exp(log_s), **heads_kw))
+    log_s, e = golden(scale_err, math.log(1e-3), math.log(10.0))
+    if e <= tol:
+        words = divisor_words(math.exp(log_s), d_k, h)
+        return words, {"scale": (False, words), "w_o": ok_o, "before_softmax": (True, ""),
+                       "mask_value": (True, "")}
+    for mode in (MaskMode.add, MaskMode.fill):
+        def mask_err(value, mode=mode):
+            return rel_err(target, attend(q, k, v, h, scale=1 / math.sqrt(d_k), mask_mode=mode,
+                                          mask_value=value, **heads_kw))
+        value, e = golden(mask_err, -60.0, 0.0)
+        if e <= tol:
+            how = "added to" if mode is MaskMode.add else "written into"
+            words = (f"the mask value is {value:.3g}, {how} the future scores: too small to hide "
+                     f"them (exp({value:.3g}) = {math.exp(value):.2g} of a visible key's weight)")
+            return words, {"scale": (True, ""), "w_o": ok_o, "before_softmax": (True, ""),
+                           "mask_value": (False, words)}
+    src = "the input of " + o if o else "the output"
+    return (f"the attention itself: from the layer's own q, k, v, no variant of ours gives "
+            f"{src} (closest: {var.name}, relative difference {err:.2g})", {"w_o": ok_o})
+
+
+def _black_box_items(report: Report, leaks: Optional[Leaks], rows_sum_to_one: bool,
+                     shape_ok: bool, why: str) -> None:
+    """Judge what the outputs alone can tell; say which items could not be judged."""
+    for item in ("scale", "w_o"):
+        report.set(item, "SKIP", f"not judged: {why}")
+    if leaks is not None and not leaks.pairs() and rows_sum_to_one:
+        report.set("before_softmax", "PASS", "from the outputs alone: identical tokens give "
+                   "identical outputs at every position, so each row of weights sums to 1")
+        report.set("mask_value", "PASS", "from the outputs alone: the future gets no weight")
+    elif leaks is not None and leaks.pairs() and not rows_sum_to_one:
+        report.set("before_softmax", "FAIL", "from the outputs alone: identical tokens give "
+                   "different outputs by position (rows of weights do not sum to 1, as when "
+                   "future weights are zeroed after softmax), and the future leaks")
+        report.set("mask_value", "SKIP", f"not judged: {why}")
+    elif leaks is not None and leaks.pairs() and len(leaks.pairs()) == len(leaks.worst) * (
+            len(leaks.worst) - 1) // 2:
+        report.set("before_softmax", "SKIP", f"not judged: {why}")
+        report.set("mask_value", "FAIL", "from the outputs alone: every future position changes "
+                   "every earlier output, as with a mask value of 0 (or no mask)")
+    else:
+        for item in ("before_softmax", "mask_value"):
+            report.set(item, "SKIP", f"not judged: {why}")
+    report.set("equation", "FAIL" if not shape_ok else "SKIP",
+               "the output's shape is not the input's" if not shape_ok else f"not judged: {why}")
+
+
+# ----------------------------------------------------------------------------- a function
+
+
+def _check_function(child, info: dict, opts: Options, report: Report) -> None:
+    h, D, B, T = opts.n_head, opts.d_model, opts.batch, opts.seq_len
+    if D % h:
+        raise CheckError(f"d_model ({D}) must be divisible by n_head ({h})")
+    d_k = D // h
+    dtype = getattr(torch, opts.dtype or "float32")
+    tol = TOLERANCE.get(dtype, 5e-2)
+    gen = torch.Generator().manual_seed(opts.seed)
+
+    def rand(*shape, scale=1.0):
+        return (torch.randn(*shape, generator=gen, dtype=torch.float64) * scale).to(dtype).double()
+
+    keep = causal_pattern(T, T)
+    masks = {"keep": keep, "drop": ~keep,
+             "add": torch.zeros(T, T, dtype=torch.float64).masked_fill(~keep, float("-inf"))}
+    probes = [tuple(rand(B, h, T, d_k, scale=s) for _ in range(3)) for s in QKV_SCALES]
+    conventions = list(MASKS) if opts.mask == "auto" else [opts.mask]
+    calls = [(*p, masks[c]) for c in conventions for p in probes]
+    answer = ask(child, "call", calls=calls)
+    outs = {c: answer["outs"][i * 3:(i + 1) * 3] for i, c in enumerate(conventions)}
+    errors = {c: next((e for e in answer["errors"][i * 3:(i + 1) * 3] if e), None)
+              for i, c in enumerate(conventions)}
+    usable = [c for c in conventions if errors[c] is None]
+    if not usable:
+        raise CheckError(f"calling {info['how']} on q, k, v [{B}, {h}, {T}, {d_k}] with a "
+                         f"[{T}, {T}] mask failed: {errors[conventions[0]]}")
+    report.header += [f"function {info['how']}; {str(dtype).replace('torch.', '')}",
+                      f"probes: q, k, v [{B}, {h}, {T}, {d_k}] ~ N(0, 1) times "
+                      f"{', '.join(f'{s:g}' for s in QKV_SCALES)}, seed {opts.seed}; outputs must "
+                      f"agree to {tol:.0e} (relative)"]
+    expected = [B, h, T, d_k]
+    q, k, v = (torch.cat([p[i] for p in probes]) for i in range(3))
+    variants = [var for var in all_variants() if var.attn.out_proj]
+    results = {}
+    for c in usable:
+        y = torch.cat([o.double() for o in outs[c]]) if all(
+            list(o.shape) == expected for o in outs[c]) else None
+        best = None
+        for var in variants if y is not None else []:
+            ref = attend_heads(q, k, v, var.pattern, **variant_attend_kwargs(var, d_k, h))
+            err = rel_err(y, ref, skip_first=var.pattern == "mask_no_diagonal")
+            key = (err > tol, len(var.mistakes), err)
+            if best is None or key < best[0]:
+                best = (key, var, err)
+        results[c] = (y, best)
+    matched = [c for c in usable if results[c][1] and results[c][1][2] <= tol]
+    chosen = min(matched or usable, key=lambda c: (results[c][1][0] if results[c][1] else
+                                                   (True, 9, math.inf)))
+    y, best = results[chosen]
+    if opts.mask == "auto":
+        if len({tuple(torch.cat([o.double().flatten() for o in outs[c]]).tolist())
+                for c in usable}) == 1 and len(usable) > 1:
+            report.header.append("mask: the output is the same whatever mask it is given")
+        else:
+            report.header.append(f"mask convention: {MASKS[chosen]} (found by trying all three)")
+    else:
+        report.header.append(f"mask convention: {MASKS[chosen]} (mask={chosen})")
+
+    # shape for several head counts, with d_v != d_k
+    shapes, wrong = [], []
+    for hh in head_choices(D, h):
+        d_v = max(1, d_k // 2)
+        call = (rand(B, hh, T, d_k), rand(B, hh, T, d_k), rand(B, hh, T, d_v), masks[chosen])
+        got = ask(child, "call", calls=[call])
+        out = got["outs"][0]
+        shapes.append(hh)
+        if out is None or list(out.shape) != [B, hh, T, d_v]:
+            wrong.append(f"{hh} heads, d_v = {d_v}: "
+                         + (got["errors"][0] if out is None else f"{list(out.shape)}"))
+    if wrong:
+        report.set("shape", "FAIL", "; ".join(wrong) + f" (expected [{B}, heads, {T}, d_v])")
+    else:
+        report.set("shape", "PASS", f"[{B}, heads, {T}, d_v] for {', '.join(map(str, shapes))} "
+                   f"heads and d_v != d_k")
+    # causality: change key and value j; queries before j must not move
+    base_q, base_k, base_v = probes[1]
+    calls = []
+    for j in range(T):
+        kk, vv = base_k.clone(), base_v.clone()
+        kk[..., j, :], vv[..., j, :] = rand(B, h, d_k, scale=2.0), rand(B, h, d_k, scale=2.0)
+        calls.append((base_q, kk, vv, masks[chosen]))
+    got = ask(child, "call", calls=calls + [probes[1] + (masks[chosen],)])
+    if all(o is not None and o.dim() >= 2 and o.size(-2) == T for o in got["outs"]):
+        leaks = leak_matrix(got["outs"][T], got["outs"][:T], axis=-2)
+        report.set("causal", "FAIL" if leaks.pairs() else "PASS", leaks.words() or
+                   f"each of the {T} keys and values changed in turn; no earlier output moved")
+    else:
+        report.set("causal", "SKIP", "the output is not [..., positions, d_v]")
+
+    report.set("w_o", "N/A", "a scaled dot-product function has no W_O; check the layer that "
+                             "calls it")
+    if best is not None and best[2] <= tol:
+        var, err = best[1], best[2]
+        words = mistake_words(var, d_k, h)
+        fails = {i: w for i, w in words if i}
+        passes = {"scale": f"divided by sqrt(d_k) = {num(math.sqrt(d_k))}, d_k = q.size(-1)",
+                  "before_softmax": "each row of weights sums to 1 over the visible keys",
+                  "mask_value": "future keys get weight 0"}
+        for item in ("scale", "before_softmax", "mask_value"):
+            report.set(item, "FAIL" if item in fails else "PASS", fails.get(item, passes[item]))
+        if not var.mistakes:
+            report.set("equation", "PASS", f"our scaled_dot_product_attention: max relative "
+                                           f"difference {err:.1e}")
+        else:
+            report.set("equation", "FAIL", "; ".join(w for _, w in words))
+            report.diagnosis.append(f"our scaled_dot_product_attention reproduces it as "
+                                    f"attention={var.name} (max relative difference {err:.1e})")
+    else:
+        _function_fits(report, y, q, k, v, h, d_k, tol, best)
+    if chosen == "add" and report.items["mask_value"].status == "PASS":
+        report.set("mask_value", "N/A", "an additive mask's value is the caller's choice (this "
+                                        "check passed -inf)")
+
+
+def _function_fits(report, y, q, k, v, h, d_k, tol, best) -> None:
+    if y is None:
+        for item in ("scale", "before_softmax", "mask_value"):
+            report.set(item, "SKIP", "not judged: the output's shape is wrong")
+        report.set("equation", "FAIL", "the output's shape is not [..., n, d_v]")
+        return
+    causal = dict(mask_mode=MaskMode.add, mask_value=float("-inf"))
+    log_s, e = golden(lambda ls: rel_err(y, attend_heads(q, k, v, "causal", scale=math.exp(ls),
+                                                         **causal)), math.log(1e-3), math.log(10))
+    if e <= tol:
+        words = divisor_words(math.exp(log_s), d_k, h)
+        report.set("scale", "FAIL", words)
+        report.set("before_softmax", "PASS", "each row of weights sums to 1 over the visible keys")
+        report.set("mask_value", "PASS", "future keys get weight 0")
+        report.set("equation", "FAIL", words)
+        return
+    for mode in (MaskMode.add, MaskMode.fill):
+        value, e = golden(lambda m, mode=mode: rel_err(y, attend_heads(
+            q, k, v, "causal", scale=1 / math.sqrt(d_k), mask_mode=mode, mask_value=m)), -60, 0)
+        if e <= tol:
+            words = (f"the mask value is {value:.3g}: too small to hide the future "
+                     f"(exp({value:.3g}) = {math.exp(value):.2g} of a visible key's weight)")
+            report.set("scale", "PASS", f"divided by sqrt(d_k) = {num(math.sqrt(d_k))}")
+            report.set("before_softmax", "PASS", "")
+            report.set("mask_value", "FAIL", words)
+            report.set("equation", "FAIL", words)
+            return
+    for item in ("scale", "before_softmax", "mask_value"):
+        report.set(item, "SKIP", "not judged: no variant of ours reproduces it")
+    closest = f" (closest: {best[1].name}, relative difference {best[2]:.2g})" if best else ""
+    report.set("equation", "FAIL", f"no variant of ours reproduces its output{closest}")
