@@ -40,9 +40,10 @@ ITEM_WORDS = {
 }
 # Relative difference (to the largest reference value) a layer computing our equation stays
 # under, by the dtype it computes in: float64 reference vs the layer's own rounding.
-TOLERANCE = {torch.float64: 1e-9, torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 5e-2}
-INPUT_SCALES = (1.0, 4.0, 16.0)      # x = N(0, 1) * s: flat, sharp and saturated softmax rows
+TOLERANCE = {torch.float64: 1e-9, torch.float32: 1e-4, torch.float16: 3e-3, torch.bfloat16: 2e-2}
+INPUT_SCALES = (1.0, 2.0, 4.0)       # x = N(0, 1) * s: flatter and sharper softmax rows
 QKV_SCALES = (0.5, 1.0, 2.0)         # q, k, v of a scaled dot-product function
+PROBES = len(INPUT_SCALES)           # probes stacked on the batch dim in each comparison
 LEAK = 1e-6                          # causality: a change this large (relative) is a leak
 MASKS = {"keep": "boolean, True = may attend", "drop": "boolean, True = masked out",
          "add": "additive, 0 or -inf added to the scores"}
@@ -116,12 +117,17 @@ class Report:
 # ----------------------------------------------------------------------------- helpers
 
 
-def rel_err(y: torch.Tensor, ref: torch.Tensor, skip_first: bool = False) -> float:
+def rel_err(y: torch.Tensor, ref: torch.Tensor, skip_first: bool = False,
+            probes: int = 1) -> float:
     """max |y - ref| / max |ref|, NaN where both are NaN counting as equal; inf on a shape
-    mismatch. skip_first leaves out position 0 (dim -2 of each [.., T, d] row block)."""
+    mismatch. skip_first leaves out position 0 (dim -2). With probes > 1, y and ref hold that
+    many probes stacked on dim 0 and each is judged against its own scale (a flat probe must
+    not hide behind a saturated one's large values)."""
     y, ref = y.double(), ref.double()
     if y.shape != ref.shape:
         return math.inf
+    if probes > 1:
+        return max(rel_err(a, b, skip_first) for a, b in zip(y.chunk(probes), ref.chunk(probes)))
     if skip_first:
         y, ref = y[..., 1:, :], ref[..., 1:, :]
     both = torch.isnan(y) & torch.isnan(ref)
@@ -228,7 +234,7 @@ def check(file: str, name: str, opts: Options, sandbox: Optional[Sandbox] = None
             confinement = sandbox.confinement
         except SandboxError as exc:
             raise CheckError(str(exc)) from None
-        before = None if confinement else project_snapshot()
+        before = None if confinement else project_snapshot(sandbox.project_root)
         with sandbox.child(opts.timeout) as child:
             info = ask(child, "load", file=os.path.abspath(file), name=name, d_model=opts.d_model,
                        n_head=opts.n_head, block_size=opts.seq_len, dtype=opts.dtype,
@@ -239,7 +245,7 @@ def check(file: str, name: str, opts: Options, sandbox: Optional[Sandbox] = None
             else:
                 _check_module(child, info, opts, report)
         if before is not None:
-            changed = sorted(set(before.items()) ^ set(project_snapshot().items()))
+            changed = sorted(set(before.items()) ^ set(project_snapshot(sandbox.project_root).items()))
             if changed:
                 raise CheckError(f"the file's code changed the project ({changed[0][0]}); "
                                  f"its results are not trusted")
@@ -314,6 +320,11 @@ def _check_module(child, info: dict, opts: Options, report: Report) -> None:
         report.set("shape", "SKIP", f"[{B}, {T}, {D}] here, but the layer was not built with "
                    f"n_head, so other head counts could not be tried")
 
+    nan_positions = [t for t in range(y0.size(1)) if y0[:, t].isnan().any()] if y0.dim() >= 2 else []
+    if nan_positions:
+        report.diagnosis.append(f"the output is NaN at position{'s' * (len(nan_positions) > 1)} "
+                                f"{', '.join(map(str, nan_positions))} (a query that sees no key "
+                                f"at all takes the softmax of only -inf)")
     if ys[3] is not None and not same(ys[3], y0):
         report.diagnosis.append("the output changes from one call to the next in eval mode "
                                 "(dropout that ignores self.training?): comparisons are unreliable")
@@ -341,6 +352,7 @@ def _check_module(child, info: dict, opts: Options, report: Report) -> None:
     # -- white box: map the weights, find the variant
     heads = [h] if h else [c for c in range(1, D + 1) if D % c == 0]
     maps = layouts.mappings(info, captures[0], D, heads) if shape_ok else []
+    why = "no layout fits"
     if maps:
         if not h and not any(m.layout == "per_head" for m in maps):
             report.header.append(f"n_head not known: tried {', '.join(map(str, heads))}")
@@ -348,12 +360,19 @@ def _check_module(child, info: dict, opts: Options, report: Report) -> None:
         if found:
             _report_match(report, found, D, tol, info)
             return
-        if _first_difference(report, maps, captures[:3], xs, ys[:3], tol, D):
-            return
+        why = "no variant of ours reproduces it"
+        difference = _first_difference(maps, captures[:3], xs, ys[:3], tol, D)
+        if difference:
+            m, words, verdicts = difference
+            report.header.append(f"layout: {m.words}; {m.h} heads, d_k = {D // m.h}")
+            for item, (ok, detail) in verdicts.items():
+                report.set(item, "PASS" if ok else "FAIL", detail)
+            report.set("equation", "FAIL", f"first difference: {words}")
+        else:
+            report.header.append(f"layout: {maps[0].words}? (no variant of ours reproduces it)")
     else:
         report.header.append("layout: none recognised (" + layouts.describe_linears(info) + ")")
-    _black_box_items(report, leaks, rows_sum_to_one, shape_ok,
-                     "no layout fits" if not maps else "no variant of ours reproduces it")
+    _black_box_items(report, leaks, rows_sum_to_one, shape_ok, why)
 
 
 def _width(info: dict, opts: Options) -> int:
@@ -384,7 +403,7 @@ def _match(maps: list, xs: list, ys: list, tol: float) -> Optional[Match]:
                 continue
             ref = module_output(m.weights, m.h, v, x)
             refs[v.name] = ref
-            err = rel_err(y, ref, skip_first=v.pattern == "mask_no_diagonal")
+            err = rel_err(y, ref, skip_first=v.pattern == "mask_no_diagonal", probes=len(xs))
             key = (len(v.mistakes), m.prior, err)
             if err <= tol and (best is None or key < best[0]):
                 best, refs_of[id(m)] = (key, m, v, err), refs
@@ -397,7 +416,7 @@ def _match(maps: list, xs: list, ys: list, tol: float) -> Optional[Match]:
     for other in variants:
         if other.name == v.name or other.name not in refs:
             continue
-        if rel_err(refs[other.name], refs[v.name], skip_first=True) <= 2 * tol:
+        if rel_err(refs[other.name], refs[v.name], True, len(xs)) <= 2 * tol:
             for item in ITEMS:
                 if other.fails()[item] != v.fails()[item]:
                     unresolved.setdefault(item, other.name)
@@ -440,31 +459,18 @@ def _report_match(report: Report, found: Match, D: int, tol: float, info: dict) 
 # ----------------------------------------------------------------------------- first difference
 
 
-def _first_difference(report: Report, maps: list, captures: list, xs: list, ys: list,
-                      tol: float, D: int) -> bool:
+def _first_difference(maps: list, captures: list, xs: list, ys: list, tol: float, D: int):
     """No variant reproduces the layer under any reading: follow its own intermediate results
-    (the Linears' inputs and outputs) to the first step that differs from ours."""
+    (the Linears' inputs and outputs) to the first step that differs from ours. Returns
+    (mapping, words, {item: (ok, detail)}) or None when no reading can be followed."""
     for m in [m for m in maps if m.prior == 0][:6] or maps[:3]:
         acts = [m.activations(c) for c in captures]
         if any(a is None for a in acts):
             continue
         found = _core(m, acts, captures, xs, ys, tol, D)
-        if found is None:
-            continue
-        words, verdicts = found
-        report.header.append(f"layout: {m.words}; {m.h} heads, d_k = {D // m.h}")
-        for item in ITEMS:
-            if item in verdicts:
-                ok, detail = verdicts[item]
-                report.set(item, "PASS" if ok else "FAIL", detail)
-            else:
-                report.set(item, "SKIP", "not judged: the first difference comes before it")
-        report.set("equation", "FAIL", f"first difference: {words}")
-        return True
-    # a reading exists but the layer's own steps could not be followed
-    m = maps[0]
-    report.header.append(f"layout: {m.words}? (no variant of ours reproduces it)")
-    return False
+        if found is not None:
+            return (m, *found)
+    return None
 
 
 def _core(m, acts, captures, xs, ys, tol, D):
@@ -494,7 +500,8 @@ def _core(m, acts, captures, xs, ys, tol, D):
         for var in [v_ for v_ in all_variants() if v_.attn.out_proj]:
             ref = attend(q, k, v, h, split=split, merge=merge, pattern_name=var.pattern,
                          **variant_attend_kwargs(var, d_k, h))
-            err = rel_err(target, ref, skip_first=var.pattern == "mask_no_diagonal")
+            err = rel_err(target, ref, skip_first=var.pattern == "mask_no_diagonal",
+                          probes=PROBES)
             key = ((split, merge) != ("heads", "heads"), len(var.mistakes), err)
             if err <= tol and (best is None or key < best[0]):
                 best = (key, split, merge, var, err)
@@ -523,16 +530,17 @@ def _core(m, acts, captures, xs, ys, tol, D):
     heads_kw = dict(split="heads", merge="heads")
 
     def scale_err(log_s):
-        return rel_err(target, attend(q, k, v, h, scale=math.exp(log_s), **heads_kw))
+        return rel_err(target, attend(q, k, v, h, scale=math.exp(log_s), **heads_kw),
+                       probes=PROBES)
     log_s, e = golden(scale_err, math.log(1e-3), math.log(10.0))
     if e <= tol:
-        words = divisor_words(math.exp(log_s), d_k, h)
+        words = divisor_words(math.exp(log_s), d_k, h, tol)
         return words, {"scale": (False, words), "w_o": ok_o, "before_softmax": (True, ""),
                        "mask_value": (True, "")}
     for mode in (MaskMode.add, MaskMode.fill):
         def mask_err(value, mode=mode):
             return rel_err(target, attend(q, k, v, h, scale=1 / math.sqrt(d_k), mask_mode=mode,
-                                          mask_value=value, **heads_kw))
+                                          mask_value=value, **heads_kw), probes=PROBES)
         value, e = golden(mask_err, -60.0, 0.0)
         if e <= tol:
             how = "added to" if mode is MaskMode.add else "written into"
@@ -542,33 +550,38 @@ def _core(m, acts, captures, xs, ys, tol, D):
                            "mask_value": (False, words)}
     src = "the input of " + o if o else "the output"
     return (f"the attention itself: from the layer's own q, k, v, no variant of ours gives "
-            f"{src} (closest: {var.name}, relative difference {err:.2g})", {"w_o": ok_o})
+            f"{src} ({closest_words(var, err)})", {"w_o": ok_o})
+
+
+def closest_words(var: Variant, err: float) -> str:
+    if not math.isfinite(err):
+        return "its output has NaN where every variant of ours has numbers"
+    return f"the closest, attention={var.name}, differs by {err:.2g} relative"
 
 
 def _black_box_items(report: Report, leaks: Optional[Leaks], rows_sum_to_one: bool,
                      shape_ok: bool, why: str) -> None:
-    """Judge what the outputs alone can tell; say which items could not be judged."""
-    for item in ("scale", "w_o"):
-        report.set(item, "SKIP", f"not judged: {why}")
-    if leaks is not None and not leaks.pairs() and rows_sum_to_one:
-        report.set("before_softmax", "PASS", "from the outputs alone: identical tokens give "
-                   "identical outputs at every position, so each row of weights sums to 1")
-        report.set("mask_value", "PASS", "from the outputs alone: the future gets no weight")
-    elif leaks is not None and leaks.pairs() and not rows_sum_to_one:
-        report.set("before_softmax", "FAIL", "from the outputs alone: identical tokens give "
-                   "different outputs by position (rows of weights do not sum to 1, as when "
-                   "future weights are zeroed after softmax), and the future leaks")
-        report.set("mask_value", "SKIP", f"not judged: {why}")
-    elif leaks is not None and leaks.pairs() and len(leaks.pairs()) == len(leaks.worst) * (
-            len(leaks.worst) - 1) // 2:
-        report.set("before_softmax", "SKIP", f"not judged: {why}")
-        report.set("mask_value", "FAIL", "from the outputs alone: every future position changes "
-                   "every earlier output, as with a mask value of 0 (or no mask)")
-    else:
-        for item in ("before_softmax", "mask_value"):
-            report.set(item, "SKIP", f"not judged: {why}")
-    report.set("equation", "FAIL" if not shape_ok else "SKIP",
-               "the output's shape is not the input's" if not shape_ok else f"not judged: {why}")
+    """Judge, from the outputs alone, the items nothing else judged; say which could not be."""
+    skip = ("SKIP", f"not judged: {why}")
+    verdicts = {"scale": skip, "w_o": skip, "before_softmax": skip, "mask_value": skip,
+                "equation": skip if shape_ok else ("FAIL", "the output's shape is not the input's")}
+    leak_pairs = leaks.pairs() if leaks is not None else None
+    if leak_pairs == [] and rows_sum_to_one:
+        verdicts["before_softmax"] = ("PASS", "from the outputs alone: identical tokens give "
+                                      "identical outputs at every position, so each row of "
+                                      "weights sums to 1")
+        verdicts["mask_value"] = ("PASS", "from the outputs alone: the future gets no weight")
+    elif leak_pairs and not rows_sum_to_one:
+        verdicts["before_softmax"] = ("FAIL", "from the outputs alone: identical tokens give "
+                                      "different outputs by position (rows of weights do not sum "
+                                      "to 1, as when future weights are zeroed after softmax), "
+                                      "and the future leaks")
+    elif leak_pairs and len(leak_pairs) == len(leaks.worst) * (len(leaks.worst) - 1) // 2:
+        verdicts["mask_value"] = ("FAIL", "from the outputs alone: every future position changes "
+                                  "every earlier output, as with a mask value of 0 (or no mask)")
+    for item, (status, detail) in verdicts.items():
+        if item not in report.items:
+            report.set(item, status, detail)
 
 
 # ----------------------------------------------------------------------------- a function
@@ -614,7 +627,8 @@ def _check_function(child, info: dict, opts: Options, report: Report) -> None:
         best = None
         for var in variants if y is not None else []:
             ref = attend_heads(q, k, v, var.pattern, **variant_attend_kwargs(var, d_k, h))
-            err = rel_err(y, ref, skip_first=var.pattern == "mask_no_diagonal")
+            err = rel_err(y, ref, skip_first=var.pattern == "mask_no_diagonal",
+                          probes=PROBES)
             key = (err > tol, len(var.mistakes), err)
             if best is None or key < best[0]:
                 best = (key, var, err)
@@ -634,8 +648,8 @@ def _check_function(child, info: dict, opts: Options, report: Report) -> None:
 
     # shape for several head counts, with d_v != d_k
     shapes, wrong = [], []
+    d_v = next(d for d in (d_k // 2, d_k + 1, d_k + 3) if d > 0 and d not in (d_k, T))
     for hh in head_choices(D, h):
-        d_v = max(1, d_k // 2)
         call = (rand(B, hh, T, d_k), rand(B, hh, T, d_k), rand(B, hh, T, d_v), masks[chosen])
         got = ask(child, "call", calls=[call])
         out = got["outs"][0]
@@ -644,7 +658,8 @@ def _check_function(child, info: dict, opts: Options, report: Report) -> None:
             wrong.append(f"{hh} heads, d_v = {d_v}: "
                          + (got["errors"][0] if out is None else f"{list(out.shape)}"))
     if wrong:
-        report.set("shape", "FAIL", "; ".join(wrong) + f" (expected [{B}, heads, {T}, d_v])")
+        report.set("shape", "FAIL", f"{wrong[0]}, not [{B}, heads, {T}, {d_v}]"
+                   + (f" (and {len(wrong) - 1} more head counts)" if len(wrong) > 1 else ""))
     else:
         report.set("shape", "PASS", f"[{B}, heads, {T}, d_v] for {', '.join(map(str, shapes))} "
                    f"heads and d_v != d_k")
@@ -684,8 +699,8 @@ def _check_function(child, info: dict, opts: Options, report: Report) -> None:
     else:
         _function_fits(report, y, q, k, v, h, d_k, tol, best)
     if chosen == "add" and report.items["mask_value"].status == "PASS":
-        report.set("mask_value", "N/A", "an additive mask's value is the caller's choice (this "
-                                        "check passed -inf)")
+        report.set("mask_value", "N/A", "an additive mask's value is the caller's choice; this "
+                                        "check passed -inf")
 
 
 def _function_fits(report, y, q, k, v, h, d_k, tol, best) -> None:
@@ -696,9 +711,10 @@ def _function_fits(report, y, q, k, v, h, d_k, tol, best) -> None:
         return
     causal = dict(mask_mode=MaskMode.add, mask_value=float("-inf"))
     log_s, e = golden(lambda ls: rel_err(y, attend_heads(q, k, v, "causal", scale=math.exp(ls),
-                                                         **causal)), math.log(1e-3), math.log(10))
+                                                         **causal), probes=PROBES),
+                      math.log(1e-3), math.log(10))
     if e <= tol:
-        words = divisor_words(math.exp(log_s), d_k, h)
+        words = divisor_words(math.exp(log_s), d_k, h, tol)
         report.set("scale", "FAIL", words)
         report.set("before_softmax", "PASS", "each row of weights sums to 1 over the visible keys")
         report.set("mask_value", "PASS", "future keys get weight 0")
@@ -706,7 +722,8 @@ def _function_fits(report, y, q, k, v, h, d_k, tol, best) -> None:
         return
     for mode in (MaskMode.add, MaskMode.fill):
         value, e = golden(lambda m, mode=mode: rel_err(y, attend_heads(
-            q, k, v, "causal", scale=1 / math.sqrt(d_k), mask_mode=mode, mask_value=m)), -60, 0)
+            q, k, v, "causal", scale=1 / math.sqrt(d_k), mask_mode=mode, mask_value=m),
+            probes=PROBES), -60, 0)
         if e <= tol:
             words = (f"the mask value is {value:.3g}: too small to hide the future "
                      f"(exp({value:.3g}) = {math.exp(value):.2g} of a visible key's weight)")
@@ -717,5 +734,5 @@ def _function_fits(report, y, q, k, v, h, d_k, tol, best) -> None:
             return
     for item in ("scale", "before_softmax", "mask_value"):
         report.set(item, "SKIP", "not judged: no variant of ours reproduces it")
-    closest = f" (closest: {best[1].name}, relative difference {best[2]:.2g})" if best else ""
+    closest = f" ({closest_words(best[1], best[2])})" if best else ""
     report.set("equation", "FAIL", f"no variant of ours reproduces its output{closest}")

@@ -221,8 +221,8 @@ class Session:
         elif callable(obj):
             self.layer, self.how, consumed = self._build(obj, self.sizes)
         else:
-            raise UserError(f"{name} is a {type(obj).__name__}, not an nn.Module class, a "
-                            f"factory or a function f(q, k, v, mask)")
+            raise UserError(f"{name} is an object of type {type(obj).__name__}, not an "
+                            f"nn.Module class, a factory or a function f(q, k, v, mask)")
         return self._describe_layer(consumed)
 
     def _build(self, obj, sizes: dict):

@@ -170,9 +170,9 @@ def _wait(pid: int, deadline: float) -> tuple[int, bool]:
         time.sleep(0.005)
 
 
-def _host(root: str, user_cwd: str) -> None:
+def _host(root: str, user_cwd: str, confine: bool) -> None:
     """The host's loop: confine, import torch, then fork one child per `fork` request."""
-    confinement = confine_writes([root, "/dev"])
+    confinement = confine_writes([root, "/dev"]) if confine else ""
     here = os.path.dirname(os.path.abspath(__file__))
     sys.path = [p for p in sys.path if os.path.abspath(p or ".") != here]
     sys.path.insert(0, here)
@@ -276,7 +276,11 @@ class Sandbox:
     """The host process. `child(timeout)` forks a fresh child for one user file; a Sandbox can
     serve many files one after the other (the tests check dozens with one host)."""
 
-    def __init__(self, user_cwd: Optional[str] = None):
+    def __init__(self, user_cwd: Optional[str] = None, project_root: Path = PROJECT_ROOT,
+                 confine: bool = True):
+        """confine=False skips Landlock (as on a system without it); project_root is the tree
+        the checker watches for changes when the children are not confined."""
+        self.project_root = Path(project_root)
         self.root = tempfile.mkdtemp(prefix="check_attention-")
         env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
         env.update(PYTHONDONTWRITEBYTECODE="1", HOME=self.root, TMPDIR=self.root,
@@ -285,7 +289,7 @@ class Sandbox:
                    OPENBLAS_NUM_THREADS="1")
         self.proc = subprocess.Popen(
             [sys.executable, "-B", os.path.abspath(__file__), self.root,
-             os.path.abspath(user_cwd or os.getcwd())],
+             os.path.abspath(user_cwd or os.getcwd()), "confine" if confine else "open"],
             cwd=self.root, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL)
         self._ready: Optional[dict] = None
@@ -341,4 +345,4 @@ class Sandbox:
 
 
 if __name__ == "__main__":
-    _host(sys.argv[1], sys.argv[2])
+    _host(sys.argv[1], sys.argv[2], sys.argv[3] == "confine")

@@ -215,8 +215,9 @@ def mistake_words(variant: Variant, d_k: int, h: int) -> list[tuple[str, str]]:
     return out
 
 
-def divisor_words(scale: float, d_k: int, h: int) -> str:
-    """A fitted score multiplier, said as what the scores are divided by."""
+def divisor_words(scale: float, d_k: int, h: int, tol: float = 2e-3) -> str:
+    """A fitted score multiplier, said as what the scores are divided by (named when it is
+    within tol of a size the layer has)."""
     d_model = d_k * h
     named = [(math.sqrt(d_k), f"sqrt(d_k) = {num(math.sqrt(d_k))}"), (d_k, f"d_k = {d_k}"),
              (math.sqrt(d_model), f"sqrt(d_model) = {num(math.sqrt(d_model))}"),
@@ -225,7 +226,7 @@ def divisor_words(scale: float, d_k: int, h: int) -> str:
                                   f"instead of divided")]
     divisor = 1 / scale
     for value, words in named:
-        if abs(divisor / value - 1) < 2e-3:
+        if abs(divisor / value - 1) < max(tol, 2e-3):
             return f"scores are divided by {words}, not sqrt(d_k) = {num(math.sqrt(d_k))}"
     return f"scores are divided by {divisor:.4g}, not sqrt(d_k) = {num(math.sqrt(d_k))}"
 

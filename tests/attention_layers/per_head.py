@@ -45,10 +45,10 @@ class Head(nn.Module):
         elif self.mask == "fill_zero":
             wei = wei.masked_fill(tril == 0, 0.0)
         elif self.mask == "zero":
-            wei = wei + (tril == 0) * 0.0
+            wei = wei + (tril == 0).to(wei.dtype) * 0.0
         wei = F.softmax(wei, dim=-1)
         if self.mask == "after_softmax":
-            wei = wei * tril
+            wei = wei * tril.to(wei.dtype)
         wei = self.dropout(wei)
         v = self.value(x)
         return wei @ v

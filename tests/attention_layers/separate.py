@@ -40,11 +40,12 @@ class MultiHeadSelfAttention(nn.Module):
         if self.mask == "finfo_min":
             scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
         elif self.mask == "zero":
-            scores = scores + torch.where(allowed, 0.0, 0.0)
+            scores = scores + torch.zeros(n, n, dtype=scores.dtype, device=x.device)
         elif self.mask == "fill_zero":
             scores = torch.where(allowed, scores, torch.zeros_like(scores))
         elif self.mask != "after_softmax":
-            scores = scores + torch.where(allowed, 0.0, float("-inf"))
+            additive = torch.zeros(n, n, dtype=scores.dtype, device=x.device)
+            scores = scores + additive.masked_fill(~allowed, float("-inf"))
         weights = torch.softmax(scores, dim=-1)
         if self.mask == "after_softmax":
             weights = weights * allowed
