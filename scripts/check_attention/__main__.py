@@ -16,22 +16,9 @@ import sys
 from dataclasses import fields
 from pathlib import Path
 
+from scripts.check_attention.options import DTYPES, HELP, MASKS, Options
+
 USAGE = "usage: python -m scripts.check_attention FILE.py:NAME [key=value ...]"
-# key: (default, what it sets). The defaults are Options' (checks.py); this says what they mean.
-KEYS = {
-    "d_model": "width the layer is built with and fed (read from the layer if it takes none)",
-    "n_head": "heads the layer is built with; the shape check also tries other counts",
-    "seq_len": "positions per probe sequence (also passed as block_size / context length)",
-    "batch": "sequences per probe batch",
-    "seed": "seed of the random probe inputs",
-    "dtype": "cast the layer to float32, float64, bfloat16 or float16 (default: as built); "
-             "the tolerance follows the dtype",
-    "device": "where the layer runs: cpu, cuda, cuda:1, ...",
-    "mask": "a function's mask convention: keep (True = may attend), drop (True = masked), "
-            "add (0 / -inf added to the scores), or auto (found by trying all three)",
-    "timeout": "seconds the layer's code may take in all before it is stopped",
-}
-DTYPES = ("float32", "float64", "bfloat16", "float16")
 
 
 class UsageError(Exception):
@@ -40,8 +27,6 @@ class UsageError(Exception):
 
 def parse_args(argv: list[str]):
     """FILE.py:NAME and key=value options -> (file, name, Options). Raises UsageError."""
-    from scripts.check_attention.checks import MASKS, Options
-
     targets = [a for a in argv if "=" not in a]
     if len(targets) != 1:
         raise UsageError(("give one FILE.py:NAME" if not targets else
@@ -61,8 +46,8 @@ def parse_args(argv: list[str]):
         if arg == targets[0]:
             continue
         key, _, value = arg.partition("=")
-        if key not in KEYS:
-            raise UsageError(f"unknown key {key!r} (known: {', '.join(KEYS)})")
+        if key not in HELP:
+            raise UsageError(f"unknown key {key!r} (known: {', '.join(HELP)})")
         if key == "dtype":
             if value not in DTYPES:
                 raise UsageError(f"dtype must be one of {', '.join(DTYPES)}, got {value!r}")
@@ -77,8 +62,9 @@ def parse_args(argv: list[str]):
                 number = types[key](value)
             except ValueError:
                 raise UsageError(f"{key} must be a number, got {value!r}") from None
-            if not number > 0 or (key == "seed" and number < 0):
-                raise UsageError(f"{key} must be positive, got {value}")
+            if not (number >= 0 if key == "seed" else number > 0):
+                raise UsageError(f"{key} must be {'non-negative' if key == 'seed' else 'positive'}"
+                                 f", got {value}")
             value = number
         setattr(opts, key, value)
     if opts.seq_len < 2:
@@ -88,25 +74,33 @@ def parse_args(argv: list[str]):
     return str(path), name, opts
 
 
+def fail(exc: Exception) -> int:
+    """The one error path: a single `error:` line on stderr, exit status 2."""
+    print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
+    return 2
+
+
 def main(argv: list[str]) -> int:
     if any(a in ("-h", "--help") for a in argv):
-        from scripts.check_attention.checks import Options
-        defaults = Options()
-        print(USAGE)
-        for key, words in KEYS.items():
-            default = getattr(defaults, key)
-            print(f"  {key}={'as_built' if default is None else default:<10} {words}")
+        print(__doc__.strip().split("\n\n")[0] + "\n\n" + USAGE)
+        for key, words in HELP.items():
+            default = getattr(Options(), key)
+            print(f"  {key + '=' + ('as_built' if default is None else str(default)):<18} {words}")
         return 0
     try:
         file, name, opts = parse_args(argv)
-        from scripts.check_attention.checks import CheckError, check
-        try:
-            report = check(file, name, opts)
-        except CheckError as exc:
-            raise UsageError(str(exc)) from None
     except UsageError as exc:
-        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
-        return 2
+        return fail(exc)
+    from scripts.check_attention.sandbox import Sandbox
+
+    sandbox = Sandbox()  # imports torch while we do
+    try:
+        from scripts.check_attention.checks import CheckError, check
+        report = check(file, name, opts, sandbox=sandbox)
+    except CheckError as exc:
+        return fail(exc)
+    finally:
+        sandbox.close()
     print("\n".join(report.lines()))
     return report.exit_code
 

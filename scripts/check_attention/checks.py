@@ -21,6 +21,7 @@ import torch
 from model.attention import causal_pattern
 from model.config import MaskMode
 from scripts.check_attention import layouts
+from scripts.check_attention.options import MASKS, Options
 from scripts.check_attention.runner import D_MODEL, N_HEAD
 from scripts.check_attention.sandbox import Sandbox, SandboxError, project_snapshot
 from scripts.check_attention.variants import (ITEMS, Variant, all_variants, attend, attend_heads,
@@ -45,25 +46,13 @@ INPUT_SCALES = (1.0, 2.0, 4.0)       # x = N(0, 1) * s: flatter and sharper soft
 QKV_SCALES = (0.5, 1.0, 2.0)         # q, k, v of a scaled dot-product function
 PROBES = len(INPUT_SCALES)           # probes stacked on the batch dim in each comparison
 LEAK = 1e-6                          # causality: a change this large (relative) is a leak
-MASKS = {"keep": "boolean, True = may attend", "drop": "boolean, True = masked out",
-         "add": "additive, 0 or -inf added to the scores"}
+
+
+HEADER = ("layer", "mask", "layout", "heads", "probes", "sandbox")
 
 
 class CheckError(Exception):
     """A file or object the checker cannot use (the CLI prints it as one `error:` line)."""
-
-
-@dataclass
-class Options:
-    d_model: int = 64
-    n_head: int = 4
-    seq_len: int = 8
-    batch: int = 2
-    seed: int = 0
-    dtype: Optional[str] = None
-    device: str = "cpu"
-    mask: str = "auto"
-    timeout: float = 120.0
 
 
 @dataclass
@@ -75,7 +64,8 @@ class Item:
 @dataclass
 class Report:
     target: str
-    header: list = field(default_factory=list)
+    header: dict = field(default_factory=dict)   # label -> what the checker saw
+    kind: str = "module"
     items: dict = field(default_factory=dict)
     diagnosis: list = field(default_factory=list)
 
@@ -99,13 +89,14 @@ class Report:
         return f"PASS (all {len(judged)} checks pass)"
 
     def lines(self) -> list[str]:
-        out = [f"check_attention {self.target}"] + [f"  {h}" for h in self.header]
+        out = [f"check_attention {self.target}"]
+        out += [f"  {label + ':':<8} {self.header[label]}" for label in HEADER if label in self.header]
         for key in ITEM_WORDS:
             if key in self.items:
                 item = self.items[key]
                 sep = ": " if item.status in ("FAIL", "SKIP") else ("  " if item.detail else "")
                 words = ITEM_WORDS[key].replace("d_model]", "d_v]") \
-                    if key == "shape" and "function" in " ".join(self.header) else ITEM_WORDS[key]
+                    if key == "shape" and self.kind == "function" else ITEM_WORDS[key]
                 detail = f"({item.detail})" if item.status in ("PASS", "N/A") and item.detail \
                     else item.detail
                 out.append(f"{item.status:<4}  {words}{sep}{detail}")
@@ -238,7 +229,7 @@ def check(file: str, name: str, opts: Options, sandbox: Optional[Sandbox] = None
         with sandbox.child(opts.timeout) as child:
             info = ask(child, "load", file=os.path.abspath(file), name=name, d_model=opts.d_model,
                        n_head=opts.n_head, block_size=opts.seq_len, dtype=opts.dtype,
-                       device=opts.device)
+                       device=opts.device, seed=opts.seed)
             report = Report(f"{file}:{name}")
             if info["kind"] == "function":
                 _check_function(child, info, opts, report)
@@ -249,9 +240,8 @@ def check(file: str, name: str, opts: Options, sandbox: Optional[Sandbox] = None
             if changed:
                 raise CheckError(f"the file's code changed the project ({changed[0][0]}); "
                                  f"its results are not trusted")
-        report.header.append("user code ran in a child process"
-                             + (f" ({confinement})" if confinement else
-                                " (no Landlock here: the project's files were checked unchanged)"))
+        report.header["sandbox"] = "the file ran in a child process; " + (
+            confinement or "no Landlock here: the project's files were checked unchanged after")
         return report
     finally:
         torch.set_num_threads(threads)
@@ -287,11 +277,12 @@ def _check_module(child, info: dict, opts: Options, report: Report) -> None:
         raise CheckError(f"{info['how']} failed on x [{B}, {T}, {D}]: {main['errors'][0]}")
     ys = [y.double() if y is not None else None for y in main["ys"]]
     captures = main["captures"]
-    report.header += [
-        f"built as {info['how']}; {info['dtype']} on {info['device']}, eval mode"
-        + ("" if "d_model" in consumed else f"; d_model = {D} read from the layer"),
-        f"probes: batch {B} x {T} positions, x ~ N(0, 1) times {', '.join(f'{s:g}' for s in INPUT_SCALES)}, "
-        f"seed {opts.seed}; outputs must agree to {tol:.0e} (relative, {info['dtype']})"]
+    report.header["layer"] = (f"{info['how']}, {info['dtype']} on {info['device']}, eval mode"
+                              + ("" if "d_model" in consumed else
+                                 f"; d_model = {D} read from the layer"))
+    report.header["probes"] = (f"x [{B}, {T}, {D}] ~ N(0, 1) times "
+                               f"{', '.join(f'{s:g}' for s in INPUT_SCALES)}, seed {opts.seed}; "
+                               f"tolerance {tol:.0e} relative ({info['dtype']})")
 
     # -- black box: shape, determinism, causality, rows summing to 1
     y0 = ys[0]
@@ -355,23 +346,23 @@ def _check_module(child, info: dict, opts: Options, report: Report) -> None:
     why = "no layout fits"
     if maps:
         if not h and not any(m.layout == "per_head" for m in maps):
-            report.header.append(f"n_head not known: tried {', '.join(map(str, heads))}")
+            report.header["heads"] = f"n_head not known: tried {', '.join(map(str, heads))}"
         found = _match(maps, xs, ys[:3], tol)
         if found:
-            _report_match(report, found, D, tol, info)
+            _report_match(report, found, D, tol, info, captures[0])
             return
         why = "no variant of ours reproduces it"
         difference = _first_difference(maps, captures[:3], xs, ys[:3], tol, D)
         if difference:
             m, words, verdicts = difference
-            report.header.append(f"layout: {m.words}; {m.h} heads, d_k = {D // m.h}")
+            report.header["layout"] = f"{m.words}; {m.h} heads, d_k = {D // m.h}"
             for item, (ok, detail) in verdicts.items():
                 report.set(item, "PASS" if ok else "FAIL", detail)
             report.set("equation", "FAIL", f"first difference: {words}")
         else:
-            report.header.append(f"layout: {maps[0].words}? (no variant of ours reproduces it)")
+            report.header["layout"] = f"{maps[0].words}? (no variant of ours reproduces it)"
     else:
-        report.header.append("layout: none recognised (" + layouts.describe_linears(info) + ")")
+        report.header["layout"] = f"none recognised ({layouts.describe_linears(info)})"
     _black_box_items(report, leaks, rows_sum_to_one, shape_ok, why)
 
 
@@ -423,15 +414,16 @@ def _match(maps: list, xs: list, ys: list, tol: float) -> Optional[Match]:
     return Match(m, v, err, unresolved)
 
 
-def _report_match(report: Report, found: Match, D: int, tol: float, info: dict) -> None:
+def _report_match(report: Report, found: Match, D: int, tol: float, info: dict,
+                  captures: dict) -> None:
     m, v = found.mapping, found.variant
     d_k = D // m.h
-    report.header.append(f"layout: {m.words}; {m.h} heads, d_k = {d_k}")
+    report.header["layout"] = f"{m.words}; {m.h} heads, d_k = {d_k}"
     words = mistake_words(v, d_k, m.h)
     by_item = {item: w for item, w in words if item}
     if "w_o" in by_item:
-        unused = [n for n, e in zip([l["name"] for l in info["linears"]], info["linears"])
-                  if n and layouts.role_of(n) == "o"]
+        unused = [e["name"] for e in info["linears"] if layouts.role_of(e["name"]) == "o"
+                  and captures.get(e["name"], {}).get("calls") == 0]
         if unused:
             by_item["w_o"] = f"{unused[0]} is defined but never applied: the concatenated " \
                              f"heads are the output"
@@ -613,10 +605,11 @@ def _check_function(child, info: dict, opts: Options, report: Report) -> None:
     if not usable:
         raise CheckError(f"calling {info['how']} on q, k, v [{B}, {h}, {T}, {d_k}] with a "
                          f"[{T}, {T}] mask failed: {errors[conventions[0]]}")
-    report.header += [f"function {info['how']}; {str(dtype).replace('torch.', '')}",
-                      f"probes: q, k, v [{B}, {h}, {T}, {d_k}] ~ N(0, 1) times "
-                      f"{', '.join(f'{s:g}' for s in QKV_SCALES)}, seed {opts.seed}; outputs must "
-                      f"agree to {tol:.0e} (relative)"]
+    report.kind = "function"
+    report.header["layer"] = f"the function {info['how']}, {str(dtype).replace('torch.', '')}"
+    report.header["probes"] = (f"q, k, v [{B}, {h}, {T}, {d_k}] ~ N(0, 1) times "
+                               f"{', '.join(f'{s:g}' for s in QKV_SCALES)}, seed {opts.seed}; "
+                               f"tolerance {tol:.0e} relative")
     expected = [B, h, T, d_k]
     q, k, v = (torch.cat([p[i] for p in probes]) for i in range(3))
     variants = [var for var in all_variants() if var.attn.out_proj]
@@ -640,11 +633,11 @@ def _check_function(child, info: dict, opts: Options, report: Report) -> None:
     if opts.mask == "auto":
         if len({tuple(torch.cat([o.double().flatten() for o in outs[c]]).tolist())
                 for c in usable}) == 1 and len(usable) > 1:
-            report.header.append("mask: the output is the same whatever mask it is given")
+            report.header["mask"] = "the output is the same whatever mask it is given"
         else:
-            report.header.append(f"mask convention: {MASKS[chosen]} (found by trying all three)")
+            report.header["mask"] = f"{MASKS[chosen]} (found by trying all three conventions)"
     else:
-        report.header.append(f"mask convention: {MASKS[chosen]} (mask={chosen})")
+        report.header["mask"] = f"{MASKS[chosen]} (mask={chosen})"
 
     # shape for several head counts, with d_v != d_k
     shapes, wrong = [], []

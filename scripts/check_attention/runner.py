@@ -192,6 +192,7 @@ class Session:
         self.device, self.dtype = req["device"], req["dtype"]
         sys.path[:0] = [os.path.dirname(self.file), self.user_cwd]  # as `python -m` from there
         sys.dont_write_bytecode = True
+        torch.manual_seed(req["seed"])  # the layer's initial weights, like the probes: seeded
         stem = os.path.splitext(os.path.basename(self.file))[0]
         module_name = stem if stem.isidentifier() and stem not in sys.modules else "user_attention"
         try:
@@ -314,6 +315,7 @@ class Session:
 
     def rebuild(self, req: dict) -> dict:
         sizes = dict(self.sizes, n_head=req["n_head"])
+        torch.manual_seed(0)
         try:
             layer, _, _ = self._build(self.obj, sizes)
             return {"shape": list(self._forward(layer, req["x"], 0).shape)}

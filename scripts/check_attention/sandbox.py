@@ -329,6 +329,8 @@ class Sandbox:
         return answer
 
     def close(self) -> None:
+        if self._ready is None:  # never used: no need to wait for its imports
+            self.proc.kill()
         try:
             self.proc.stdin.close()
             self.proc.wait(timeout=10)
