@@ -506,7 +506,7 @@ def _core(m, acts, captures, xs, ys, tol, D):
     if err <= tol:
         words = []
         if split == "mixed":
-            words.append(f"heads are split with .view(B, {h}, T, {d_k}), a reshape that mixes "
+            words.append(f"heads are split by reshaping to (B, {h}, T, {d_k}), which mixes "
                          f"positions and heads, instead of .view(B, T, {h}, {d_k}).transpose(1, 2)")
         if merge == "mixed":
             words.append(f"heads are joined with .reshape(B, T, {D}) without first transposing "
