@@ -4,16 +4,15 @@ Black-box checks need nothing but the layer's outputs on seeded random inputs: c
 one position, see which earlier outputs move), the output's shape for several head counts, and
 whether identical tokens give identical outputs at every position (they do exactly when each row
 of attention weights sums to 1). White-box checks map the layer's weights onto our reference
-(layouts.py) and find which of our variants (variants.py) reproduces its output; when none does,
-the layer's own intermediate results (the inputs and outputs of its Linears) locate the first
-step that differs. Every comparison is in float64 against the layer's output, with a tolerance
-set by the layer's dtype.
+(layouts.py) and find which of our variants (variants.py) reproduces its output (diagnosis.py);
+when none does, the layer's own intermediate results (the inputs and outputs of its Linears)
+locate the first step that differs. Every comparison (compare.py) is in float64 against the
+layer's output, with a tolerance set by the layer's dtype.
 """
 from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass, field, replace
 from typing import Optional
 
 import torch
@@ -21,116 +20,19 @@ import torch
 from model.attention import causal_pattern
 from model.config import MaskMode
 from scripts.check_attention import layouts
+from scripts.check_attention.compare import (INPUT_SCALES, PROBES, QKV_SCALES, TOLERANCE, Leaks,
+                                             golden, leak_matrix, rel_err, same)
+from scripts.check_attention.diagnosis import closest_words, first_difference, match, report_match
 from scripts.check_attention.options import MASKS, Options
+from scripts.check_attention.report import Report
 from scripts.check_attention.runner import D_MODEL, N_HEAD
 from scripts.check_attention.sandbox import Sandbox, SandboxError, project_snapshot
-from scripts.check_attention.variants import (ITEMS, Variant, all_variants, attend, attend_heads,
-                                              divisor_words, mistake_words, module_output, num,
-                                              variant_attend_kwargs)
-
-ITEM_WORDS = {
-    "scale": "The scaling divisor is the per-head d_k (d_model / h), not the full d_model",
-    "w_o": "W_O is applied after concatenating heads, not skipped",
-    "before_softmax": "The causal mask is added to the raw scores before softmax, not applied "
-                      "to the weights after",
-    "mask_value": "The mask value is a large negative number (or -inf), not 0",
-    "shape": "Output shape is [n, d_model] regardless of head count",
-    "causal": "Causality: no future position changes an earlier output",
-    "equation": "Matches the equation: softmax(QK^T / sqrt(d_k) + M) V per head, concatenated, "
-                "then W_O",
-}
-# Relative difference (to the largest reference value) a layer computing our equation stays
-# under, by the dtype it computes in: float64 reference vs the layer's own rounding.
-TOLERANCE = {torch.float64: 1e-9, torch.float32: 1e-4, torch.float16: 3e-3, torch.bfloat16: 2e-2}
-INPUT_SCALES = (1.0, 2.0, 4.0)       # x = N(0, 1) * s: flatter and sharper softmax rows
-QKV_SCALES = (0.5, 1.0, 2.0)         # q, k, v of a scaled dot-product function
-PROBES = len(INPUT_SCALES)           # probes stacked on the batch dim in each comparison
-LEAK = 1e-6                          # causality: a change this large (relative) is a leak
-
-
-HEADER = ("layer", "mask", "layout", "heads", "probes", "sandbox")
+from scripts.check_attention.variants import (all_variants, attend_heads, divisor_words,
+                                              mistake_words, num, variant_attend_kwargs)
 
 
 class CheckError(Exception):
     """A file or object the checker cannot use (the CLI prints it as one `error:` line)."""
-
-
-@dataclass
-class Item:
-    status: str      # PASS, FAIL, SKIP (could not judge) or N/A (does not apply)
-    detail: str = ""
-
-
-@dataclass
-class Report:
-    target: str
-    header: dict = field(default_factory=dict)   # label -> what the checker saw
-    kind: str = "module"
-    items: dict = field(default_factory=dict)
-    diagnosis: list = field(default_factory=list)
-
-    def set(self, key: str, status: str, detail: str = "") -> None:
-        self.items[key] = Item(status, detail)
-
-    @property
-    def exit_code(self) -> int:
-        return 0 if all(i.status in ("PASS", "N/A") for i in self.items.values()) else 1
-
-    @property
-    def verdict(self) -> str:
-        judged = [k for k, i in self.items.items() if i.status != "N/A"]
-        failed = [k for k in judged if self.items[k].status == "FAIL"]
-        skipped = [k for k in judged if self.items[k].status == "SKIP"]
-        if failed:
-            return f"FAIL ({len(failed)} of {len(judged)} checks fail)"
-        if skipped:
-            return (f"NOT VERIFIED (no check fails, but {len(skipped)} of {len(judged)} could "
-                    f"not be judged)")
-        return f"PASS (all {len(judged)} checks pass)"
-
-    def lines(self) -> list[str]:
-        out = [f"check_attention {self.target}"]
-        out += [f"  {label + ':':<8} {self.header[label]}" for label in HEADER if label in self.header]
-        for key in ITEM_WORDS:
-            if key in self.items:
-                item = self.items[key]
-                sep = ": " if item.status in ("FAIL", "SKIP") else ("  " if item.detail else "")
-                words = ITEM_WORDS[key].replace("d_model]", "d_v]") \
-                    if key == "shape" and self.kind == "function" else ITEM_WORDS[key]
-                detail = f"({item.detail})" if item.status in ("PASS", "N/A") and item.detail \
-                    else item.detail
-                out.append(f"{item.status:<4}  {words}{sep}{detail}")
-        out += [f"diagnosis: {d}" for d in self.diagnosis]
-        out.append(f"verdict: {self.verdict}")
-        return out
-
-
-# ----------------------------------------------------------------------------- helpers
-
-
-def rel_err(y: torch.Tensor, ref: torch.Tensor, skip_first: bool = False,
-            probes: int = 1) -> float:
-    """max |y - ref| / max |ref|, NaN where both are NaN counting as equal; inf on a shape
-    mismatch. skip_first leaves out position 0 (dim -2). With probes > 1, y and ref hold that
-    many probes stacked on dim 0 and each is judged against its own scale (a flat probe must
-    not hide behind a saturated one's large values)."""
-    y, ref = y.double(), ref.double()
-    if y.shape != ref.shape:
-        return math.inf
-    if probes > 1:
-        return max(rel_err(a, b, skip_first) for a, b in zip(y.chunk(probes), ref.chunk(probes)))
-    if skip_first:
-        y, ref = y[..., 1:, :], ref[..., 1:, :]
-    both = torch.isnan(y) & torch.isnan(ref)
-    diff = (y - ref).abs().masked_fill(both, 0)
-    if torch.isnan(diff).any():
-        return math.inf
-    scale = ref.masked_fill(torch.isnan(ref), 0).abs().max().item()
-    return diff.max().item() / max(scale, 1e-30)
-
-
-def same(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.shape == b.shape and rel_err(a, b) == 0.0
 
 
 def ask(child, cmd: str, **fields) -> dict:
@@ -145,69 +47,6 @@ def ask(child, cmd: str, **fields) -> dict:
 
 def head_choices(D: int, h: int) -> list[int]:
     return sorted({c for c in (1, 2, h, 2 * h, 8) if c <= D and D % c == 0})
-
-
-def golden(f, lo: float, hi: float, steps: int = 40) -> tuple[float, float]:
-    """Minimise f on [lo, hi]: a coarse grid, then golden-section search around its best."""
-    grid = [lo + (hi - lo) * i / 24 for i in range(25)]
-    vals = [f(g) for g in grid]
-    i = min(range(len(grid)), key=vals.__getitem__)
-    a, b = grid[max(i - 1, 0)], grid[min(i + 1, len(grid) - 1)]
-    r = (math.sqrt(5) - 1) / 2
-    c, d = b - r * (b - a), a + r * (b - a)
-    fc, fd = f(c), f(d)
-    for _ in range(steps):
-        if fc < fd:
-            b, d, fd = d, c, fc
-            c = b - r * (b - a)
-            fc = f(c)
-        else:
-            a, c, fc = c, d, fd
-            d = a + r * (b - a)
-            fd = f(d)
-    best = min([(vals[i], grid[i]), (fc, c), (fd, d)])
-    return best[1], best[0]
-
-
-@dataclass
-class Leaks:
-    """Which earlier outputs move when one position changes: worst[i][j] for j > i."""
-
-    worst: list
-    threshold: float
-
-    def pairs(self) -> list[tuple[int, int, float]]:
-        return [(i, j, v) for i, row in enumerate(self.worst) for j, v in enumerate(row)
-                if j > i and v > self.threshold]
-
-    def words(self) -> str:
-        pairs = self.pairs()
-        if not pairs:
-            return ""
-        i, j, v = max(pairs, key=lambda p: p[2])
-        T = len(self.worst)
-        if all(j == i + 1 for i, j, _ in pairs):
-            pattern = "only the next position leaks (position i sees i + 1)"
-        elif all(i == 0 for i, _, _ in pairs):
-            pattern = "only position 0 sees the future"
-        else:
-            pattern = f"{len(pairs)} of {T * (T - 1) // 2} (earlier, later) pairs leak"
-        return (f"changing position {j} changes the output at position {i} by up to {v:.3g} "
-                f"(relative); {pattern}")
-
-
-def leak_matrix(base: torch.Tensor, perturbed: list, axis: int) -> Leaks:
-    """base [.., T, ..] outputs; perturbed[j]: outputs with position j changed. axis: time."""
-    T = base.size(axis)
-    scale = max(base.double().nan_to_num(0).abs().max().item(), 1e-30)
-    worst = [[0.0] * T for _ in range(T)]
-    for j, y in enumerate(perturbed):
-        for i in range(j):
-            a, b = base.select(axis, i).double(), y.select(axis, i).double()
-            both = torch.isnan(a) & torch.isnan(b)
-            d = (a - b).abs().masked_fill(both, 0).nan_to_num(math.inf).max().item()
-            worst[i][j] = d / scale
-    return Leaks(worst, LEAK)
 
 
 # ----------------------------------------------------------------------------- entry point
@@ -347,12 +186,12 @@ def _check_module(child, info: dict, opts: Options, report: Report) -> None:
     if maps:
         if not h and not any(m.layout == "per_head" for m in maps):
             report.header["heads"] = f"n_head not known: tried {', '.join(map(str, heads))}"
-        found = _match(maps, xs, ys[:3], tol)
+        found = match(maps, xs, ys[:3], tol)
         if found:
-            _report_match(report, found, D, tol, info, captures[0])
+            report_match(report, found, D, tol, info, captures[0])
             return
         why = "no variant of ours reproduces it"
-        difference = _first_difference(maps, captures[:3], xs, ys[:3], tol, D)
+        difference = first_difference(maps, captures[:3], xs, ys[:3], tol, D)
         if difference:
             m, words, verdicts = difference
             report.header["layout"] = f"{m.words}; {m.h} heads, d_k = {D // m.h}"
@@ -370,185 +209,6 @@ def _width(info: dict, opts: Options) -> int:
     """The width the layer's projections read: the most common input size of its Linears."""
     sizes = [p.size(1) for n, p in info["params"].items() if p.dim() == 2 and n.endswith("weight")]
     return max(set(sizes), key=sizes.count) if sizes else opts.d_model
-
-
-@dataclass
-class Match:
-    mapping: layouts.Mapping
-    variant: Variant
-    err: float
-    unresolved: dict   # item -> the variant it cannot be told from
-
-
-def _match(maps: list, xs: list, ys: list, tol: float) -> Optional[Match]:
-    """The simplest (mapping, variant) whose output equals the layer's."""
-    x, y = torch.cat(xs), torch.cat(ys)
-    variants = all_variants()
-    best, refs_of = None, {}
-    for i, m in enumerate(maps):
-        if best is not None and m.prior > maps[i - 1].prior:
-            break  # a less plausible reading is tried only when the likelier ones explain nothing
-        refs = {}
-        for v in variants:
-            if v.attn.out_proj != (m.weights.wo is not None):
-                continue
-            ref = module_output(m.weights, m.h, v, x)
-            refs[v.name] = ref
-            err = rel_err(y, ref, skip_first=v.pattern == "mask_no_diagonal", probes=len(xs))
-            key = (len(v.mistakes), m.prior, err)
-            if err <= tol and (best is None or key < best[0]):
-                best, refs_of[id(m)] = (key, m, v, err), refs
-        if best is not None and best[1] is m and not best[2].mistakes and m.prior == 0:
-            break  # a correct, name-confirmed match: nothing simpler exists
-    if best is None:
-        return None
-    _, m, v, err = best
-    refs, unresolved = refs_of[id(m)], {}
-    for other in variants:
-        if other.name == v.name or other.name not in refs:
-            continue
-        if rel_err(refs[other.name], refs[v.name], True, len(xs)) <= 2 * tol:
-            for item in ITEMS:
-                if other.fails()[item] != v.fails()[item]:
-                    unresolved.setdefault(item, other.name)
-    return Match(m, v, err, unresolved)
-
-
-def _report_match(report: Report, found: Match, D: int, tol: float, info: dict,
-                  captures: dict) -> None:
-    m, v = found.mapping, found.variant
-    d_k = D // m.h
-    report.header["layout"] = f"{m.words}; {m.h} heads, d_k = {d_k}"
-    words = mistake_words(v, d_k, m.h)
-    by_item = {item: w for item, w in words if item}
-    if "w_o" in by_item:
-        unused = [e["name"] for e in info["linears"] if layouts.role_of(e["name"]) == "o"
-                  and captures.get(e["name"], {}).get("calls") == 0]
-        if unused:
-            by_item["w_o"] = f"{unused[0]} is defined but never applied: the concatenated " \
-                             f"heads are the output"
-    passes = {"scale": f"divided by sqrt(d_k) = {num(math.sqrt(d_k))}",
-              "w_o": f"{m.names.get('o')} mixes the heads",
-              "before_softmax": "each row of weights sums to 1 over the visible keys",
-              "mask_value": "future keys get weight 0"}
-    for item in ITEMS:
-        if item in by_item:
-            report.set(item, "FAIL", by_item[item])
-        elif item in found.unresolved:
-            report.set(item, "SKIP", f"at this precision the probes cannot tell the layer from "
-                                     f"our variant {found.unresolved[item]}")
-        else:
-            report.set(item, "PASS", passes[item])
-    ours = "our CausalSelfAttention with the layer's weights"
-    if not v.mistakes:
-        report.set("equation", "PASS", f"{ours}: max relative difference {found.err:.1e}")
-    else:
-        report.set("equation", "FAIL", "; ".join(w for _, w in words))
-        report.diagnosis.append(f"{ours} reproduces this layer as attention={v.name} (max "
-                                f"relative difference {found.err:.1e}, tolerance {tol:.0e})")
-
-
-# ----------------------------------------------------------------------------- first difference
-
-
-def _first_difference(maps: list, captures: list, xs: list, ys: list, tol: float, D: int):
-    """No variant reproduces the layer under any reading: follow its own intermediate results
-    (the Linears' inputs and outputs) to the first step that differs from ours. Returns
-    (mapping, words, {item: (ok, detail)}) or None when no reading can be followed."""
-    for m in [m for m in maps if m.prior == 0][:6] or maps[:3]:
-        acts = [m.activations(c) for c in captures]
-        if any(a is None for a in acts):
-            continue
-        found = _core(m, acts, captures, xs, ys, tol, D)
-        if found is not None:
-            return (m, *found)
-    return None
-
-
-def _core(m, acts, captures, xs, ys, tol, D):
-    """(words, {item: (ok, detail)}) for the first step of the layer that differs from ours, or
-    None if this reading of the layer explains nothing."""
-    h, d_k = m.h, D // m.h
-    for role in ("qkv", "q", "k", "v"):
-        for name in ([m.names[role]] if isinstance(m.names.get(role), str) else
-                     m.names.get(role) or []):
-            for cap, x in zip(captures, xs):
-                inp = cap[name].get("input")
-                if inp is not None and rel_err(inp, x) > tol:
-                    return (f"{name} is applied to something other than the layer's input x", {})
-    o = m.out_input
-    if o and captures[0][o]["calls"] == 0:
-        return None  # this reading's W_O never runs: the reading without one explains it
-    concat = [cap[o]["input"].double() for cap in captures] if o else ys
-    target = torch.cat(concat)
-    q, k, v = (torch.cat([a[i] for a in acts]) for i in range(3))
-    ok_o = (True, f"{o} mixes the heads") if o else (False, "there is no output Linear: the "
-                                                            "concatenated heads are the output")
-    if o and not all(rel_err(y, cap[o]["output"]) <= tol for y, cap in zip(ys, captures)):
-        return (f"the layer's output is not {o}'s output: something changes it after W_O", {})
-    best = closest = None
-    for split, merge in (("heads", "heads"), ("mixed", "heads"), ("heads", "mixed"),
-                         ("mixed", "mixed")):
-        for var in [v_ for v_ in all_variants() if v_.attn.out_proj]:
-            ref = attend(q, k, v, h, split=split, merge=merge, pattern_name=var.pattern,
-                         **variant_attend_kwargs(var, d_k, h))
-            err = rel_err(target, ref, skip_first=var.pattern == "mask_no_diagonal",
-                          probes=PROBES)
-            key = ((split, merge) != ("heads", "heads"), len(var.mistakes), err)
-            if err <= tol and (best is None or key < best[0]):
-                best = (key, split, merge, var, err)
-            if closest is None or err < closest[-1]:
-                closest = (None, split, merge, var, err)
-        if best is not None:
-            break
-    best = best or closest
-    _, split, merge, var, err = best
-    if err <= tol:
-        words = []
-        if split == "mixed":
-            words.append(f"heads are split by reshaping to (B, {h}, T, {d_k}), which mixes "
-                         f"positions and heads, instead of .view(B, T, {h}, {d_k}).transpose(1, 2)")
-        if merge == "mixed":
-            words.append(f"heads are joined with .reshape(B, T, {D}) without first transposing "
-                         f"[B, h, T, d_k] back, which mixes positions and heads")
-        mistakes = mistake_words(var, d_k, h)
-        words += [w for _, w in mistakes]
-        verdicts = {"w_o": ok_o}
-        fails = dict(mistakes)
-        for item in ("scale", "before_softmax", "mask_value"):
-            verdicts[item] = (False, fails[item]) if item in fails else (True, "")
-        return "; ".join(words), verdicts
-    # fits: a divisor, then a finite mask value, that no variant has
-    heads_kw = dict(split="heads", merge="heads")
-
-    def scale_err(log_s):
-        return rel_err(target, attend(q, k, v, h, scale=math.exp(log_s), **heads_kw),
-                       probes=PROBES)
-    log_s, e = golden(scale_err, math.log(1e-3), math.log(10.0))
-    if e <= tol:
-        words = divisor_words(math.exp(log_s), d_k, h, tol)
-        return words, {"scale": (False, words), "w_o": ok_o, "before_softmax": (True, ""),
-                       "mask_value": (True, "")}
-    for mode in (MaskMode.add, MaskMode.fill):
-        def mask_err(value, mode=mode):
-            return rel_err(target, attend(q, k, v, h, scale=1 / math.sqrt(d_k), mask_mode=mode,
-                                          mask_value=value, **heads_kw), probes=PROBES)
-        value, e = golden(mask_err, -60.0, 0.0)
-        if e <= tol:
-            how = "added to" if mode is MaskMode.add else "written into"
-            words = (f"the mask value is {value:.3g}, {how} the future scores: too small to hide "
-                     f"them (exp({value:.3g}) = {math.exp(value):.2g} of a visible key's weight)")
-            return words, {"scale": (True, ""), "w_o": ok_o, "before_softmax": (True, ""),
-                           "mask_value": (False, words)}
-    src = "the input of " + o if o else "the output"
-    return (f"the attention itself: from the layer's own q, k, v, no variant of ours gives "
-            f"{src} ({closest_words(var, err)})", {"w_o": ok_o})
-
-
-def closest_words(var: Variant, err: float) -> str:
-    if not math.isfinite(err):
-        return "its output has NaN where every variant of ours has numbers"
-    return f"the closest, attention={var.name}, differs by {err:.2g} relative"
 
 
 def _black_box_items(report: Report, leaks: Optional[Leaks], rows_sum_to_one: bool,
