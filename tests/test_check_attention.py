@@ -129,6 +129,14 @@ def test_a_factory_is_checked_but_says_what_it_cannot_judge(sandbox):
     assert report.exit_code == 1 and report.verdict.startswith("NOT VERIFIED")
 
 
+def test_a_layer_built_with_one_head_count_only(sandbox):
+    report = run(sandbox, "odd.py:FourHeadsOnly")
+    assert report.items["equation"].status == "PASS"
+    assert report.items["shape"].status == "SKIP"
+    assert "n_head=1: building FourHeadsOnly(d_model=64, n_head=1) failed: ValueError: this " \
+           "layer has 4 heads (odd.py, line" in report.items["shape"].detail
+
+
 def test_dropout_that_ignores_eval_is_reported(sandbox):
     report = run(sandbox, "odd.py:RandomInEval")
     assert any("changes from one call to the next in eval mode" in d for d in report.diagnosis)

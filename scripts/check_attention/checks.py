@@ -45,6 +45,14 @@ def ask(child, cmd: str, **fields) -> dict:
     return answer
 
 
+def _rebuild(child, n_head: int, x) -> dict:
+    """{'shape': [...]} of the layer built with n_head heads, or {'error': why it could not be}."""
+    try:
+        return child.ask("rebuild", n_head=n_head, x=x)
+    except SandboxError as exc:
+        raise CheckError(str(exc)) from None
+
+
 def head_choices(D: int, h: int) -> list[int]:
     return sorted({c for c in (1, 2, h, 2 * h, 8) if c <= D and D % c == 0})
 
@@ -75,7 +83,8 @@ def check(file: str, name: str, opts: Options, sandbox: Optional[Sandbox] = None
             else:
                 _check_module(child, info, opts, report)
         if before is not None:
-            changed = sorted(set(before.items()) ^ set(project_snapshot(sandbox.project_root).items()))
+            after = project_snapshot(sandbox.project_root)
+            changed = sorted(set(before.items()) ^ set(after.items()))
             if changed:
                 raise CheckError(f"the file's code changed the project ({changed[0][0]}); "
                                  f"its results are not trusted")
@@ -127,22 +136,23 @@ def _check_module(child, info: dict, opts: Options, report: Report) -> None:
     y0 = ys[0]
     shape_ok = list(y0.shape) == [B, T, D]
     if not shape_ok:
-        report.set("shape", "FAIL", f"x [{B}, {T}, {D}] gives {list(y0.shape)}, not [{B}, {T}, {D}]")
+        report.set("shape", "FAIL", f"x [{B}, {T}, {D}] gives {list(y0.shape)}, "
+                   f"not [{B}, {T}, {D}]")
     elif "n_head" in consumed:
         shapes, broken = {}, []
         for hh in head_choices(D, opts.n_head):
-            got = ask(child, "rebuild", n_head=hh, x=xs[0]) if hh != opts.n_head else \
-                {"shape": list(y0.shape)}
+            got = _rebuild(child, hh, xs[0]) if hh != opts.n_head else {"shape": list(y0.shape)}
             shapes[hh] = got.get("shape")
             if "error" in got:
                 broken.append(f"n_head={hh}: {got['error']}")
         bad = {hh: s for hh, s in shapes.items() if s is not None and s != [B, T, D]}
         if bad:
-            report.set("shape", "FAIL", "; ".join(f"n_head={hh} gives {s}" for hh, s in bad.items())
-                       + f", not [{B}, {T}, {D}]")
+            report.set("shape", "FAIL", "; ".join(f"n_head={hh} gives {s}"
+                                                  for hh, s in bad.items()) + f", not [{B}, {T}, {D}]")
         elif len([s for s in shapes.values() if s]) < 2:
-            report.set("shape", "SKIP", "could not build it with another head count ("
-                       + "; ".join(broken) + ")")
+            report.set("shape", "SKIP", f"could not build it with another head count "
+                       f"({broken[0]}" + (f"; {len(broken) - 1} more" if len(broken) > 1 else "")
+                       + ")")
         else:
             report.set("shape", "PASS", f"[{B}, {T}, {D}] for n_head = "
                        + ", ".join(str(hh) for hh, s in shapes.items() if s))
@@ -150,7 +160,8 @@ def _check_module(child, info: dict, opts: Options, report: Report) -> None:
         report.set("shape", "SKIP", f"[{B}, {T}, {D}] here, but the layer was not built with "
                    f"n_head, so other head counts could not be tried")
 
-    nan_positions = [t for t in range(y0.size(1)) if y0[:, t].isnan().any()] if y0.dim() >= 2 else []
+    nan_positions = [t for t in range(y0.size(1)) if y0[:, t].isnan().any()] \
+        if y0.dim() >= 2 else []
     if nan_positions:
         report.diagnosis.append(f"the output is NaN at position{'s' * (len(nan_positions) > 1)} "
                                 f"{', '.join(map(str, nan_positions))} (a query that sees no key "
@@ -164,7 +175,8 @@ def _check_module(child, info: dict, opts: Options, report: Report) -> None:
         x[:, j] = rand(B, D, scale=4.0)
         swaps.append(x)
     token = rand(B, 1, D).expand(B, T, D).contiguous()
-    probe = ask(child, "forward", xs=swaps + [token], seeds=[0] * (T + 1), capture=[False] * (T + 1))
+    probe = ask(child, "forward", xs=swaps + [token], seeds=[0] * (T + 1),
+                capture=[False] * (T + 1))
     leaks = None
     if y0.dim() >= 2 and y0.size(1) == T and all(y is not None for y in probe["ys"][:T]):
         leaks = leak_matrix(y0, probe["ys"][:T], axis=1)

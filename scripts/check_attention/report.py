@@ -55,7 +55,8 @@ class Report:
 
     def lines(self) -> list[str]:
         out = [f"check_attention {self.target}"]
-        out += [f"  {label + ':':<8} {self.header[label]}" for label in HEADER if label in self.header]
+        out += [f"  {label + ':':<8} {self.header[label]}"
+                for label in HEADER if label in self.header]
         for key in ITEM_WORDS:
             if key in self.items:
                 item = self.items[key]

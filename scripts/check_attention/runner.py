@@ -259,8 +259,8 @@ class Session:
         dtype = floating[0].dtype if floating else torch.float32
         linears = [{"name": n, "cls": type(m).__name__} for n, m in layer.named_modules()
                    if linear_like(m)]
-        attrs = {k: v for k, v in vars(layer).items()
-                 if isinstance(v, (int, float)) and not isinstance(v, bool) and not k.startswith("_")}
+        attrs = {k: v for k, v in vars(layer).items() if not k.startswith("_")
+                 and isinstance(v, (int, float)) and not isinstance(v, bool)}
         self.captures = {}
         for entry in linears:
             module = layer.get_submodule(entry["name"]) if entry["name"] else layer

@@ -100,3 +100,18 @@ class RandomInEval(nn.Module):
 
 
 NOT_A_LAYER = 42
+
+
+class FourHeadsOnly(nn.Module):
+    """Correct, but refuses any head count but 4."""
+
+    def __init__(self, d_model, n_head):
+        super().__init__()
+        if n_head != 4:
+            raise ValueError("this layer has 4 heads")
+        from model.attention import CausalSelfAttention
+        from model.config import AttentionConfig
+        self.inner = CausalSelfAttention(d_model, n_head, block_size=64, attn=AttentionConfig())
+
+    def forward(self, x):
+        return self.inner(x)

@@ -10,7 +10,7 @@ import torch.nn as nn
 
 class MultiHeadSelfAttention(nn.Module):
     divide_by = "d_k"      # d_k, d_model, none
-    mask = "-inf"          # -inf, finfo_min, zero, fill_zero, after_softmax, no_diagonal, one_future
+    mask = "-inf"  # -inf, finfo_min, zero, fill_zero, after_softmax, no_diagonal, one_future
     project = True
 
     def __init__(self, d_model: int, num_heads: int):
