@@ -58,7 +58,8 @@ MODULE_CASES = [(f"{file}:{cls}", fails | {"equation"}, words)
 
 
 @pytest.mark.parametrize("target", [f"{f}:{c}" for f, c in CORRECT.items()]
-                         + ["fused.py:FiniteMask", "separate.py:FinfoMinMask", "odd.py:Torch"])
+                         + ["fused.py:FiniteMask", "separate.py:FinfoMinMask", "odd.py:Torch",
+                            "odd.py:BareParameters"])
 def test_correct_layers_pass_every_item(sandbox, target):
     report = run(sandbox, target)
     assert report.exit_code == 0, "\n".join(report.lines())
@@ -97,6 +98,8 @@ def test_the_layout_is_recognised(sandbox):
     ("fused.py:ScaleDkNoSqrt", {"scale"}, "divided by d_k = 16, not sqrt(d_k) = 4.0"),
     ("fused.py:SmallMask", {"mask_value", "causal"}, "the mask value is -5"),
     ("fused.py:MixedHeads", {"causal"}, "which mixes positions and heads"),
+    # bare nn.Parameters used as x @ W
+    ("odd.py:BareParametersScaleDModel", {"scale"}, "sqrt(d_model) = 8.0"),
     # two mistakes at once are both named
     ("fused.py:NoScaleNoOutProj", {"scale", "w_o"}, "not divided at all"),
 ])

@@ -212,6 +212,9 @@ def _check_module(child, info: dict, opts: Options, report: Report) -> None:
             report.set("equation", "FAIL", f"first difference: {words}")
         else:
             report.header["layout"] = f"{maps[0].words}? (no variant of ours reproduces it)"
+            if maps[0].prior == 0:  # the names agree with this reading: the layer differs
+                report.set("equation", "FAIL", f"no variant of ours reproduces it under the "
+                           f"layout its names give, and its steps could not be followed")
     else:
         report.header["layout"] = f"none recognised ({layouts.describe_linears(info)})"
     _black_box_items(report, leaks, rows_sum_to_one, shape_ok, why)

@@ -189,7 +189,8 @@ def _fused(lins, D, heads) -> list[Mapping]:
                 for order, parts, cut in _fused_splits(lin, D, h):
                     w = Weights(*(parts[r][0] for r in "qkv"), *(parts[r][1] for r in "qkv"),
                                 o.w if o else None, o.b if o else None)
-                    words = (f"fused q/k/v Linear {lin.name} [{lin.shape()}] (order {order})"
+                    kind = "Linear" if lin.oriented else "weight"
+                    words = (f"fused q/k/v {kind} {lin.name} [{lin.shape()}] (order {order})"
                              + (f" + output Linear {o.name} [{o.shape()}]" if o else
                                 ", no output Linear"))
                     out.append(Mapping(
@@ -220,7 +221,8 @@ def _separate(lins, D, heads) -> list[Mapping]:
         for o, o_prior in _outs(lins, D, {q.name, k.name, v.name}):
             for h in heads:
                 w = Weights(q.w, k.w, v.w, q.b, k.b, v.b, o.w if o else None, o.b if o else None)
-                words = (f"separate Linears {q.name}, {k.name}, {v.name} [{q.shape()}]"
+                kind = "Linears" if q.oriented and k.oriented and v.oriented else "weights"
+                words = (f"separate {kind} {q.name}, {k.name}, {v.name} [{q.shape()}]"
                          + (f" + output {o.name}" if o else ", no output Linear"))
                 out.append(Mapping(
                     "separate", words, h, w, {"q": q.name, "k": k.name, "v": v.name,

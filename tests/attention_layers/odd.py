@@ -115,3 +115,28 @@ class FourHeadsOnly(nn.Module):
 
     def forward(self, x):
         return self.inner(x)
+
+
+class BareParameters(nn.Module):
+    """Weights as bare nn.Parameters used as x @ W ([in, out]), no Linear modules at all."""
+    divisor = "d_k"
+
+    def __init__(self, d_model, num_heads):
+        super().__init__()
+        self.h = num_heads
+        self.W_q, self.W_k, self.W_v, self.W_o = (
+            nn.Parameter(torch.randn(d_model, d_model) / d_model ** 0.5) for _ in range(4))
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = ((x @ w).view(B, T, self.h, -1).transpose(1, 2)
+                   for w in (self.W_q, self.W_k, self.W_v))
+        d = q.size(-1) if self.divisor == "d_k" else C
+        scores = (q @ k.transpose(-2, -1)) / d ** 0.5
+        scores = scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+        y = scores.softmax(-1) @ v
+        return y.transpose(1, 2).reshape(B, T, C) @ self.W_o
+
+
+class BareParametersScaleDModel(BareParameters):
+    divisor = "d_model"
