@@ -174,12 +174,19 @@ def test_a_functions_mask_convention_is_found(sandbox, name, convention):
     ("fill_zero", {"mask_value", "causal"}, "set to 0 instead of -inf"),
     ("after_softmax", {"before_softmax", "causal"}, "zeroed afterwards"),
     ("transposed_output", {"shape"}, "[2, 1, 17, 8], not [2, heads, 8, 17]"),
+    ("forgets_the_mask", {"mask_value", "causal"}, "does not hide them"),  # f(q, k, v)
 ])
 def test_a_functions_mistake_is_named(sandbox, name, fails, words):
     report = run(sandbox, f"functions.py:{name}")
     assert failing(report) == fails | {"equation"}, "\n".join(report.lines())
     first = next(k for k in ITEMS if k in fails)
     assert words in report.items[first].detail
+
+
+def test_a_function_without_a_mask_parameter_masks_itself(sandbox):
+    report = run(sandbox, "functions.py:builds_its_own_mask")
+    assert report.exit_code == 0
+    assert "takes q, k, v only" in report.header["mask"]
 
 
 def test_a_mask_convention_can_be_given(sandbox):

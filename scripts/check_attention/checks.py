@@ -270,7 +270,10 @@ def _check_function(child, info: dict, opts: Options, report: Report) -> None:
     masks = {"keep": keep, "drop": ~keep,
              "add": torch.zeros(T, T, dtype=torch.float64).masked_fill(~keep, float("-inf"))}
     probes = [tuple(rand(B, h, T, d_k, scale=s) for _ in range(3)) for s in QKV_SCALES]
-    conventions = list(MASKS) if opts.mask == "auto" else [opts.mask]
+    if not info["takes_mask"]:
+        conventions = ["keep"]  # f(q, k, v) must mask the future itself
+    else:
+        conventions = list(MASKS) if opts.mask == "auto" else [opts.mask]
     calls = [(*p, masks[c]) for c in conventions for p in probes]
     answer = ask(child, "call", calls=calls)
     outs = {c: answer["outs"][i * 3:(i + 1) * 3] for i, c in enumerate(conventions)}
@@ -305,7 +308,10 @@ def _check_function(child, info: dict, opts: Options, report: Report) -> None:
     chosen = min(matched or usable, key=lambda c: (results[c][1][0] if results[c][1] else
                                                    (True, 9, math.inf)))
     y, best = results[chosen]
-    if opts.mask == "auto":
+    if not info["takes_mask"]:
+        report.header["mask"] = "none given: the function takes q, k, v only, so it must mask " \
+                                "the future itself"
+    elif opts.mask == "auto":
         if len({tuple(torch.cat([o.double().flatten() for o in outs[c]]).tolist())
                 for c in usable}) == 1 and len(usable) > 1:
             report.header["mask"] = "the output is the same whatever mask it is given"

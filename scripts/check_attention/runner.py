@@ -182,6 +182,7 @@ class Session:
         self.user_cwd, self.file, self.obj, self.layer = user_cwd, None, None, None
         self.sizes, self.how, self.device, self.dtype = {}, "", "cpu", None
         self.captures: dict = {}
+        self.takes_mask = True
 
     # -- load
 
@@ -216,9 +217,11 @@ class Session:
         elif isinstance(obj, type) and not issubclass(obj, nn.Module):
             raise UserError(f"{name} is a class but not a torch.nn.Module")
         elif not isinstance(obj, type) and callable(obj) and is_scaled_dot_product(obj):
-            params = list(inspect.signature(obj).parameters)
+            params = inspect.signature(obj).parameters
+            self.takes_mask = len(params) >= 4 or any(
+                p.kind is p.VAR_POSITIONAL for p in params.values())
             return {"kind": "function", "how": f"{name}({', '.join(params)})",
-                    "params": params}
+                    "takes_mask": self.takes_mask}
         elif callable(obj):
             self.layer, self.how, consumed = self._build(obj, self.sizes)
         else:
@@ -247,7 +250,8 @@ class Session:
                 layer = layer.to(getattr(torch, self.dtype))
             layer = layer.to(self.device)
         except BaseException as exc:
-            raise UserError(f"moving the layer to {self.device} / {self.dtype} failed: "
+            where = self.device + (f" as {self.dtype}" if self.dtype else "")
+            raise UserError(f"moving the layer to {where} failed: "
                             f"{describe(exc, self.file)}") from None
         layer.eval()  # dropout off: the comparisons need the deterministic layer
         return layer
@@ -332,7 +336,7 @@ class Session:
             mask = mask.to(self.device, dtype if mask.is_floating_point() else mask.dtype)
             try:
                 with torch.no_grad():
-                    out = self.obj(q, k, v, mask)
+                    out = self.obj(q, k, v, mask) if self.takes_mask else self.obj(q, k, v)
                 if isinstance(out, (tuple, list)) and out:
                     out = out[0]
                 if not isinstance(out, torch.Tensor):

@@ -51,3 +51,15 @@ def sqrt_d_model(q, k, v, mask):
     """Divides by sqrt of the whole width, heads times d_k."""
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1) * q.size(1))
     return torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1) @ v
+
+
+def builds_its_own_mask(q, k, v):
+    """No mask parameter: the causal pattern is made inside."""
+    n = q.size(-2)
+    future = torch.ones(n, n, dtype=torch.bool, device=q.device).triu(1)
+    scores = (q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))).masked_fill(future, float("-inf"))
+    return torch.softmax(scores, dim=-1) @ v
+
+
+def forgets_the_mask(q, k, v):
+    return torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.size(-1)), dim=-1) @ v
