@@ -253,7 +253,10 @@ class Child:
     def _exit_words(self) -> str:
         if self.exit["timed_out"]:
             return f"the layer's code took more than {self.timeout:g} s (timeout=) and was stopped"
-        return f"the layer's code ended its process (exit status {self.exit['exited']})"
+        rc = self.exit["exited"]
+        if rc < 0:
+            return f"the layer's process was killed by signal {-rc} ({signal.Signals(-rc).name})"
+        return f"the layer's code ended its process (exit status {rc})"
 
     def close(self) -> None:
         if self.exit is None:
@@ -282,7 +285,7 @@ class Sandbox:
         the checker watches for changes when the children are not confined."""
         self.project_root = Path(project_root)
         self.root = tempfile.mkdtemp(prefix="check_attention-")
-        env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+        env = dict(os.environ)  # PYTHONPATH included: the file may import its neighbours
         env.update(PYTHONDONTWRITEBYTECODE="1", HOME=self.root, TMPDIR=self.root,
                    XDG_CACHE_HOME=self.root, TRITON_CACHE_DIR=self.root, MPLCONFIGDIR=self.root,
                    TORCHINDUCTOR_CACHE_DIR=self.root, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
