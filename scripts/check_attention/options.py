@@ -1,0 +1,38 @@
+"""What a check can be told: the options, their defaults and what each means (no torch here,
+so that a mistyped command is refused at once)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+DTYPES = ("float32", "float64", "bfloat16", "float16")
+MASKS = {"keep": "boolean, True = may attend", "drop": "boolean, True = masked out",
+         "add": "additive, 0 or -inf added to the scores"}
+
+
+@dataclass
+class Options:
+    d_model: int = 64
+    n_head: int = 4
+    seq_len: int = 8
+    batch: int = 2
+    seed: int = 0
+    dtype: Optional[str] = None
+    device: str = "cpu"
+    mask: str = "auto"
+    timeout: float = 120.0
+
+
+HELP = {
+    "d_model": "width the layer is built with and fed (read from the layer if it takes none)",
+    "n_head": "heads the layer is built with; the shape check also tries other counts",
+    "seq_len": "positions per probe sequence (also passed as block_size / context length)",
+    "batch": "sequences per probe batch",
+    "seed": "seed of the random probe inputs",
+    "dtype": f"cast the layer to {', '.join(DTYPES)} (default: as built); the tolerance "
+             f"follows the dtype",
+    "device": "where the layer runs: cpu, cuda, cuda:1, ...",
+    "mask": "a function's mask convention: keep (True = may attend), drop (True = masked), "
+            "add (0 / -inf added to the scores), or auto (found by trying all three)",
+    "timeout": "seconds the layer's code may take in all before it is stopped",
+}

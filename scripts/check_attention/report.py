@@ -1,0 +1,71 @@
+"""What a check found, item by item, and how it is printed: the checklist's own words, then
+PASS / FAIL / SKIP (could not be judged) / N/A (does not apply) and the detail, a diagnosis and
+the verdict."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+ITEM_WORDS = {
+    "scale": "The scaling divisor is the per-head d_k (d_model / h), not the full d_model",
+    "w_o": "W_O is applied after concatenating heads, not skipped",
+    "before_softmax": "The causal mask is added to the raw scores before softmax, not applied "
+                      "to the weights after",
+    "mask_value": "The mask value is a large negative number (or -inf), not 0",
+    "shape": "Output shape is [n, d_model] regardless of head count",
+    "causal": "Causality: no future position changes an earlier output",
+    "equation": "Matches the equation: softmax(QK^T / sqrt(d_k) + M) V per head, concatenated, "
+                "then W_O",
+}
+HEADER = ("layer", "mask", "layout", "heads", "probes", "sandbox")
+
+
+
+@dataclass
+class Item:
+    status: str      # PASS, FAIL, SKIP (could not judge) or N/A (does not apply)
+    detail: str = ""
+
+
+@dataclass
+class Report:
+    target: str
+    header: dict = field(default_factory=dict)   # label -> what the checker saw
+    kind: str = "module"
+    items: dict = field(default_factory=dict)
+    diagnosis: list = field(default_factory=list)
+
+    def set(self, key: str, status: str, detail: str = "") -> None:
+        self.items[key] = Item(status, detail)
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if all(i.status in ("PASS", "N/A") for i in self.items.values()) else 1
+
+    @property
+    def verdict(self) -> str:
+        judged = [k for k, i in self.items.items() if i.status != "N/A"]
+        failed = [k for k in judged if self.items[k].status == "FAIL"]
+        skipped = [k for k in judged if self.items[k].status == "SKIP"]
+        if failed:
+            return f"FAIL ({len(failed)} of {len(judged)} checks fail)"
+        if skipped:
+            return (f"NOT VERIFIED (no check fails, but {len(skipped)} of {len(judged)} could "
+                    f"not be judged)")
+        return f"PASS (all {len(judged)} checks pass)"
+
+    def lines(self) -> list[str]:
+        out = [f"check_attention {self.target}"]
+        out += [f"  {label + ':':<8} {self.header[label]}"
+                for label in HEADER if label in self.header]
+        for key in ITEM_WORDS:
+            if key in self.items:
+                item = self.items[key]
+                sep = ": " if item.status in ("FAIL", "SKIP") else ("  " if item.detail else "")
+                words = ITEM_WORDS[key].replace("d_model]", "d_v]") \
+                    if key == "shape" and self.kind == "function" else ITEM_WORDS[key]
+                detail = f"({item.detail})" if item.status in ("PASS", "N/A") and item.detail \
+                    else item.detail
+                out.append(f"{item.status:<4}  {words}{sep}{detail}")
+        out += [f"diagnosis: {d}" for d in self.diagnosis]
+        out.append(f"verdict: {self.verdict}")
+        return out

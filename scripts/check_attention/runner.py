@@ -1,0 +1,378 @@
+"""What the sandboxed child does with the user's file: import it, build the layer, run it.
+
+This is the only code that touches the user's objects, and it runs in the child process only
+(see sandbox.py). It imports nothing from the project, answers one frame per request and never
+judges anything: it reports what the layer returned, and the checker compares.
+
+Requests (dicts with a `cmd`):
+    load     import FILE, find NAME, build the layer (or take the function), eval() it
+    forward  run the layer on each x; optionally record each Linear's first input and output
+    rebuild  build it again with another head count and report the output's shape
+    call     call a scaled dot-product function on (q, k, v, mask) tuples
+    exit     return (the host then reports the child's exit)
+"""
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import os
+import sys
+import traceback
+
+import torch
+import torch.nn as nn
+
+# The spellings a constructor's parameters go by, for each size the checker builds with.
+D_MODEL = {"d_model", "n_embd", "n_embed", "embed_dim", "embedding_dim", "emb_dim", "embed_size",
+           "emb_size", "hidden_size", "hidden_dim", "dim", "d", "model_dim", "d_in", "in_dim",
+           "input_dim", "width", "n_state", "nx", "d_hidden", "n_embedding", "num_hiddens"}
+N_HEAD = {"n_head", "n_heads", "num_heads", "nhead", "nheads", "heads", "num_attention_heads",
+          "h", "n_attention_heads", "head_count", "num_head", "attention_heads"}
+HEAD_SIZE = {"head_size", "head_dim", "d_k", "d_head", "dim_head", "d_kv", "attention_head_size",
+             "kv_channels", "hs"}
+BLOCK = {"block_size", "context_length", "context_len", "context_size", "context_window",
+         "max_seq_len", "max_seq_length", "seq_len", "max_len", "max_length", "n_ctx",
+         "n_positions", "max_position_embeddings", "ctx_len", "sequence_length", "T",
+         "max_context_length"}
+DROPOUT = {"dropout", "p", "attn_pdrop", "resid_pdrop", "dropout_p", "attn_dropout",
+           "attention_dropout", "resid_dropout", "dropout_rate", "drop", "attn_drop",
+           "proj_drop", "pdrop", "dropout_prob", "attention_probs_dropout_prob", "embd_pdrop"}
+TRUE = {"bias", "qkv_bias", "use_bias", "causal", "is_causal", "masked"}
+CONFIG = {"config", "cfg", "args", "params", "hparams", "conf", "model_config", "configs", "c",
+          "opt", "options", "hp"}
+QKV = ({"q", "query", "queries", "xq"}, {"k", "key", "keys", "xk"}, {"v", "value", "values", "xv"})
+
+
+class UserError(Exception):
+    """The file or the object cannot be used (one sentence; the checker exits 2)."""
+
+
+def describe(exc: BaseException, file: str) -> str:
+    """`TypeError: message (file.py, line 12)`: the exception and the user's line it came from."""
+    where = ""
+    for frame in reversed(traceback.extract_tb(exc.__traceback__)):
+        if os.path.abspath(frame.filename) == file:
+            where = f" ({os.path.basename(file)}, line {frame.lineno})"
+            break
+    if isinstance(exc, SyntaxError) and exc.lineno:
+        where = f" ({os.path.basename(file)}, line {exc.lineno})"
+        return f"SyntaxError: {exc.msg}{where}"
+    message = " ".join(str(exc).split())
+    if len(message) > 300:
+        message = message[:297] + "..."
+    return f"{type(exc).__name__}: {message}{where}" if message else type(exc).__name__ + where
+
+
+class LayerConfig:
+    """The `config` a nanoGPT / minGPT style constructor reads its sizes from. Records what was
+    read, so the report can say how the layer was built."""
+
+    def __init__(self, sizes: dict):
+        object.__setattr__(self, "_sizes", sizes)
+        object.__setattr__(self, "read", {})
+
+    def _value(self, name: str):
+        s = self._sizes
+        for names, value in ((D_MODEL, s["d_model"]), (N_HEAD, s["n_head"]),
+                             (HEAD_SIZE, s["d_model"] // s["n_head"]),
+                             (BLOCK, s["block_size"]), (DROPOUT, 0.0), (TRUE, True)):
+            if name in names:
+                return value
+        raise AttributeError(
+            f"the layer reads config.{name}, which the checker does not know (it offers the "
+            f"width, head count, head size, context length, dropout and bias); write a "
+            f"zero-argument factory in the file and check that instead")
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        value = self._value(name)
+        self.read[name] = value
+        return value
+
+    __getitem__ = __getattr__
+
+    def get(self, name, default=None):
+        try:
+            return getattr(self, name)
+        except AttributeError:
+            return default
+
+    def __contains__(self, name):
+        return self.get(name) is not None
+
+    def __setattr__(self, name, value):
+        self._sizes[name] = value
+
+
+def bind(fn, sizes: dict) -> tuple[list, dict, str, set]:
+    """Arguments for fn built from `sizes`, by parameter name. Returns (args, kwargs, how the call
+    reads, which sizes it consumed). Raises UserError for a required parameter we cannot fill."""
+    name = getattr(fn, "__name__", type(fn).__name__)
+    try:
+        params = [p for p in inspect.signature(fn).parameters.values()
+                  if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    except (TypeError, ValueError):
+        params = None
+    d, h = sizes["d_model"], sizes["n_head"]
+    if params is None:
+        return [d, h], {}, f"{name}({d}, {h})", {"d_model", "n_head"}
+    required = [p for p in params if p.default is p.empty]
+    known = D_MODEL | N_HEAD | HEAD_SIZE | BLOCK | DROPOUT | TRUE | CONFIG
+    if len(required) == 2 and not any(p.name in known for p in required):
+        return [d, h], {}, f"{name}({d}, {h})", {"d_model", "n_head"}  # Name(d_model, n_head)
+    kwargs, consumed, config = {}, set(), None
+    for p in params:
+        if p.name in D_MODEL:
+            kwargs[p.name], _ = d, consumed.add("d_model")
+        elif p.name in N_HEAD:
+            kwargs[p.name], _ = h, consumed.add("n_head")
+        elif p.name in HEAD_SIZE:
+            kwargs[p.name], _ = d // h, consumed.add("n_head")
+        elif p.name in BLOCK:
+            kwargs[p.name] = sizes["block_size"]
+        elif p.default is not p.empty:
+            continue  # its own default (dropout is off in eval mode anyway)
+        elif p.name in DROPOUT:
+            kwargs[p.name] = 0.0
+        elif p.name in TRUE:
+            kwargs[p.name] = True
+        elif p.name in CONFIG and config is None:
+            config = kwargs[p.name] = LayerConfig(dict(sizes))
+            consumed |= {"d_model", "n_head"}
+        else:
+            raise UserError(
+                f"cannot build {name}: its parameter {p.name!r} is none the checker knows (it "
+                f"passes the width as d_model / n_embd / embed_dim ..., the head count as "
+                f"n_head / num_heads ..., or a config); write a zero-argument factory in the "
+                f"file (def make(): return {name}(...)) and check FILE.py:make")
+    how = ", ".join(k if v is config else f"{k}={v!r}" for k, v in kwargs.items())
+    return [], kwargs, f"{name}({how})", consumed
+
+
+def is_scaled_dot_product(fn) -> bool:
+    """f(q, k, v, ...) with at least three required parameters."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return False
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    required = [p for p in positional if p.default is p.empty]
+    if len(positional) < 3:
+        return False
+    names = [p.name.lower() for p in positional[:3]]
+    if all(n in group for n, group in zip(names, QKV)):
+        return True
+    return len(required) >= 3 and not any(p.name in D_MODEL | N_HEAD | CONFIG for p in required)
+
+
+def linear_like(module: nn.Module) -> bool:
+    """A module holding one 2-D weight (and maybe a bias) of its own: nn.Linear, GPT-2's Conv1D,
+    a course's hand-written Linear."""
+    own = dict(module.named_parameters(recurse=False))
+    weight = own.get("weight")
+    return (weight is not None and weight.dim() == 2 and weight.is_floating_point()
+            and set(own) <= {"weight", "bias"})
+
+
+class Session:
+    """The child's state: the user's module, the object found in it, the built layer."""
+
+    def __init__(self, user_cwd: str):
+        self.user_cwd, self.file, self.obj, self.layer = user_cwd, None, None, None
+        self.sizes, self.how, self.device, self.dtype = {}, "", "cpu", None
+        self.captures: dict = {}
+        self.takes_mask = True
+
+    # -- load
+
+    def load(self, req: dict) -> dict:
+        self.file = os.path.abspath(req["file"])
+        self.sizes = {"d_model": req["d_model"], "n_head": req["n_head"],
+                      "block_size": req["block_size"]}
+        self.device, self.dtype = req["device"], req["dtype"]
+        sys.path[:0] = [os.path.dirname(self.file), self.user_cwd]  # as `python -m` from there
+        sys.dont_write_bytecode = True
+        torch.manual_seed(req["seed"])  # the layer's initial weights, like the probes: seeded
+        stem = os.path.splitext(os.path.basename(self.file))[0]
+        module_name = stem if stem.isidentifier() and stem not in sys.modules else "user_attention"
+        try:
+            spec = importlib.util.spec_from_file_location(module_name, self.file)
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[module_name] = module
+            spec.loader.exec_module(module)
+        except BaseException as exc:
+            raise UserError(f"importing {os.path.basename(self.file)} failed: "
+                            f"{describe(exc, self.file)}") from None
+        name = req["name"]
+        if not hasattr(module, name):
+            found = sorted(n for n, v in vars(module).items() if not n.startswith("_") and (
+                (isinstance(v, type) and issubclass(v, nn.Module)) or inspect.isfunction(v))
+                and getattr(v, "__module__", None) == module_name)
+            raise UserError(f"{os.path.basename(self.file)} has no {name!r}"
+                            + (f" (it defines {', '.join(found)})" if found else ""))
+        self.obj = obj = getattr(module, name)
+        if isinstance(obj, nn.Module):
+            self.layer, self.how, consumed = self._prepare(obj), f"{name} (an instance)", set()
+        elif isinstance(obj, type) and not issubclass(obj, nn.Module):
+            raise UserError(f"{name} is a class but not a torch.nn.Module")
+        elif not isinstance(obj, type) and callable(obj) and is_scaled_dot_product(obj):
+            params = inspect.signature(obj).parameters
+            self.takes_mask = len(params) >= 4 or any(
+                p.kind is p.VAR_POSITIONAL for p in params.values())
+            return {"kind": "function", "how": f"{name}({', '.join(params)})",
+                    "takes_mask": self.takes_mask}
+        elif callable(obj):
+            self.layer, self.how, consumed = self._build(obj, self.sizes)
+        else:
+            raise UserError(f"{name} is an object of type {type(obj).__name__}, not an "
+                            f"nn.Module class, a factory or a function f(q, k, v, mask)")
+        return self._describe_layer(consumed)
+
+    def _build(self, obj, sizes: dict):
+        args, kwargs, how, consumed = bind(obj, sizes)
+        try:
+            layer = obj(*args, **kwargs)
+        except UserError:
+            raise
+        except BaseException as exc:
+            raise UserError(f"building {how} failed: {describe(exc, self.file)}") from None
+        config = next((v for v in kwargs.values() if isinstance(v, LayerConfig)), None)
+        if config is not None and config.read:
+            how += " with " + ", ".join(f"config.{k}={v!r}" for k, v in config.read.items())
+        if not isinstance(layer, nn.Module):
+            raise UserError(f"{how} returned a {type(layer).__name__}, not an nn.Module")
+        return self._prepare(layer), how, consumed
+
+    def _prepare(self, layer: nn.Module) -> nn.Module:
+        try:
+            if self.dtype is not None:
+                layer = layer.to(getattr(torch, self.dtype))
+            layer = layer.to(self.device)
+        except BaseException as exc:
+            where = self.device + (f" as {self.dtype}" if self.dtype else "")
+            raise UserError(f"moving the layer to {where} failed: "
+                            f"{describe(exc, self.file)}") from None
+        layer.eval()  # dropout off: the comparisons need the deterministic layer
+        return layer
+
+    def _describe_layer(self, consumed: set) -> dict:
+        layer = self.layer
+        params = dict(layer.named_parameters())
+        floating = [p for p in params.values() if p.is_floating_point()]
+        dtype = floating[0].dtype if floating else torch.float32
+        linears = [{"name": n, "cls": type(m).__name__} for n, m in layer.named_modules()
+                   if linear_like(m)]
+        attrs = {k: v for k, v in vars(layer).items() if not k.startswith("_")
+                 and isinstance(v, (int, float)) and not isinstance(v, bool)}
+        self.captures = {}
+        for entry in linears:
+            module = layer.get_submodule(entry["name"]) if entry["name"] else layer
+            module.register_forward_hook(self._hook(entry["name"]))
+        dropouts = sum(isinstance(m, nn.Dropout) for m in layer.modules())
+        return {"kind": "module", "how": self.how, "consumed": sorted(consumed),
+                "dtype": str(dtype).replace("torch.", ""), "device": self.device,
+                "params": {n: p.detach().cpu() for n, p in params.items()},
+                "linears": linears, "attrs": attrs, "dropouts": dropouts,
+                "class": type(layer).__name__,
+                "modules": [(n, type(m).__name__) for n, m in layer.named_modules()][:200]}
+
+    def _hook(self, name: str):
+        def hook(module, inputs, output):
+            record = self.captures.get(name)
+            if record is None:
+                return
+            record["calls"] += 1
+            if record["calls"] == 1 and inputs and isinstance(inputs[0], torch.Tensor) \
+                    and isinstance(output, torch.Tensor):
+                record["input"], record["output"] = inputs[0].detach().cpu(), output.detach().cpu()
+        return hook
+
+    # -- running the layer
+
+    def _forward(self, layer, x: torch.Tensor, seed: int) -> torch.Tensor:
+        torch.manual_seed(seed)
+        with torch.no_grad():
+            out = layer(x.to(self.device, next_dtype(layer)))
+        if isinstance(out, (tuple, list)) and out:
+            out = out[0]
+        if not isinstance(out, torch.Tensor):
+            raise UserError(f"forward returned a {type(out).__name__}, not a tensor or a tuple "
+                            f"whose first element is one")
+        return out.detach().cpu()
+
+    def forward(self, req: dict) -> dict:
+        ys, errors, captures = [], [], []
+        names = [n for n, m in self.layer.named_modules() if linear_like(m)]
+        for x, seed, capture in zip(req["xs"], req["seeds"], req["capture"]):
+            self.captures = {n: {"calls": 0} for n in names} if capture else {}
+            try:
+                ys.append(self._forward(self.layer, x, seed))
+                errors.append(None)
+            except UserError as exc:
+                ys.append(None), errors.append(str(exc))
+            except BaseException as exc:
+                ys.append(None), errors.append(describe(exc, self.file))
+            captures.append(self.captures)
+        self.captures = {}
+        return {"ys": ys, "errors": errors, "captures": captures}
+
+    def rebuild(self, req: dict) -> dict:
+        sizes = dict(self.sizes, n_head=req["n_head"])
+        torch.manual_seed(0)
+        try:
+            layer, _, _ = self._build(self.obj, sizes)
+            return {"shape": list(self._forward(layer, req["x"], 0).shape)}
+        except UserError as exc:
+            return {"error": str(exc)}
+        except BaseException as exc:
+            return {"error": describe(exc, self.file)}
+
+    def call(self, req: dict) -> dict:
+        outs, errors = [], []
+        dtype = getattr(torch, self.dtype or "float32")
+        for q, k, v, mask in req["calls"]:
+            q, k, v = (t.to(self.device, dtype) for t in (q, k, v))
+            mask = mask.to(self.device, dtype if mask.is_floating_point() else mask.dtype)
+            try:
+                with torch.no_grad():
+                    out = self.obj(q, k, v, mask) if self.takes_mask else self.obj(q, k, v)
+                if isinstance(out, (tuple, list)) and out:
+                    out = out[0]
+                if not isinstance(out, torch.Tensor):
+                    raise UserError(f"it returned a {type(out).__name__}, not a tensor")
+                outs.append(out.detach().cpu()), errors.append(None)
+            except UserError as exc:
+                outs.append(None), errors.append(str(exc))
+            except BaseException as exc:
+                outs.append(None), errors.append(describe(exc, self.file))
+        return {"outs": outs, "errors": errors}
+
+
+def next_dtype(layer: nn.Module) -> torch.dtype:
+    """The dtype the layer computes in: its first floating parameter's (float32 without any)."""
+    for p in layer.parameters():
+        if p.is_floating_point():
+            return p.dtype
+    return torch.float32
+
+
+def serve(proto_in: int, proto_out: int, user_cwd: str, read_frame, write_frame) -> None:
+    """Answer requests until `exit` (or the checker hangs up)."""
+    session = Session(user_cwd)
+    handlers = {"load": session.load, "forward": session.forward, "rebuild": session.rebuild,
+                "call": session.call}
+    while True:
+        try:
+            req = read_frame(proto_in)
+        except EOFError:
+            return
+        if req.get("cmd") not in handlers:
+            return
+        try:
+            answer = handlers[req["cmd"]](req)
+        except UserError as exc:
+            answer = {"error": str(exc)}
+        except BaseException as exc:  # the user's code raised where we did not expect it
+            answer = {"error": describe(exc, session.file or "")}
+        write_frame(proto_out, answer)

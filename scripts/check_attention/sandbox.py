@@ -1,0 +1,353 @@
+"""Run someone else's attention code where it cannot touch the project, or us.
+
+The checker never imports the user's file into its own process: the file could patch
+`torch.softmax`, or our `scaled_dot_product_attention`, and every reference we compute would
+then agree with it. Instead a *host* process (this file, run as a script) starts once, confines
+itself and imports torch; for each layer to check it forks a fresh child, which imports the
+user's file and answers our requests (build, forward, call) over a pipe. So:
+
+- the user's code shares no memory with the checker: whatever it patches, it patches in its own
+  process, and every reference is computed in ours;
+- on Linux the host confines itself with Landlock before anything else: it and every child may
+  write only beneath their temporary directory and /dev (device nodes and /dev/null), may not
+  open TCP connections, and may not signal or trace processes outside the sandbox. Reading stays
+  allowed (the child imports torch). Where Landlock is missing (another OS, a kernel before 5.13)
+  the child is still a separate process, and the checker compares the project's files before
+  and after it ran, refusing the result if anything changed (`Sandbox.confined` says which);
+- what comes back is read with `torch.load(weights_only=True)`, which builds tensors, numbers,
+  strings and containers and never runs code;
+- a child that hangs is killed at its deadline, with whatever it started.
+
+Protocol: frames of an 8-byte little-endian length and a `torch.save`d dict, over the host's
+stdin and stdout. The host answers `fork` with the child's pid and then sleeps until the child
+exits; meanwhile the child owns the pipe, answers one frame per request, and the host finally
+reports the child's exit with a frame marked `exited`.
+"""
+from __future__ import annotations
+
+import ctypes
+import io
+import os
+import select
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Optional
+
+MAX_FRAME = 1 << 30  # a frame larger than 1 GiB is not an answer to anything we asked
+HEADER = struct.Struct("<Q")
+# Where the project's files live, and the parts of it that are not the project (outputs,
+# caches): a child that changed anything else would have changed the project.
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+NOT_PROJECT = {".git", "runs", "outputs", "multirun", ".cache", "__pycache__", ".pytest_cache",
+               ".venv", "venv"}
+
+
+class SandboxError(RuntimeError):
+    """The user's code could not be run, or its process misbehaved (one sentence)."""
+
+
+# ----------------------------------------------------------------------------- frames
+
+
+def write_frame(fd: int, obj) -> None:
+    import torch
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    data = HEADER.pack(len(buf.getbuffer())) + buf.getvalue()
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _read_exact(fd: int, n: int, deadline: Optional[float]) -> bytes:
+    chunks, left = [], n
+    while left:
+        if deadline is not None:
+            ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+            if not ready:
+                raise TimeoutError
+        chunk = os.read(fd, min(left, 1 << 20))
+        if not chunk:
+            raise EOFError
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
+def read_frame(fd: int, deadline: Optional[float] = None):
+    import torch
+    (n,) = HEADER.unpack(_read_exact(fd, HEADER.size, deadline))
+    if n > MAX_FRAME:
+        raise ValueError(f"a frame of {n} bytes")
+    return torch.load(io.BytesIO(_read_exact(fd, n, deadline)), weights_only=True)
+
+
+# ----------------------------------------------------------------------------- Landlock
+
+# linux/landlock.h. The filesystem rights that write, by the ABI version that introduced them.
+_WRITE_RIGHTS = {1: (1 << 1) | (1 << 4) | (1 << 5) | sum(1 << b for b in range(6, 13)),
+                 2: 1 << 13,   # REFER (rename / link across directories)
+                 3: 1 << 14}   # TRUNCATE
+_NET_TCP = (1 << 0) | (1 << 1)             # BIND_TCP, CONNECT_TCP (ABI 4)
+_SCOPE = (1 << 0) | (1 << 1)               # ABSTRACT_UNIX_SOCKET, SIGNAL (ABI 6)
+_SYS_CREATE, _SYS_ADD_RULE, _SYS_RESTRICT = 444, 445, 446  # the same on every architecture
+_PR_SET_NO_NEW_PRIVS, _RULE_PATH_BENEATH, _O_PATH = 38, 1, 0o10000000
+
+
+class _RulesetAttr(ctypes.Structure):
+    _fields_ = [("handled_access_fs", ctypes.c_uint64), ("handled_access_net", ctypes.c_uint64),
+                ("scoped", ctypes.c_uint64)]
+
+
+class _PathBeneath(ctypes.Structure):
+    _pack_ = 1
+    _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+
+
+def confine_writes(writable: list[str]) -> str:
+    """Restrict this process (and everything it forks) to writing beneath `writable`.
+
+    Returns what was done, in words; an empty string when the kernel offers no Landlock (the
+    caller then falls back to checking the project's files). Call it while single-threaded:
+    a restriction binds the calling thread and the threads and processes it starts later.
+    """
+    if not sys.platform.startswith("linux"):
+        return ""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    abi = libc.syscall(_SYS_CREATE, None, ctypes.c_size_t(0), ctypes.c_uint32(1))
+    if abi < 1:
+        return ""
+    fs = sum(rights for version, rights in _WRITE_RIGHTS.items() if abi >= version)
+    attr = _RulesetAttr(fs, _NET_TCP if abi >= 4 else 0, _SCOPE if abi >= 6 else 0)
+    size = ctypes.sizeof(attr) if abi >= 6 else (16 if abi >= 4 else 8)
+    ruleset = libc.syscall(_SYS_CREATE, ctypes.byref(attr), ctypes.c_size_t(size),
+                           ctypes.c_uint32(0))
+    if ruleset < 0:
+        return ""
+    try:
+        for path in writable:
+            fd = os.open(path, _O_PATH | os.O_CLOEXEC)
+            try:
+                rule = _PathBeneath(fs, fd)
+                if libc.syscall(_SYS_ADD_RULE, ruleset, _RULE_PATH_BENEATH, ctypes.byref(rule),
+                                ctypes.c_uint32(0)) != 0:
+                    return ""
+            finally:
+                os.close(fd)
+        if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+            return ""
+        if libc.syscall(_SYS_RESTRICT, ruleset, ctypes.c_uint32(0)) != 0:
+            return ""
+    finally:
+        os.close(ruleset)
+    extra = (", no TCP" if abi >= 4 else "") + (", no signals out" if abi >= 6 else "")
+    return f"Landlock ABI {abi}: writes only to its temporary directory and /dev{extra}"
+
+
+# ----------------------------------------------------------------------------- the host
+
+
+def _wait(pid: int, deadline: float) -> tuple[int, bool]:
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status), False
+        if time.monotonic() > deadline:
+            for kill in (os.killpg, os.kill):  # its group (whatever it started), then itself
+                try:
+                    kill(pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            _, status = os.waitpid(pid, 0)
+            return os.waitstatus_to_exitcode(status), True
+        time.sleep(0.005)
+
+
+def _host(root: str, user_cwd: str, confine: bool) -> None:
+    """The host's loop: confine, import torch, then fork one child per `fork` request."""
+    confinement = confine_writes([root, "/dev"]) if confine else ""
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path = [p for p in sys.path if os.path.abspath(p or ".") != here]
+    sys.path.insert(0, here)
+    import runner  # noqa: E402  (this folder's runner.py: stdlib and torch only)
+    import torch
+
+    torch.set_num_threads(1)  # the probes are tiny; one thread is fastest and shares the machine
+    sys.path.pop(0)
+    proto_in, proto_out = os.dup(0), os.dup(1)
+    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+    os.dup2(os.open(os.devnull, os.O_WRONLY), 1)  # a stray print cannot corrupt the protocol
+    write_frame(proto_out, {"ready": True, "confinement": confinement})
+    while True:
+        try:
+            req = read_frame(proto_in)
+        except EOFError:
+            return
+        if req["cmd"] != "fork":
+            return
+        workdir = tempfile.mkdtemp(prefix="child-", dir=root)
+        sys.stdout.flush(), sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            code = 0
+            try:
+                os.setpgid(0, 0)  # a timeout kills the child's whole group
+                os.chdir(workdir)
+                log = os.open(os.path.join(workdir, "output.log"), os.O_WRONLY | os.O_CREAT, 0o600)
+                os.dup2(log, 1), os.dup2(log, 2)  # the user's prints go to a file we ignore
+                runner.serve(proto_in, proto_out, user_cwd, read_frame, write_frame)
+            except BaseException:
+                code = 3
+            finally:
+                os._exit(code)
+        write_frame(proto_out, {"pid": pid})
+        rc, timed_out = _wait(pid, time.monotonic() + float(req["timeout"]))
+        shutil.rmtree(workdir, ignore_errors=True)
+        write_frame(proto_out, {"exited": rc, "timed_out": timed_out})
+
+
+# ----------------------------------------------------------------------------- the checker's side
+
+
+def project_snapshot(root: Path = PROJECT_ROOT) -> dict[str, tuple[int, int]]:
+    """(size, mtime) of every project file: equal snapshots, nothing written."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if d not in NOT_PROJECT]
+        for name in filenames:
+            path = os.path.join(dirpath, name)
+            try:
+                st = os.lstat(path)
+            except OSError:
+                continue
+            out[os.path.relpath(path, root)] = (st.st_size, st.st_mtime_ns)
+    return out
+
+
+class Child:
+    """One forked child serving one user file: `ask` sends a request and returns the answer."""
+
+    def __init__(self, sandbox: "Sandbox", timeout: float):
+        self.sandbox, self.deadline, self.timeout = sandbox, time.monotonic() + timeout, timeout
+        self.exit: Optional[dict] = None
+        sandbox._send({"cmd": "fork", "timeout": timeout})
+        self.pid = sandbox._recv(time.monotonic() + 30)["pid"]
+
+    def ask(self, cmd: str, **fields) -> dict:
+        if self.exit is not None:
+            raise SandboxError(self._exit_words())
+        self.sandbox._send({"cmd": cmd, **fields})
+        answer = self.sandbox._recv(self.deadline + 5)  # the host kills the child at deadline
+        if "exited" in answer:
+            self.exit = answer
+            raise SandboxError(self._exit_words())
+        return answer
+
+    def _exit_words(self) -> str:
+        if self.exit["timed_out"]:
+            return f"the layer's code took more than {self.timeout:g} s (timeout=) and was stopped"
+        rc = self.exit["exited"]
+        if rc < 0:
+            return f"the layer's process was killed by signal {-rc} ({signal.Signals(-rc).name})"
+        return f"the layer's code ended its process (exit status {rc})"
+
+    def close(self) -> None:
+        if self.exit is None:
+            try:
+                self.sandbox._send({"cmd": "exit"})
+                while "exited" not in self.sandbox._recv(self.deadline + 5):
+                    pass
+            except (SandboxError, OSError):
+                pass
+            self.exit = {"exited": 0, "timed_out": False}
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class Sandbox:
+    """The host process. `child(timeout)` forks a fresh child for one user file; a Sandbox can
+    serve many files one after the other (the tests check dozens with one host)."""
+
+    def __init__(self, user_cwd: Optional[str] = None, project_root: Path = PROJECT_ROOT,
+                 confine: bool = True):
+        """confine=False skips Landlock (as on a system without it); project_root is the tree
+        the checker watches for changes when the children are not confined."""
+        self.project_root = Path(project_root)
+        self.root = tempfile.mkdtemp(prefix="check_attention-")
+        env = dict(os.environ)  # PYTHONPATH included: the file may import its neighbours
+        env.update(PYTHONDONTWRITEBYTECODE="1", HOME=self.root, TMPDIR=self.root,
+                   XDG_CACHE_HOME=self.root, TRITON_CACHE_DIR=self.root, MPLCONFIGDIR=self.root,
+                   TORCHINDUCTOR_CACHE_DIR=self.root, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
+                   OPENBLAS_NUM_THREADS="1")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-B", os.path.abspath(__file__), self.root,
+             os.path.abspath(user_cwd or os.getcwd()), "confine" if confine else "open"],
+            cwd=self.root, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL)
+        self._ready: Optional[dict] = None
+
+    @property
+    def confinement(self) -> str:
+        """How the children are confined, in words; empty when they are not (no Landlock)."""
+        if self._ready is None:
+            try:
+                self._ready = self._recv(time.monotonic() + 120)
+            except SandboxError as exc:
+                raise SandboxError(f"the sandbox process did not start ({exc})") from None
+        return self._ready["confinement"]
+
+    def child(self, timeout: float) -> Child:
+        self.confinement  # wait until the host is ready
+        return Child(self, timeout)
+
+    def _send(self, obj) -> None:
+        try:
+            write_frame(self.proc.stdin.fileno(), obj)
+        except (BrokenPipeError, OSError):
+            raise SandboxError("the sandbox process is gone") from None
+
+    def _recv(self, deadline: float) -> dict:
+        try:
+            answer = read_frame(self.proc.stdout.fileno(), deadline)
+        except TimeoutError:
+            raise SandboxError("the sandbox process stopped answering") from None
+        except EOFError:
+            raise SandboxError("the sandbox process is gone") from None
+        except Exception as exc:  # torch.load refused it: not a frame we could have asked for
+            raise SandboxError(f"the layer's process sent a malformed answer "
+                               f"({type(exc).__name__})") from None
+        if not isinstance(answer, dict):
+            raise SandboxError("the layer's process sent a malformed answer")
+        return answer
+
+    def close(self) -> None:
+        if self._ready is None:  # never used: no need to wait for its imports
+            self.proc.kill()
+        try:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            self.proc.kill()
+            self.proc.wait()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+if __name__ == "__main__":
+    _host(sys.argv[1], sys.argv[2], sys.argv[3] == "confine")
