@@ -19,7 +19,7 @@ import pytest
 
 from bench.common import hydra_string
 from bench.train_step import climb
-from training.config import compose
+from guard.preflight import compose
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 BENCHMARKS = ("attention", "train_step", "generate", "startup")
