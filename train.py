@@ -491,7 +491,7 @@ def main(cfg: DictConfig) -> float:
     # A mistake ends the process here: in a sweep, at the first job that fails.
     with mistakes_exit():
         try:
-            run = resolve_run(cfg)
+            run = resolve_run(cfg)  # preflight's, or (a sweep's job, a rank > 0) settled now
             world = init_world(parse_device(run.cfg.train.device, "train.device"))
             run_dir = Path(broadcast_from_main(str(run.run_dir), world))  # rank 0's for all
             metrics = train(run.cfg, run_dir, run.resuming, world)

@@ -23,8 +23,6 @@ from typing import TYPE_CHECKING, Callable, Iterable, Optional, Sequence
 
 import torch
 
-from guard.cli import hydra_string  # noqa: F401  (bench/startup.py quotes paths with it)
-
 if TYPE_CHECKING:
     from training.config import Config
 

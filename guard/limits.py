@@ -64,8 +64,6 @@ class Limit:
     def _range(self) -> str:
         if self.low == 0 and math.isinf(self.high):
             return "positive" if self.above else "non-negative"
-        if self.low == 1 and math.isinf(self.high):
-            return "positive"
         return f"between {self.low:,} and {self.high:,}"
 
 
@@ -91,8 +89,10 @@ def temperature(key: str) -> Limit:
                                              f"(for the most likely token, sample greedily)")
 
 
-# The table: train.py's keys (a run's config), then generate.py's.
+# The table: train.py's keys (a run's config), then generate.py's. Sizes that are too big are
+# "does not fit" (below), not a row.
 TRAIN = [
+    # model, attention
     positive("model.n_layer"), positive("model.n_head"), positive("model.n_embd"),
     positive("model.block_size"), positive("model.mlp_ratio"),
     fraction("model.dropout"), fraction("model.attn_dropout", optional=True),
@@ -101,11 +101,13 @@ TRAIN = [
     non_negative("attention.query_block", optional=True,
                  words="0 (off), a positive number of rows or null (by device)"),
     positive("attention.qk_init_std", optional=True, words="positive or null"),
+    # optim
     positive("optim.lr"), non_negative("optim.min_lr"), non_negative("optim.warmup_steps", MAX_COUNT),
     non_negative("optim.weight_decay"), non_negative("optim.grad_clip"),
     positive("optim.muon_ns_steps", 1000), positive("optim.muon_lr_scale"),
     fraction("optim.beta1"), fraction("optim.beta2"), fraction("optim.muon_momentum"),
     positive("optim.eps", words="a positive number"),
+    # train
     *(positive(f"train.{key}", MAX_COUNT) for key in (
         "max_steps", "grad_accum", "eval_interval", "eval_batches", "log_interval",
         "keep_checkpoints")),
@@ -113,6 +115,7 @@ TRAIN = [
     non_negative("train.sample_tokens", MAX_COUNT), non_negative("train.overfit_patience", MAX_COUNT),
     temperature("train.sample_temperature"),
     positive("train.max_minutes", optional=True), positive("train.threads", MAX_WORKERS, optional=True),
+    # data, tokenizer, seed
     positive("data.num_proc", MAX_WORKERS, optional=True),
     positive("data.max_documents", optional=True),
     non_negative("tokenizer.min_frequency", 2**32 - 1),

@@ -31,7 +31,7 @@ from guard.cli import FormatError as GPT2FormatError  # a folder or model GPT-2'
 from guard.cli import UserError, first_line
 from guard.files import check_regular
 from guard.hf import CONFIG, WEIGHTS, Fields, PathLike, open_folder, read_tensors, size_limit, \
-    tensor_names
+    tensor_names  # CONFIG, WEIGHTS: the folder's file names, which the export writes too
 from guard.limits import check_model
 from model.config import Activation, AttentionConfig, MaskMode, ModelConfig, Scale
 from model.gpt import GPT

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.common import hydra_string
 from bench.train_step import climb
+from guard.cli import hydra_string
 from guard.preflight import compose
 
 REPO_ROOT = Path(__file__).resolve().parents[1]

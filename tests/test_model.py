@@ -7,7 +7,7 @@ import time
 import pytest
 import torch
 
-from model.config import AttentionConfig, ModelConfig
+from model.config import ModelConfig
 from model.gpt import GPT
 from model.sampling import filter_logits, sample_next
 
