@@ -10,7 +10,8 @@
 
 Read `train()` first: it is the whole loop. The pieces it calls follow it in reading order:
 `build_run` (data, model, optimizer, logging, restored state), `optimizer_step` (one step over
-its micro-batches), `evaluate` (validation, diagnostics, sample, checkpoint) and `final_metrics`.
+its micro-batches), `evaluate` (validation losses, then what follows from them) and
+`final_metrics`. The command line comes last; its checks are in guard/.
 """
 from __future__ import annotations
 
@@ -29,35 +30,32 @@ import hydra
 import numpy as np
 import torch
 from hydra.core.hydra_config import HydraConfig
-from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from data import CorpusError
 from data.batches import RandomWindows, fixed_windows
 from data.config import TokenizerConfig, TokenizerKind
 from data.prepare import PreparedCorpus, prepare_corpus
-from data.tokenizer import load_tokenizer
+from guard.cli import UserError, mistakes_exit, run_cli
+from guard.corpus import check_split_lengths
+from guard.limits import parse_device
+from guard.preflight import preflight, resolve_run, undo_failed_run
+from guard.run_dir import read_gpt2_folder
 from model.attention import causal_variant
 from model.gpt import GPT
-from model.hf import GPT2FormatError, load_gpt2_folder
 from model.sampling import seeded_generator
 from training.attention_maps import log_attention_maps, map_window
-from training.checkpoint import (CHECKPOINTS, WEIGHTS, CheckpointError, atomic_write, load_weights,
+from training.checkpoint import (CHECKPOINTS, WEIGHTS, atomic_write, link_latest, load_weights,
                                  restore, save_best, save_checkpoint)
-from training.config import Config, NonFinite, register_configs
+from training.config import CONF_DIR, Config, NonFinite, register_configs
 from training.device import autocast, pick_dtype
-from training.distributed import (World, all_mean, all_sum, barrier, broadcast_from_main,
-                                  init_world, shutdown)
 from training.evaluate import (attention_diagnostics, bits_per_char, full_split_loss, mean_loss,
                                qk_grad_norms, rising_validation)
-from training.errors import TrainingDiverged, UserError, first_line, one_line
 from training.optim import Optimizers, lr_at, make_optimizer
-from training.run_dir import link_latest, preflight, resolve_run
-from training.signals import StopFlag
+from training.runtime import (StopFlag, World, all_mean, all_sum, barrier, broadcast_from_main,
+                              init_world, launch_rank, shutdown)
 from training.state import Progress, rng_state, seed_everything
 from training.tb import HPARAM_METRICS, open_writer, write_hparams
 
@@ -178,12 +176,9 @@ def build_run(cfg: Config, run_dir: Path, resuming: bool, world: World) -> Optio
     corpus = prepare_corpus(cfg.data, cfg.tokenizer) if world.is_main else None
     barrier(world)
     corpus = corpus or prepare_corpus(cfg.data, cfg.tokenizer)
-    if len(corpus.validation) < 2:
-        raise UserError("the validation split is shorter than 2 tokens")
+    check_split_lengths(corpus.train, corpus.validation, m.block_size)
     if world.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
-        if not os.access(run_dir, os.W_OK):
-            raise UserError(f"run directory {run_dir} is not writable")
         if not resuming:
             atomic_write(run_dir / "tokenizer.json", corpus.tokenizer.to_str().encode())
             atomic_write(run_dir / "config.yaml",
@@ -235,19 +230,10 @@ def start_from(cfg: Config) -> tuple[Config, dict]:
     """init_from=<GPT-2 folder>: the folder's weights, with its model shape and tokenizer in
     place of the config's (dropout and the attention variant stay the run's)."""
     folder = Path(cfg.init_from)
-    if not (folder / "tokenizer.json").is_file():
-        raise UserError(f"init_from={folder}: no tokenizer.json there; the weights need the "
-                        f"tokenizer they were trained with")
-    try:
-        shape, weights = load_gpt2_folder(folder)
-    except GPT2FormatError as exc:
-        raise UserError(f"init_from={folder}: {exc}") from exc
+    shape, weights, _ = read_gpt2_folder(folder)
     model = replace(shape, dropout=cfg.model.dropout, attn_dropout=cfg.model.attn_dropout)
     tokenizer = TokenizerConfig(kind=TokenizerKind.file,
                                 path=str((folder / "tokenizer.json").resolve()))
-    if weights["tok_emb.weight"].size(0) != load_tokenizer(folder / "tokenizer.json").get_vocab_size():
-        raise UserError(f"init_from={folder}: its tokenizer.json and its weights have different "
-                        f"vocabulary sizes")
     return replace(cfg, model=model, tokenizer=tokenizer), weights
 
 
@@ -274,16 +260,14 @@ def optimizer_step(run: Run) -> StepResult:
             torch.compiler.cudagraph_mark_step_begin()
             with run.amp:
                 _, loss = run.step_model(x, y)
-            if t.inject_nan_at_step == p.step:  # testing aid for train.on_nonfinite
-                loss = loss * float("nan")
             (loss / len(micro_batches)).backward()
         loss_sum += loss.detach()
     log_now = (p.step + 1) % t.log_interval == 0
     qk = qk_grad_norms(run.model) if log_now else torch.zeros(0, 2, device=world.device)
     clip = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else math.inf
     grad_norm = torch.nn.utils.clip_grad_norm_(run.model.parameters(), clip)
-    mean_loss_ = all_mean(loss_sum / len(micro_batches), world)
-    loss, norm, *flat_qk = torch.cat([mean_loss_.view(1), grad_norm.view(1).float(),
+    step_loss = all_mean(loss_sum / len(micro_batches), world)
+    loss, norm, *flat_qk = torch.cat([step_loss.view(1), grad_norm.view(1).float(),
                                       qk.flatten()]).tolist()  # the one host sync
     if math.isfinite(loss) and math.isfinite(norm):
         run.optimizer.step()
@@ -304,8 +288,8 @@ def skip_nonfinite(run: Run, what: str) -> None:
         kept = (f"the last good checkpoint (step {run.saved_at}) is kept in "
                 f"{run.run_dir / CHECKPOINTS}" if run.saved_at is not None
                 else "no checkpoint had been saved yet")
-        raise TrainingDiverged(f"non-finite {what} at step {p.step}; stopped without saving, "
-                               f"{kept} (lower optim.lr, or set train.on_nonfinite=skip)")
+        raise UserError(f"non-finite {what} at step {p.step}; stopped without saving, {kept} "
+                        f"(lower optim.lr, or set train.on_nonfinite=skip)")
     p.skipped += 1
     # logged at step + 1, like everything about this step: a checkpoint at `step` precedes it,
     # so a resumed run purges it rather than logging it twice
@@ -322,49 +306,69 @@ def log_training(run: Run, result: StepResult, tokens_per_sec: float) -> None:
     w.add_scalar("lr", result.lr, p.step)
     w.add_scalar("grad_norm", result.grad_norm, p.step)
     w.add_scalar("tokens_per_sec", tokens_per_sec, p.step)
+    w.add_scalar("train/tokens_seen", p.tokens_seen, p.step)
     for i, (q, k) in enumerate(result.qk_norms):
         w.add_scalar(f"attn/grad_norm_q/layer{i}", q, p.step)
         w.add_scalar(f"attn/grad_norm_k/layer{i}", k, p.step)
 
 
 def evaluate(run: Run) -> dict:
-    """Validation loss on the fixed batches, and for a leaky variant the causal loss the same
-    weights get with the correct mask (all a model has when generating); attention diagnostics,
-    a text sample, the best weights, the overfitting guard, and a checkpoint. Every rank scores
-    its share of the batches; rank 0 writes."""
-    cfg, p, w, model = run.cfg, run.progress, run.writer, run.model
-    metrics = {"val_loss": mean_loss(model, run.eval_batches, run.amp, run.world),
-               "train_loss": run.last_train_loss}
-    w.add_scalar("val/loss", metrics["val_loss"], p.step)
-    # per character, so runs with different tokenizers share one axis
-    w.add_scalar("val/bpc", to_bpc(run, metrics["val_loss"]), p.step)
-    metrics["causal_val_loss"] = metrics["val_loss"]
-    if run.leaky:
-        with model.attention_variant(causal_variant(cfg.attention)):
-            metrics["causal_val_loss"] = mean_loss(model, run.eval_batches, run.amp, run.world)
-        w.add_scalar("val/causal_loss", metrics["causal_val_loss"], p.step)
+    """One evaluation: the validation losses, then what follows from them."""
+    metrics = validation_losses(run)
     if run.world.is_main:
-        for i, d in enumerate(attention_diagnostics(model, run.eval_batches[0][0], run.amp)):
-            w.add_scalar(f"attn/max_weight/layer{i}", d["max_weight"], p.step)
-            w.add_scalar(f"attn/entropy/layer{i}", d["entropy"], p.step)
-            w.add_scalar(f"attn/future_weight/layer{i}", d["future_weight"], p.step)
-        if cfg.train.attention_maps:  # the same validation window at every evaluation, every run
-            window = map_window(run.corpus.validation, run.corpus.tokenizer,
-                                min(cfg.train.attention_map_tokens, cfg.model.block_size))
-            log_attention_maps(w, model, window, run.corpus.tokenizer, p.step, run.amp)
-        if cfg.train.sample_tokens > 0:
-            w.add_text("sample", sample_text(run), p.step)
-    if metrics["causal_val_loss"] < p.best_val:
-        p.best_val, p.best_step = metrics["causal_val_loss"], p.step
-        if run.world.is_main:
-            save_best(run.run_dir, model, p.step, p.best_val)
-    p.history.append([p.step, metrics["causal_val_loss"], run.last_train_loss])
+        log_evaluation(run, metrics)
+    keep_best(run, metrics["causal_val_loss"])
     check_overfitting(run)
     save(run)
     run.metrics = metrics
-    log.info(f"step {p.step}: train loss {run.last_train_loss:.4f}, val loss {metrics['val_loss']:.4f}"
-             + (f", causal val loss {metrics['causal_val_loss']:.4f}" if run.leaky else ""))
+    log.info(f"step {run.progress.step}: train loss {run.last_train_loss:.4f}, val loss "
+             f"{metrics['val_loss']:.4f}" + (f", causal val loss {metrics['causal_val_loss']:.4f}"
+                                              if run.leaky else ""))
     return metrics
+
+
+def validation_losses(run: Run) -> dict:
+    """Validation loss on the fixed batches, and for a leaky variant the causal loss the same
+    weights get with the correct mask (all a model has when generating). Every rank scores its
+    share of the batches."""
+    model = run.model
+    metrics = {"val_loss": mean_loss(model, run.eval_batches, run.amp, run.world),
+               "train_loss": run.last_train_loss}
+    metrics["causal_val_loss"] = metrics["val_loss"]
+    if run.leaky:
+        with model.attention_variant(causal_variant(run.cfg.attention)):
+            metrics["causal_val_loss"] = mean_loss(model, run.eval_batches, run.amp, run.world)
+    return metrics
+
+
+def log_evaluation(run: Run, metrics: dict) -> None:
+    """An evaluation in TensorBoard (rank 0): the losses, per character too (so runs with
+    different tokenizers share one axis), the attention diagnostics and maps, a text sample."""
+    cfg, step, w, model = run.cfg, run.progress.step, run.writer, run.model
+    w.add_scalar("val/loss", metrics["val_loss"], step)
+    w.add_scalar("val/bpc", to_bpc(run, metrics["val_loss"]), step)
+    if run.leaky:
+        w.add_scalar("val/causal_loss", metrics["causal_val_loss"], step)
+    for i, d in enumerate(attention_diagnostics(model, run.eval_batches[0][0], run.amp)):
+        w.add_scalar(f"attn/max_weight/layer{i}", d["max_weight"], step)
+        w.add_scalar(f"attn/entropy/layer{i}", d["entropy"], step)
+        w.add_scalar(f"attn/future_weight/layer{i}", d["future_weight"], step)
+    if cfg.train.attention_maps:  # the same validation window at every evaluation, every run
+        window = map_window(run.corpus.validation, run.corpus.tokenizer,
+                            min(cfg.train.attention_map_tokens, cfg.model.block_size))
+        log_attention_maps(w, model, window, run.corpus.tokenizer, step, run.amp)
+    if cfg.train.sample_tokens > 0:
+        w.add_text("sample", sample_text(run), step)
+
+
+def keep_best(run: Run, causal_val_loss: float) -> None:
+    """The best weights so far (lowest causal validation loss), and the evaluation's history."""
+    p = run.progress
+    if causal_val_loss < p.best_val:
+        p.best_val, p.best_step = causal_val_loss, p.step
+        if run.world.is_main:
+            save_best(run.run_dir, run.model, p.step, p.best_val)
+    p.history.append([p.step, causal_val_loss, run.last_train_loss])
 
 
 def check_overfitting(run: Run) -> None:
@@ -419,7 +423,7 @@ def final_metrics(run: Run, meter: "Speedometer") -> dict:
     the HParams summary in TensorBoard."""
     cfg, p, w, model = run.cfg, run.progress, run.writer, run.model
     metrics = {"train_time_min": p.elapsed / 60, "tokens_per_sec": meter.rate(), "steps": p.step,
-               "best_val_loss": p.best_val, "best_step": p.best_step}
+               "tokens_seen": p.tokens_seen, "best_val_loss": p.best_val, "best_step": p.best_step}
     if run.overfitting and cfg.train.early_stop:
         log.info(f"stopped early at step {p.step}: scoring the best weights (step {p.best_step})")
         load_weights(model, run.run_dir / CHECKPOINTS / "best" / WEIGHTS)
@@ -464,7 +468,8 @@ class Speedometer:
 
 
 def report(metrics: dict, run_dir: Path) -> None:
-    rows = [("steps", "steps", "{:.0f}"), ("train_time_min", "train time (min)", "{:.2f}"),
+    rows = [("steps", "steps", "{:.0f}"), ("tokens_seen", "tokens trained on", "{:,.0f}"),
+            ("train_time_min", "train time (min)", "{:.2f}"),
             ("tokens_per_sec", "tokens/s (training)", "{:,.0f}"),
             ("train_loss", "train loss", "{:.4f}"), ("val_loss", "val loss (eval batches)", "{:.4f}"),
             ("causal_val_loss", "causal val loss", "{:.4f}"),
@@ -480,23 +485,19 @@ def report(metrics: dict, run_dir: Path) -> None:
 # ----------------------------------------------------------------------------- command line
 
 
-@hydra.main(version_base="1.3", config_path="conf", config_name="config")
+@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
 def main(cfg: DictConfig) -> float:
     world = None
-    try:
-        conf, run_dir, resuming = resolve_run(cfg)
+    # A mistake ends the process here: in a sweep, at the first job that fails.
+    with mistakes_exit():
         try:
-            world = init_world(conf.train.device)
-        except (ValueError, RuntimeError) as exc:  # no CUDA here, or no such device index
-            raise UserError(first_line(exc)) from exc
-        run_dir = Path(broadcast_from_main(str(run_dir), world))  # rank 0's directory for all
-        metrics = train(conf, run_dir, resuming, world)
-    except (UserError, CorpusError, CheckpointError, OmegaConfBaseException, OSError) as exc:
-        print(f"error: {one_line(exc)}", file=sys.stderr)
-        sys.exit(2)
-    finally:
-        if world is not None:
-            shutdown(world)
+            run = resolve_run(cfg)  # preflight's, or (a sweep's job, a rank > 0) settled now
+            world = init_world(parse_device(run.cfg.train.device, "train.device"))
+            run_dir = Path(broadcast_from_main(str(run.run_dir), world))  # rank 0's for all
+            metrics = train(run.cfg, run_dir, run.resuming, world)
+        finally:
+            if world is not None:
+                shutdown(world)
     if world.is_main and metrics:
         report(metrics, run_dir)
         if HydraConfig.get().mode.name == "RUN":
@@ -505,45 +506,24 @@ def main(cfg: DictConfig) -> float:
 
 
 def cli() -> None:
-    """python train.py ...: Hydra's main, with the mistakes Hydra finds itself (an unknown key or
-    option, an unparsable override, a run directory it cannot create) reported in one line too.
-    HYDRA_FULL_ERROR=1 set by the user still shows Hydra's full traceback.
+    """python train.py ...: `preflight` checks the command and creates a new run's directory
+    before Hydra writes anything into it, then Hydra runs `main`. Every mistake is one `error:`
+    line, Hydra's own too (HYDRA_FULL_ERROR=1 set by the user still shows its traceback), and a
+    new run that fails before it trained leaves nothing behind."""
+    trace = os.environ.get("HYDRA_FULL_ERROR") == "1"
+    sys.exit(run_cli(_start, undo=undo_failed_run, trace=trace,
+                     interrupted="interrupted; the last complete checkpoint, if any, is kept"))
 
-    `preflight` checks the command before Hydra creates or writes anything, and spells out the
-    run directory Hydra is to use; a new run that then fails before training leaves nothing."""
-    user_wants_trace = os.environ.get("HYDRA_FULL_ERROR") == "1"
-    if int(os.environ.get("RANK", "0")) > 0:
+
+def _start() -> None:
+    if launch_rank() > 0:
         # Under torchrun only rank 0 owns a run directory; the others write nothing of Hydra's.
         sys.argv += ["hydra.run.dir=.", "hydra.output_subdir=null",
                      "hydra/job_logging=disabled", "hydra/hydra_logging=disabled"]
-    plan = None
-    try:
-        if int(os.environ.get("RANK", "0")) == 0:
-            plan = preflight(sys.argv[1:])
-            sys.argv[1:] = plan.argv
-        os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra re-raises instead of printing several lines
-        main()
-    except (UserError, CorpusError, CheckpointError, HydraException, OmegaConfBaseException,
-            OSError) as exc:
-        if user_wants_trace:
-            raise
-        print(f"error: {one_line(exc)}", file=sys.stderr)
-        _undo(plan)
-        sys.exit(2)
-    except KeyboardInterrupt:
-        print("error: interrupted; the last complete checkpoint, if any, is kept", file=sys.stderr)
-        _undo(plan)
-        sys.exit(130)
-    except SystemExit as exc:
-        if exc.code not in (0, None):
-            _undo(plan)
-        raise
-
-
-def _undo(plan) -> None:
-    """A failed new run that never started training leaves no directory behind."""
-    if plan is not None:
-        plan.undo()
+    else:
+        sys.argv[1:] = preflight(sys.argv[1:])
+    os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra re-raises instead of printing several lines
+    main()
 
 
 if __name__ == "__main__":

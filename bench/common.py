@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import math
 import platform
-import re
 import statistics
 import sys
 import time
@@ -77,13 +76,14 @@ def resolve_repetitions(args: argparse.Namespace, reps: int = DEFAULT_REPS,
 
 def setup(args: argparse.Namespace) -> torch.device:
     """Apply --threads and resolve --device (the same rule as train.py's train.device)."""
-    from training.device import pick_device
+    from guard.cli import UserError
+    from guard.limits import parse_device
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     try:
-        return pick_device(args.device)
-    except ValueError as exc:
+        return parse_device(args.device, "--device")
+    except UserError as exc:
         raise SystemExit(f"error: {exc}") from exc
 
 
@@ -91,42 +91,20 @@ def setup(args: argparse.Namespace) -> torch.device:
 
 
 def compose_config(overrides: Sequence[str] = ()) -> Config:
-    """The validated config `python train.py <overrides>` runs with (`training.config.compose`).
+    """The checked config `python train.py <overrides>` runs with (`guard.preflight.compose`).
 
     Benchmarks measure what training actually uses -- model, attention, tokenizer, optimizer,
     batch -- so they compose it from conf/ rather than restate defaults that would drift. A bad
     override ends the benchmark with Hydra's one-line reason instead of a traceback.
     """
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
-
-    from training.config import compose
+    from guard.cli import MISTAKES, one_line
+    from guard.preflight import compose
 
     try:
         return compose(list(overrides))
-    except (HydraException, OmegaConfBaseException, ValueError) as exc:
-        reasons = [str(e).strip().splitlines()[0] for e in (exc, exc.__cause__)
-                   if e is not None and str(e).strip()]
+    except MISTAKES as exc:
         where = " ".join(overrides) or "(defaults)"
-        raise SystemExit(f"error: config `{where}`: {': '.join(reasons)}") from exc
-
-
-def vocab_size(cfg: Config) -> int:
-    """The vocabulary a model is built with, for benchmarks on random tokens: BPE's configured
-    size (which a real corpus fills); a character vocabulary depends on the corpus, so a byte's
-    256 values stand in for it."""
-    from data.config import TokenizerKind
-
-    return cfg.tokenizer.vocab_size if cfg.tokenizer.kind is TokenizerKind.bpe else 256
-
-
-def hydra_string(text: str) -> str:
-    """`text` as a quoted Hydra override value, so that a path with spaces, commas or '=' passes
-    intact. In Hydra's quoted strings a backslash is literal unless it precedes a quote or the
-    closing quote, where it must be doubled; the quote itself is escaped with a backslash."""
-    escaped = re.sub(r"(\\*)('|$)",
-                     lambda m: m.group(1) * 2 + ("\\'" if m.group(2) else ""), text)
-    return f"'{escaped}'"
+        raise SystemExit(f"error: config `{where}`: {one_line(exc)}") from exc
 
 
 # ----------------------------------------------------------------------------- timing

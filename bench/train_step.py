@@ -43,7 +43,7 @@ import torch.nn.functional as F
 
 from bench.common import (GPU_RECIPE, add_overrides_argument, compose_config, fmt,
                           interleaved_medians, make_parser, print_header, print_headline,
-                          print_table, resolve_repetitions, setup, time_once, vocab_size)
+                          print_table, resolve_repetitions, setup, time_once)
 from model.gpt import GPT
 from training.config import COMPILE_MODES, Config
 from training.device import autocast, pick_dtype
@@ -185,7 +185,7 @@ def model_cases(device: torch.device, quick: bool, base: list[str]) -> list[Case
 def flops_per_token(model: GPT) -> int:
     """6 N + 12 n_layer n_embd T, N excluding position embeddings (see the module docstring)."""
     cfg = model.cfg
-    n = model.num_params() - model.pos_emb.weight.numel()
+    n = model.num_params(positions=False)
     return 6 * n + 12 * cfg.n_layer * cfg.n_embd * cfg.block_size
 
 
@@ -199,7 +199,7 @@ def step_time(cfg: Config, dtype: torch.dtype, compile_mode: Optional[str],
     """Median seconds of one training step, eager or compiled with `compile_mode`; (None, why)
     when torch.compile fails."""
     torch.manual_seed(SEED)
-    vocab, batch, block = vocab_size(cfg), cfg.train.batch_size, cfg.model.block_size
+    vocab, batch, block = cfg.tokenizer.planned_vocab_size, cfg.train.batch_size, cfg.model.block_size
     model = GPT(cfg.model, vocab, cfg.attention).to(device)
     optimizer = make_optimizer(model, cfg.optim)
     step_model = model
@@ -313,10 +313,10 @@ def main() -> int:
     rows, headline = [], None
     for run in runs:
         cfg, m = run.case.cfg, run.case.cfg.model
-        probe = GPT(m, vocab_size(cfg), cfg.attention)
+        probe = GPT(m, cfg.tokenizer.planned_vocab_size, cfg.attention)
         fpt = flops_per_token(probe)
         row = [run.case.name, f"{m.n_layer}x{m.n_head}x{m.n_embd}",
-               fmt((probe.num_params() - probe.pos_emb.weight.numel()) / 1e6, ".2f"), m.block_size,
+               fmt(probe.num_params(positions=False) / 1e6, ".2f"), m.block_size,
                cfg.train.batch_size, fmt(fpt / 1e6, ".1f"), run.dtype, run.label]
         if run.seconds is None:
             rows.append(row + ["n/a"] * 4)

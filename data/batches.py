@@ -6,8 +6,6 @@ from typing import Iterator
 import numpy as np
 import torch
 
-from data import CorpusError
-
 
 class RandomWindows:
     """Draws (x, y) batches, y being x shifted by one token; x, y are int64 [batch, block_size].
@@ -18,10 +16,8 @@ class RandomWindows:
 
     def __init__(self, tokens: np.ndarray, block_size: int, batch_size: int, seed: int,
                  device: torch.device = torch.device("cpu")):
-        if len(tokens) < block_size + 1:
-            raise CorpusError(f"the split has {len(tokens)} tokens, fewer than one window of "
-                              f"model.block_size + 1 = {block_size + 1}; use more text or a smaller "
-                              f"block_size")
+        assert len(tokens) >= block_size + 1, \
+            f"the split has {len(tokens)} tokens, fewer than one window of {block_size + 1}"
         self.tokens, self.block_size, self.batch_size = tokens, block_size, batch_size
         self.device = device
         self.generator = torch.Generator().manual_seed(seed)

@@ -20,7 +20,8 @@ import sys
 from pathlib import Path
 from typing import Iterator
 
-from data.files import FileRefused, kind_of
+from guard.cli import FileRefused
+from guard.files import kind_of
 
 _held: dict[str, int] = {}  # lock path -> nesting depth in this process
 

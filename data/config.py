@@ -57,12 +57,18 @@ class DataConfig:
 
 @dataclass
 class TokenizerConfig:
-    # Byte-level BPE by default: in the 10-minute budget sweep it beat char-level by 0.11
-    # nats/char (docs/budget.md); `tokenizer=char` gives one token per character.
+    # Byte-level BPE by default, the winner of the budget sweep (docs/budget.md); `tokenizer=char`
+    # gives one token per character.
     kind: TokenizerKind = TokenizerKind.bpe
-    # BPE only: final vocabulary size, at least the 256 bytes plus the special tokens (4,096 was
-    # the best of 2,048 / 4,096 / 8,192 in docs/budget.md).
+    # BPE only: final vocabulary size, at least the 256 bytes plus the special tokens (the sweep's
+    # choice, docs/budget.md).
     vocab_size: int = 4096
     min_frequency: int = 2
     # kind=file only: the tokenizer.json to use as it is (train.py init_from=<folder> sets it).
     path: Optional[str] = None
+
+    @property
+    def planned_vocab_size(self) -> int:
+        """The vocabulary size known before the corpus is tokenized: BPE's target; a character
+        vocabulary (or a file's) depends on what is read, and a byte's 256 values stand in."""
+        return self.vocab_size if self.kind is TokenizerKind.bpe else 256

@@ -8,35 +8,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import stat
 from pathlib import Path
 
 from data.config import DataConfig, Source
-from data import CorpusError
-from data.files import kind_of
 from data.shakespeare import shakespeare_works, split_works
-
-
-def _expand(paths: list[str], what: str) -> list[Path]:
-    """Files as given; directories contribute their *.txt files (recursively, sorted). Each must
-    be a regular file: reading a FIFO or a device would block or never end."""
-    out = []
-    for raw in paths:
-        p = Path(raw).expanduser()
-        if p.is_dir():
-            found = sorted(p.rglob("*.txt"))
-            if not found:
-                raise CorpusError(f"{what}: directory {p} holds no .txt files")
-        elif p.exists():
-            found = [p]
-        else:
-            raise CorpusError(f"{what}: no such file or directory: {p}")
-        for f in found:
-            mode = f.stat().st_mode
-            if not stat.S_ISREG(mode):
-                raise CorpusError(f"{what}: {f} is {kind_of(mode)}, not a regular file")
-        out.extend(found)
-    return out
+from guard.cli import CorpusError
+from guard.corpus import text_files
 
 
 def local_splits(cfg: DataConfig) -> dict[str, list[Path]]:
@@ -49,8 +26,8 @@ def local_splits(cfg: DataConfig) -> dict[str, list[Path]]:
     if not cfg.train_files or not cfg.val_files:
         raise CorpusError("data.source=text_files needs data.train_files and data.val_files "
                           "(lists of .txt files or folders)")
-    return {"train": _expand(list(cfg.train_files), "data.train_files"),
-            "validation": _expand(list(cfg.val_files), "data.val_files")}
+    return {"train": text_files(list(cfg.train_files), "data.train_files"),
+            "validation": text_files(list(cfg.val_files), "data.val_files")}
 
 
 def corpus_key(cfg: DataConfig) -> str:
@@ -74,11 +51,8 @@ def corpus_key(cfg: DataConfig) -> str:
 
 
 def content_hash(path: Path) -> str:
-    h = hashlib.sha256()
     with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def load_documents(cfg: DataConfig) -> dict:

@@ -8,7 +8,8 @@ Layout of one cache entry, keyed by corpus (the hash of its texts) and tokenizer
 
 An entry is built by one process at a time (data.cache_lock) in a temporary directory, then
 renamed into place whole: an entry that exists is complete. Opening one checks it (sizes, the
-tokenizer, every id inside the vocabulary), since a cache can be damaged or handed over.
+tokenizer, every id inside the vocabulary: guard/corpus.py), since a cache can be damaged or
+handed over.
 """
 from __future__ import annotations
 
@@ -28,9 +29,9 @@ from tokenizers import Tokenizer
 from data.cache_lock import cache_lock
 from data.config import DataConfig, TokenizerConfig
 from data.corpus import corpus_key, load_documents
-from data import CorpusError
-from data.files import MIB, FileRefused, check_regular, read_text
-from data.tokenizer import build_tokenizer, encode, load_tokenizer, token_dtype
+from data.tokenizer import build_tokenizer, encode, token_dtype
+from guard.cli import CorpusError, UserError, first_line
+from guard.corpus import read_cache_entry
 
 SPLITS = ("train", "validation")
 # Below this many documents a split is tokenized in this process (starting workers costs more).
@@ -45,7 +46,6 @@ class PreparedCorpus:
     validation: np.ndarray
     tokenizer: Tokenizer
     n_chars: dict  # characters per split, to turn nats/token into bits/character
-    directory: Path
 
     @property
     def vocab_size(self) -> int:
@@ -64,17 +64,23 @@ def tokenizer_key(cfg: TokenizerConfig) -> str:
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:8]
 
 
+def cache_entry(data: DataConfig, tok_cfg: TokenizerConfig) -> Path:
+    """The cache directory of this corpus tokenized this way."""
+    return Path(data.cache_dir) / "tokens" / f"{corpus_key(data)}-{tokenizer_key(tok_cfg)}"
+
+
 def prepare_corpus(data: DataConfig, tok_cfg: TokenizerConfig) -> PreparedCorpus:
     """The tokenized corpus, from the cache or built into it. Every failure below (undecodable
     text, an unreadable file, a tokenizer that cannot be built) comes out as a CorpusError."""
     try:
-        directory = Path(data.cache_dir) / "tokens" / f"{corpus_key(data)}-{tokenizer_key(tok_cfg)}"
+        directory = cache_entry(data, tok_cfg)
         if not os.path.lexists(directory / "meta.json"):
             with cache_lock(Path(data.cache_dir), "the token cache"):
                 if not os.path.lexists(directory / "meta.json"):  # not built while we waited
                     _build(data, tok_cfg, directory)
-        return _open(directory)
-    except CorpusError:
+        meta, splits, tokenizer = read_cache_entry(directory, SPLITS)
+        return PreparedCorpus(splits["train"], splits["validation"], tokenizer, meta["n_chars"])
+    except UserError:
         raise
     except (OSError, ValueError, OverflowError) as exc:  # includes UnicodeDecodeError
         raise CorpusError(f"cannot read or tokenize the corpus: {root_cause(exc)}") from exc
@@ -89,8 +95,7 @@ def root_cause(exc: BaseException) -> str:
     seen = exc
     while (seen.__cause__ or seen.__context__) is not None and len(str(seen)) < 10_000:
         seen = seen.__cause__ or seen.__context__
-    lines = [line.strip() for line in str(seen).splitlines() if line.strip()]
-    text = lines[0] if lines else type(seen).__name__
+    text = first_line(seen)
     return text if seen is exc else f"{type(seen).__name__}: {text}"
 
 
@@ -157,60 +162,3 @@ def encode_documents(batch: dict, indices: list[int], tokenizer: Tokenizer, sepa
     document, so the split's stream is the documents joined by the separator."""
     texts = [t if i == last else t + separator for t, i in zip(batch["text"], indices)]
     return {"ids": [encode(tokenizer, t) for t in texts], "n_chars": [len(t) for t in texts]}
-
-
-def _open(directory: Path) -> PreparedCorpus:
-    """A complete cache entry, checked before use: a damaged or planted one is named, with what
-    to do, instead of failing later (an id beyond the vocabulary fails in the embedding)."""
-    def damaged(reason: str) -> CorpusError:
-        return CorpusError(f"the token cache {directory} is damaged ({reason}); delete that "
-                           f"directory and run again to rebuild it")
-
-    try:
-        meta = json.loads(read_text(directory / "meta.json", "cache metadata", MIB))
-    except (FileRefused, ValueError) as exc:
-        raise damaged(str(exc).splitlines()[0]) from None
-    problem = _meta_problem(meta)
-    if problem:
-        raise damaged(f"meta.json: {problem}")
-    dtype = np.dtype(meta["dtype"])
-    arrays = {}
-    for split in SPLITS:
-        path, n = directory / f"{split}.bin", meta["n_tokens"][split]
-        try:
-            size = check_regular(path, "token file", n * dtype.itemsize)
-        except FileRefused as exc:
-            raise damaged(str(exc)) from None
-        if size != n * dtype.itemsize:
-            raise damaged(f"{path.name} holds {size:,} bytes, meta.json says {n:,} tokens")
-        arrays[split] = np.memmap(path, dtype=dtype, mode="r", shape=(n,))
-    try:
-        tokenizer = load_tokenizer(directory / "tokenizer.json")
-    except (OSError, ValueError) as exc:
-        raise damaged(str(exc).splitlines()[0]) from None
-    vocab = tokenizer.get_vocab_size()
-    if vocab != meta["vocab_size"]:
-        raise damaged(f"its tokenizer has {vocab} tokens, meta.json says {meta['vocab_size']}")
-    for split, ids in arrays.items():
-        top = int(ids.max())
-        if top >= vocab:
-            raise damaged(f"{split}.bin holds token id {top}, beyond the vocabulary of {vocab}")
-    return PreparedCorpus(arrays["train"], arrays["validation"], tokenizer, meta["n_chars"],
-                          directory)
-
-
-def _meta_problem(meta) -> str:
-    """What is wrong with a meta.json, or ''."""
-    if not isinstance(meta, dict):
-        return "not a mapping"
-    if meta.get("dtype") not in ("uint16", "uint32"):
-        return f"dtype {meta.get('dtype')!r} is not uint16 or uint32"
-    vocab = meta.get("vocab_size")
-    if type(vocab) is not int or not 1 <= vocab <= np.iinfo(meta["dtype"]).max + 1:
-        return f"vocab_size {vocab!r} is not a vocabulary size for {meta['dtype']}"
-    for field in ("n_tokens", "n_chars"):
-        counts = meta.get(field)
-        if not isinstance(counts, dict) or any(type(counts.get(s)) is not int
-                                               or not 1 <= counts[s] < 2**48 for s in SPLITS):
-            return f"{field} must give a positive count for each of {', '.join(SPLITS)}"
-    return ""

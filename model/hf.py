@@ -12,29 +12,30 @@ renaming plus three differences of storage:
 What GPT-2's format cannot say is refused rather than approximated: our attention pitfalls
 (no W_O, a scale other than 1/sqrt(d_k), a mask other than additive -inf), and, on import,
 GPT-2 options our model does not have (inverse-layer scaling, cross-attention, another
-LayerNorm epsilon, an untied head, an activation other than exact or tanh GELU).
+LayerNorm epsilon, an untied head, an activation other than exact or tanh GELU). The folder's
+files are read by guard/hf.py, which checks them for any architecture; this file says what
+GPT-2's names and shapes are (the shapes: those of our GPT, built on the meta device).
 
 Nothing here imports transformers: exporting and importing need only safetensors and json, so a
 user without transformers can still produce a folder that transformers loads.
 """
 from __future__ import annotations
 
-import json
 import math
-import os
-import stat
 from pathlib import Path
-from typing import Iterator, Optional, Union
+from typing import Iterator, Optional
 
 import torch
-from safetensors import SafetensorError, safe_open
 
-from model.config import (Activation, AttentionConfig, MaskMode, ModelConfig, Scale,
-                          validate_model)
+from guard.cli import FormatError as GPT2FormatError  # a folder or model GPT-2's format cannot hold
+from guard.cli import UserError, first_line
+from guard.files import check_regular
+from guard.hf import CONFIG, WEIGHTS, Fields, PathLike, open_folder, read_tensors, size_limit, \
+    tensor_names  # CONFIG, WEIGHTS: the folder's file names, which the export writes too
+from guard.limits import check_model
+from model.config import Activation, AttentionConfig, MaskMode, ModelConfig, Scale
 from model.gpt import GPT
 
-CONFIG = "config.json"
-WEIGHTS = "model.safetensors"
 TOKENIZER = "tokenizer.json"
 TOKENIZER_CONFIG = "tokenizer_config.json"
 LAYER_NORM_EPS = 1e-5  # nn.LayerNorm's default, which every LayerNorm of ours uses
@@ -46,18 +47,6 @@ TIED_HEAD = "lm_head.weight"  # ours and GPT-2's: the same storage as the token 
 GPT2_ACTIVATIONS = {"gelu": Activation.gelu, "gelu_new": Activation.gelu_tanh,
                     "gelu_pytorch_tanh": Activation.gelu_tanh}
 EXPORT_ACTIVATION = {Activation.gelu: "gelu", Activation.gelu_tanh: "gelu_pytorch_tanh"}
-
-MAX_JSON_BYTES = 1 << 20  # config.json is a few hundred bytes
-MAX_HEADER_BYTES = 100 << 20  # safetensors' own limit on its JSON header
-FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
-
-PathLike = Union[str, os.PathLike]
-
-
-class GPT2FormatError(ValueError):
-    """A folder or a model that GPT-2's format cannot hold, or that is not valid GPT-2 format.
-
-    A ValueError, so code that already reports ValueError as one line reports this too."""
 
 
 # ----------------------------------------------------------------------------- names and shapes
@@ -83,22 +72,12 @@ def _tensor_names(n_layer: int) -> Iterator[tuple[str, str, bool]]:
 
 
 def _gpt2_shapes(cfg: ModelConfig, vocab_size: int) -> dict[str, tuple[int, ...]]:
-    """GPT-2's name -> the shape the config implies."""
-    d, inner = cfg.n_embd, cfg.mlp_ratio * cfg.n_embd
-    shapes = {"transformer.wte.weight": (vocab_size, d),
-              "transformer.wpe.weight": (cfg.block_size, d),
-              "transformer.ln_f.weight": (d,), "transformer.ln_f.bias": (d,)}
-    for i in range(cfg.n_layer):
-        h = f"transformer.h.{i}."
-        shapes.update({
-            h + "ln_1.weight": (d,), h + "ln_1.bias": (d,),
-            h + "ln_2.weight": (d,), h + "ln_2.bias": (d,),
-            h + "attn.c_attn.weight": (d, 3 * d), h + "attn.c_attn.bias": (3 * d,),  # W_Q|W_K|W_V
-            h + "attn.c_proj.weight": (d, d), h + "attn.c_proj.bias": (d,),
-            h + "mlp.c_fc.weight": (d, inner), h + "mlp.c_fc.bias": (inner,),
-            h + "mlp.c_proj.weight": (inner, d), h + "mlp.c_proj.bias": (d,),
-        })
-    return shapes
+    """GPT-2's name -> the shape it has in a model of this config (our GPT's, transposed where
+    GPT-2's Conv1D stores [in, out])."""
+    with torch.device("meta"):
+        ours = GPT(cfg, vocab_size).state_dict()
+    return {theirs: tuple(ours[mine].shape[::-1] if transpose else ours[mine].shape)
+            for mine, theirs, transpose in _tensor_names(cfg.n_layer)}
 
 
 # ----------------------------------------------------------------------------- export
@@ -122,7 +101,7 @@ def check_exportable(model_cfg: ModelConfig, attn_cfg: AttentionConfig) -> None:
     if problems:
         raise GPT2FormatError(f"attention variant {attn_cfg.name!r} cannot be expressed in GPT-2's "
                               f"format: {'; '.join(problems)}")
-    validate_model(model_cfg)
+    check_model(model_cfg)
 
 
 def to_gpt2_state_dict(model: GPT) -> dict[str, torch.Tensor]:
@@ -201,64 +180,16 @@ def tokenizer_config(special_tokens: dict[str, str], model_max_length: int) -> d
 # ----------------------------------------------------------------------------- import
 
 
-def _regular_file(path: Path, what: str, max_bytes: int) -> int:
-    """Size of path; GPT2FormatError unless it is a regular file (links to one are fine: the
-    Hugging Face cache is made of them) of at most max_bytes."""
-    try:
-        info = path.stat()
-    except FileNotFoundError:
-        raise GPT2FormatError(f"{path} does not exist ({what})") from None
-    except OSError as exc:
-        raise GPT2FormatError(f"cannot read {path}: {exc.strerror or exc}") from None
-    if not stat.S_ISREG(info.st_mode):
-        raise GPT2FormatError(f"{path} is not a regular file ({what})")
-    if info.st_size > max_bytes:
-        raise GPT2FormatError(f"{path} is {info.st_size:,} bytes, implausibly large for {what} "
-                              f"(at most {max_bytes:,})")
-    return info.st_size
-
-
-def _read_json(path: Path, what: str) -> dict:
-    _regular_file(path, what, MAX_JSON_BYTES)
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise GPT2FormatError(f"{path} is not valid JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise GPT2FormatError(f"{path} must hold a JSON object, got {type(data).__name__}")
-    return data
-
-
-def _positive_int(config: dict, key: str, path: Path) -> int:
-    if key not in config:
-        raise GPT2FormatError(f"{path} has no {key!r}: not a GPT-2 config")
-    value = config[key]
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise GPT2FormatError(f"{path}: {key} must be a positive integer, got {value!r}")
-    return value
-
-
-def _option(config: dict, key: str, default, path: Path):
-    """An optional GPT-2 option: transformers' default when absent, checked for its type."""
-    value = config.get(key, default)
-    if value is not None and type(value) is not type(default) and not (
-            isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool)):
-        raise GPT2FormatError(f"{path}: {key} must be {type(default).__name__}, got {value!r}")
-    return value
-
-
 def gpt2_model_config(config: dict, path: Path = Path(CONFIG)) -> tuple[ModelConfig, int]:
     """(our ModelConfig, vocab_size) from a parsed GPT-2 config.json, or GPT2FormatError.
 
     Options missing from the file take transformers' GPT-2 defaults, as transformers would.
     Dropout is not carried over (0.0 here): it is a training choice, not part of the function."""
+    fields = Fields(config, path)
     if config.get("model_type") != "gpt2":
         raise GPT2FormatError(f"{path}: model_type must be 'gpt2', got {config.get('model_type')!r}")
-    sizes = {k: _positive_int(config, k, path)
+    sizes = {k: fields.positive_int(k)
              for k in ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head")}
-    if sizes["n_embd"] % sizes["n_head"]:
-        raise GPT2FormatError(f"{path}: n_embd ({sizes['n_embd']}) must be divisible by n_head "
-                              f"({sizes['n_head']})")
     inner = config.get("n_inner")
     if inner is None:
         inner = 4 * sizes["n_embd"]  # GPT-2's default
@@ -266,25 +197,28 @@ def gpt2_model_config(config: dict, path: Path = Path(CONFIG)) -> tuple[ModelCon
             or inner % sizes["n_embd"]:
         raise GPT2FormatError(f"{path}: n_inner must be a positive multiple of n_embd "
                               f"({sizes['n_embd']}) for our MLP, got {inner!r}")
-    activation = _option(config, "activation_function", "gelu_new", path)
+    activation = fields.option("activation_function", "gelu_new")
     if activation not in GPT2_ACTIVATIONS:
         raise GPT2FormatError(f"{path}: activation_function {activation!r} is not one our MLP has "
                               f"(known: {', '.join(GPT2_ACTIVATIONS)})")
-    eps = _option(config, "layer_norm_epsilon", LAYER_NORM_EPS, path)
+    eps = fields.option("layer_norm_epsilon", LAYER_NORM_EPS)
     if eps is None or not math.isclose(eps, LAYER_NORM_EPS, rel_tol=1e-6):
         raise GPT2FormatError(f"{path}: layer_norm_epsilon must be {LAYER_NORM_EPS} (our "
                               f"LayerNorm's), got {eps!r}")
     for key, needed in (("scale_attn_weights", True), ("scale_attn_by_inverse_layer_idx", False),
                         ("add_cross_attention", False)):
-        if _option(config, key, needed, path) is not needed:
+        if fields.option(key, needed) is not needed:
             raise GPT2FormatError(f"{path}: {key} must be {str(needed).lower()} for our attention "
                                   f"layer, got {config.get(key)!r}")
-    init_std = _option(config, "initializer_range", 0.02, path)
+    init_std = fields.option("initializer_range", 0.02)
     init_std = float(init_std) if init_std and init_std > 0 and math.isfinite(init_std) else 0.02
     cfg = ModelConfig(n_layer=sizes["n_layer"], n_head=sizes["n_head"], n_embd=sizes["n_embd"],
                       block_size=sizes["n_positions"], dropout=0.0, bias=True, init_std=init_std,
                       mlp_ratio=inner // sizes["n_embd"], activation=GPT2_ACTIVATIONS[activation])
-    validate_model(cfg)
+    try:
+        check_model(cfg, prefix="")  # the keys as config.json names them (n_embd, n_head)
+    except UserError as exc:
+        raise GPT2FormatError(f"{path}: {exc}") from None
     return cfg, sizes["vocab_size"]
 
 
@@ -299,74 +233,36 @@ def _is_ignored(name: str) -> bool:
 def load_gpt2_folder(path: PathLike) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     """(our ModelConfig, our state dict without the tied lm_head) from a GPT-2 folder on disk.
 
-    Reads config.json and model.safetensors only; pytorch_model.bin is never unpickled. Both
-    GPT2LMHeadModel's names (`transformer.h.0...`) and GPT2Model's (`h.0...`, as in OpenAI's
-    original upload) are accepted. Every tensor's shape is checked against the config before
-    it is read, and values are converted to float32 and must be finite. The vocabulary size is
-    the first dimension of `tok_emb.weight`. Raises GPT2FormatError, with one clear sentence,
-    for anything else."""
-    folder = Path(path)
-    if not folder.is_dir():
-        raise GPT2FormatError(f"{folder} is not a directory (expected a GPT-2 folder with "
-                              f"{CONFIG} and {WEIGHTS})")
-    config_path, weights_path = folder / CONFIG, folder / WEIGHTS
-    if not config_path.exists():
-        raise GPT2FormatError(f"{folder} has no {CONFIG}: not a Hugging Face model folder")
-    if not weights_path.exists():
-        others = [n for n in ("model.safetensors.index.json", "pytorch_model.bin")
-                  if (folder / n).exists()]
-        hint = (f" (it has {others[0]}: only a single, unsharded model.safetensors is read, "
-                f"never a pickle)" if others else "")
-        raise GPT2FormatError(f"{folder} has no {WEIGHTS}{hint}")
-    config = _read_json(config_path, "a GPT-2 config")
+    Both GPT2LMHeadModel's names (`transformer.h.0...`) and GPT2Model's (`h.0...`, as in OpenAI's
+    original upload) are accepted. The vocabulary size is the first dimension of
+    `tok_emb.weight`. Raises GPT2FormatError, with one clear sentence, for anything else."""
+    config, config_path, weights_path = open_folder(path)
     cfg, vocab_size = gpt2_model_config(config, config_path)
-    config_tied = _option(config, "tie_word_embeddings", True, config_path)
+    config_tied = Fields(config, config_path).option("tie_word_embeddings", True)
     expected = _gpt2_shapes(cfg, vocab_size)
-    # At most 8 bytes a value (float64), plus the old checkpoints' [n, n] mask buffers and the
-    # header: anything bigger is not the model the config describes.
-    elements = sum(math.prod(s) for s in expected.values())
-    limit = 8 * (elements + cfg.n_layer * (cfg.block_size ** 2 + 1)) + MAX_HEADER_BYTES
-    _regular_file(weights_path, "the weights of this config", limit)
-
-    state = {}
-    try:
-        with safe_open(str(weights_path), framework="pt") as f:
-            names = set(f.keys())
-            body = {k for k in names if k != TIED_HEAD and not _is_ignored(k)}
-            prefix = "transformer." if "transformer.wte.weight" in names else ""
-            found = {(k if prefix else f"transformer.{k}"): k for k in body if k.startswith(prefix)}
-            head = f.get_tensor(TIED_HEAD) if TIED_HEAD in names else None
-            unexpected = sorted(body - set(found.values())) + sorted(
-                k for gpt2_name, k in found.items() if gpt2_name not in expected)
-            missing = sorted(set(expected) - set(found))
-            if missing or unexpected:
-                raise GPT2FormatError(
-                    f"{weights_path} does not match {CONFIG}: missing {missing[:3]}, unexpected "
-                    f"{unexpected[:3]} (another architecture, or a different n_layer?)")
-            for mine, theirs, transpose in _tensor_names(cfg.n_layer):
-                stored = found[theirs]
-                shape = tuple(f.get_slice(stored).get_shape())
-                if shape != expected[theirs]:
-                    raise GPT2FormatError(
-                        f"{weights_path}: {stored} has shape {shape}, {CONFIG} implies "
-                        f"{expected[theirs]}")
-                tensor = f.get_tensor(stored)
-                if tensor.dtype not in FLOAT_DTYPES:
-                    raise GPT2FormatError(f"{weights_path}: {stored} is {tensor.dtype}, not a "
-                                          f"floating-point tensor")
-                tensor = tensor.to(torch.float32)
-                if not torch.isfinite(tensor).all():
-                    raise GPT2FormatError(f"{weights_path}: {stored} holds NaN or infinite values")
-                state[mine] = (tensor.t() if transpose else tensor).contiguous()
-    except SafetensorError as exc:
-        raise GPT2FormatError(f"cannot read {weights_path} (truncated or corrupt?): "
-                              f"{str(exc).splitlines()[0] if str(exc) else exc!r}") from None
-    except OSError as exc:
-        raise GPT2FormatError(f"cannot read {weights_path}: {exc.strerror or exc}") from None
+    # besides the model's tensors, old checkpoints' [n, n] mask buffers may come along
+    names = tensor_names(weights_path, size_limit(expected, cfg.n_layer * (cfg.block_size ** 2 + 1)))
+    body = {k for k in names if k != TIED_HEAD and not _is_ignored(k)}
+    prefix = "transformer." if "transformer.wte.weight" in names else ""
+    found = {(k if prefix else f"transformer.{k}"): k for k in body if k.startswith(prefix)}
+    unexpected = sorted(body - set(found.values())) + sorted(
+        k for gpt2_name, k in found.items() if gpt2_name not in expected)
+    missing = sorted(set(expected) - set(found))
+    if missing or unexpected:
+        raise GPT2FormatError(
+            f"{weights_path} does not match {CONFIG}: missing {missing[:3]}, unexpected "
+            f"{unexpected[:3]} (another architecture, or a different n_layer?)")
+    wanted = {found[theirs]: shape for theirs, shape in expected.items()}
+    if TIED_HEAD in names:
+        wanted[TIED_HEAD] = expected["transformer.wte.weight"]
+    tensors = read_tensors(weights_path, wanted)
+    state = {mine: (tensors[found[theirs]].t() if transpose else tensors[found[theirs]]).contiguous()
+             for mine, theirs, transpose in _tensor_names(cfg.n_layer)}
+    head = tensors.get(TIED_HEAD)
     if head is None and config_tied is False:
         raise GPT2FormatError(f"{config_path}: tie_word_embeddings is false but {weights_path} has "
                               f"no lm_head.weight (transformers would start from a random head)")
-    if head is not None and not torch.equal(head.to(torch.float32), state["tok_emb.weight"]):
+    if head is not None and not torch.equal(head, state["tok_emb.weight"]):
         raise GPT2FormatError(f"{weights_path}: lm_head.weight differs from the token embedding; "
                               f"our head is tied to it, so an untied head cannot be imported")
     return cfg, state
@@ -390,9 +286,8 @@ def load_folder_tokenizer(path: PathLike):
     file = Path(path) / TOKENIZER
     if not file.exists():
         return None
-    _regular_file(file, "a tokenizer", 1 << 30)
+    check_regular(file, "tokenizer", 1 << 30)
     try:
         return Tokenizer.from_file(str(file))
     except Exception as exc:  # tokenizers raises plain Exception
-        reason = next((l.strip() for l in str(exc).splitlines() if l.strip()), type(exc).__name__)
-        raise GPT2FormatError(f"cannot read {file}: {reason}") from None
+        raise GPT2FormatError(f"cannot read {file}: {first_line(exc)}") from None

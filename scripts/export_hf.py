@@ -16,50 +16,39 @@ import os
 import shutil
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from omegaconf import MISSING
 from safetensors.torch import save_file
 
 from data.tokenizer import EOS, UNK
-from generate import GenerateError, load_run
-from model.hf import (CONFIG, TOKENIZER, TOKENIZER_CONFIG, WEIGHTS, GPT2FormatError,
-                      check_exportable, gpt2_config, to_gpt2_state_dict, tokenizer_config)
-from training.checkpoint import CheckpointError
+from guard.cli import UserError, parse_key_values, run_cli
+from guard.run_dir import load_run
+from model.hf import (CONFIG, TOKENIZER, TOKENIZER_CONFIG, WEIGHTS, check_exportable, gpt2_config,
+                      to_gpt2_state_dict, tokenizer_config)
 
 USAGE = "usage: python -m scripts.export_hf run=RUN_DIR out=OUT_DIR [weights=best|latest]"
-KEYS = {"run": None, "out": None, "weights": "best"}
 
 
-class ExportError(RuntimeError):
-    pass
-
-
-def parse_args(argv: list[str]) -> dict[str, str]:
-    args = dict(KEYS)
-    for arg in argv:
-        key, sep, value = arg.partition("=")
-        if not sep:
-            raise ExportError(f"arguments must be key=value, got {arg!r}. {USAGE}")
-        if key not in KEYS:
-            raise ExportError(f"unknown key {key!r} (known: {', '.join(KEYS)}). {USAGE}")
-        args[key] = value
-    for key in ("run", "out"):
-        if not args[key]:
-            raise ExportError(f"{key}= is required. {USAGE}")
-    return args
+@dataclass
+class ExportArgs:
+    run: str = MISSING
+    out: str = MISSING
+    weights: str = "best"  # best | latest
 
 
 def check_out_dir(out: Path) -> None:
     """The export goes to a new or empty directory: never over anything already there."""
     if out.exists() or out.is_symlink():
         if not out.is_dir():
-            raise ExportError(f"out={out} exists and is not a directory")
+            raise UserError(f"out={out} exists and is not a directory")
         if any(out.iterdir()):
-            raise ExportError(f"out={out} exists and is not empty; give a new directory")
+            raise UserError(f"out={out} exists and is not empty; give a new directory")
     parent = out.absolute().parent
     if parent.exists() and not parent.is_dir():
-        raise ExportError(f"out={out}: {parent} is not a directory")
+        raise UserError(f"out={out}: {parent} is not a directory")
 
 
 def export(run_dir: Path, out: Path, weights: str = "best") -> Path:
@@ -102,24 +91,12 @@ def _usual_permissions(folder: Path) -> None:
         file.chmod(0o666 & ~umask)
 
 
-def _first_line(exc: BaseException) -> str:
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    return lines[0] if lines else type(exc).__name__
-
-
 def main(argv: list[str]) -> int:
-    if any(a in ("-h", "--help") for a in argv):
-        print(USAGE)
-        return 0
-    try:
-        args = parse_args(argv)
-        out = export(Path(args["run"]), Path(args["out"]), args["weights"])
-    except (ExportError, GenerateError, CheckpointError, GPT2FormatError, ValueError,
-            OSError) as exc:
-        print(f"error: {_first_line(exc)}", file=sys.stderr)
-        return 2
-    print(f"exported {args['run']} ({args['weights']} weights) to {out}")
-    return 0
+    def body() -> None:
+        args = parse_key_values(argv, ExportArgs, USAGE)
+        out = export(Path(args.run), Path(args.out), args.weights)
+        print(f"exported {args.run} ({args.weights} weights) to {out}")
+    return run_cli(body)
 
 
 if __name__ == "__main__":

@@ -195,7 +195,7 @@ def load_maps(run_dir: Path, layer: int):
     import torch
 
     from data.prepare import prepare_corpus
-    from generate import load_run
+    from guard.run_dir import load_run
     from training.attention_maps import attention_weights, map_window, token_labels
 
     model, tokenizer, cfg = load_run(run_dir, "latest", torch.device("cpu"))
@@ -218,7 +218,8 @@ def plot_maps(sweep_dir: Path, arms: dict, path: Path, layer: int = 0) -> bool:
     from."""
     import torch
 
-    from training.attention_maps import colorbar, draw_map, future_weight
+    from scripts.maps import colorbar, draw_map
+    from training.attention_maps import future_weight
 
     seed = min(set.intersection(*(set(runs) for runs in arms.values())), default=None)
     rows = defaultdict(list)  # regime -> [(variant, run dir)], correct first

@@ -240,8 +240,8 @@ def test_output_projection_exists_and_changes_the_output():
 
 
 @pytest.mark.parametrize("n_embd,n_head", [(30, 4), (32, 3), (10, 20)])
-def test_indivisible_heads_raise_a_clear_value_error(n_embd, n_head):
-    with pytest.raises(ValueError, match=rf"d_model \({n_embd}\) must be divisible by the number of heads \({n_head}\)"):
+def test_indivisible_heads_fail_a_clear_assertion(n_embd, n_head):
+    with pytest.raises(AssertionError, match=rf"d_model \({n_embd}\) must be divisible by the number of heads \({n_head}\)"):
         CausalSelfAttention(n_embd, n_head, 8, AttentionConfig())
 
 

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from bench.common import hydra_string
 from bench.train_step import climb
-from training.config import compose
+from guard.cli import hydra_string
+from guard.preflight import compose
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 BENCHMARKS = ("attention", "train_step", "generate", "startup")

@@ -1,26 +1,14 @@
-"""Checkpoints and what is read back from a run directory, in process: pruning, the random
-states' round trip, the training state's field checks, the run config's YAML checks, and files
-that are not what they claim to be."""
+"""Checkpoints, in process: pruning, and the random states' round trip (what is read back from a
+run directory is checked in guard/: tests/test_guard.py)."""
 from __future__ import annotations
 
-import os
 import random
 
 import numpy as np
-import pytest
 import torch
 
-from data.files import FileRefused, read_bytes
-from data.batches import RandomWindows
-from model.config import ModelConfig
-from model.gpt import GPT
 from training.checkpoint import latest_checkpoint, save_checkpoint
-from training.config import OptimConfig
-from training.errors import UserError
-from training.optim import make_optimizer
-from training.safe_yaml import load_run_config
-from training.state import Progress, rng_state, set_rng_state
-from training.state_check import StateMismatch, check_state
+from training.state import rng_state, set_rng_state
 
 
 def test_pruning_never_removes_the_checkpoint_latest_names(tmp_path):
@@ -47,157 +35,3 @@ def test_rng_state_round_trips_every_generator_through_a_weights_only_load(tmp_p
     random.random(), np.random.rand(50), torch.rand(50)
     set_rng_state(torch.load(tmp_path / "s.pt", weights_only=True)["rng"])
     assert (random.random(), np.random.randn(3).tolist(), torch.rand(3).tolist()) == first
-
-
-# ----------------------------------------------------------------------------- state fields
-
-
-@pytest.fixture
-def live():
-    """A tiny model's optimizer (Muon + AdamW) after two steps, its sampler and a saved state."""
-    model = GPT(ModelConfig(n_layer=1, n_head=2, n_embd=8, block_size=8), 16)
-    optimizer = make_optimizer(model, OptimConfig())
-    sampler = RandomWindows(np.arange(100, dtype=np.uint16) % 16, 8, 2, seed=0)
-    for _ in range(2):
-        x, y = sampler.next_batch()
-        model(x, y)[1].backward()
-        optimizer.step()
-        optimizer.zero_grad()
-    progress = Progress(step=2, tokens_seen=32, best_val=3.0, best_step=2, elapsed=1.5,
-                        loss_window=[3.1, 3.0], history=[[2, 3.0, 3.05]])
-    state = {"optimizer": optimizer.state_dict(), "sampler": sampler.state_dict(),
-             "rng": rng_state(), **progress.state_dict()}
-    return state, optimizer, sampler
-
-
-def _set(path: str, value):
-    """A change to the state at a dotted path (integer parts index lists)."""
-    def change(state):
-        *parents, last = path.split(".")
-        node = state
-        for part in parents:
-            node = node[int(part)] if isinstance(node, (list, tuple)) else node[part]
-        if isinstance(node, dict):
-            node[last if not last.isdigit() or last in node else int(last)] = value(node) \
-                if callable(value) else value
-        else:
-            node[int(last)] = value(node) if callable(value) else value
-    return change
-
-
-def _first_moment(state):
-    adamw = state["optimizer"]["optimizers"][1]["state"]
-    return adamw[min(adamw)]
-
-
-BAD_STATES = [
-    ("step is text", _set("step", "2"), "step must be an integer"),
-    ("step negative", _set("step", -1), "step must be between"),
-    ("step beyond 64 bits", _set("step", 2**70), "step must be between"),
-    ("step a bool", _set("step", True), "step must be an integer"),
-    ("best_val text", _set("best_val", "low"), "best_val must be a number"),
-    ("best_val nan", _set("best_val", float("nan")), "best_val"),
-    ("best_step after step", _set("best_step", 3), "best_step"),
-    ("elapsed nan", _set("elapsed", float("nan")), "elapsed"),
-    ("elapsed negative", _set("elapsed", -1.0), "elapsed"),
-    ("skipped more than steps", _set("skipped", 5), "skipped"),
-    ("loss_window text", _set("loss_window", ["x"]), "loss_window[0]"),
-    ("loss_window too long", _set("loss_window", [1.0] * 10), "loss_window"),
-    ("history entry short", _set("history", [[2, 3.0]]), "history[0]"),
-    ("history step text", _set("history", [["2", 3.0, 3.0]]), "history[0] step"),
-    ("optimizer not a mapping", _set("optimizer", [1]), "optimizer must be a mapping"),
-    ("one optimizer missing", lambda s: s["optimizer"]["optimizers"].pop(), "optim.name"),
-    ("group lists other params", lambda s: s["optimizer"]["optimizers"][1]["param_groups"][0]
-     .__setitem__("params", [99]), "other parameters"),
-    ("state for an unknown parameter", lambda s: s["optimizer"]["optimizers"][1]["state"]
-     .__setitem__(99, {}), "does not have"),
-    ("moment of the wrong shape", lambda s: _first_moment(s).__setitem__(
-        "exp_avg", torch.zeros(3)), "shape"),
-    ("moment with NaN", lambda s: _first_moment(s)["exp_avg"].fill_(float("nan")), "NaN"),
-    ("moment of the wrong dtype", lambda s: _first_moment(s).__setitem__(
-        "exp_avg", _first_moment(s)["exp_avg"].double()), "float64"),
-    ("lr text", lambda s: s["optimizer"]["optimizers"][1]["param_groups"][0]
-     .__setitem__("lr", "fast"), "lr must be a number"),
-    ("betas of three", lambda s: s["optimizer"]["optimizers"][1]["param_groups"][0]
-     .__setitem__("betas", (0.9, 0.9, 0.9)), "betas"),
-    ("sampler generator short", _set("sampler.generator", torch.zeros(10, dtype=torch.uint8)),
-     "sampler.generator"),
-    ("sampler generator floats", lambda s: s["sampler"].__setitem__(
-        "generator", s["sampler"]["generator"].float()), "sampler.generator"),
-    ("rng python short", lambda s: s["rng"].__setitem__("python", (3, (1, 2), None)), "625"),
-    ("rng python word too big", lambda s: s["rng"].__setitem__(
-        "python", (3, (2**40,) * 624 + (0,), None)), "rng.python state[0]"),
-    ("rng torch short", _set("rng.torch", torch.zeros(5, dtype=torch.uint8)), "rng.torch"),
-    ("rng numpy short", _set("rng.numpy", [1, 2, 3]), "624"),
-    ("rng numpy position", _set("rng.numpy_pos", 999), "numpy_pos"),
-    ("rng missing part", lambda s: s["rng"].pop("numpy"), "numpy"),
-]
-
-
-def test_a_saved_state_passes_its_checks(live):
-    check_state(*live)
-
-
-@pytest.mark.parametrize("case", BAD_STATES, ids=[c[0] for c in BAD_STATES])
-def test_a_state_field_of_the_wrong_type_shape_or_range_is_named(live, case):
-    _, change, words = case
-    state, optimizer, sampler = live
-    change(state)
-    with pytest.raises(StateMismatch, match=None) as info:
-        check_state(state, optimizer, sampler)
-    assert words in str(info.value), str(info.value)
-
-
-# ----------------------------------------------------------------------------- run config YAML
-
-
-@pytest.mark.parametrize("text, words", [
-    ("a: &x [1, 2]\nb: *x\n", "anchor"),
-    ("a: !!python/object/apply:os.system ['true']\n", "tag"),
-    ("a: " + "[" * 40 + "]" * 40 + "\n", "nesting"),
-    ("a: ${oc.env:HOME}\n", "interpolation"),
-    ("- 1\n- 2\n", "no mapping"),
-    ("a: [\n", "not a readable run config"),
-    ("a: 1\na: 2\n", "duplicate"),
-    ("%YAML 1.1\n---\na: 1\n", "directive"),
-])
-def test_run_config_refuses_what_train_py_never_writes(tmp_path, text, words):
-    path = tmp_path / "config.yaml"
-    path.write_text(text)
-    with pytest.raises(UserError) as info:
-        load_run_config(path)
-    assert words in str(info.value), str(info.value)
-
-
-def test_an_alias_bomb_is_refused_at_once(tmp_path):
-    lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
-    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 9)]
-    (tmp_path / "config.yaml").write_text("\n".join(lines) + "\n")
-    with pytest.raises(UserError, match="anchor"):
-        load_run_config(tmp_path / "config.yaml")
-
-
-def test_run_config_of_plain_keys_and_values_loads(tmp_path):
-    (tmp_path / "config.yaml").write_text("model:\n  n_layer: 2\nseed: 3\nrun_name: a_b\n")
-    assert load_run_config(tmp_path / "config.yaml").model.n_layer == 2
-
-
-# ----------------------------------------------------------------------------- files
-
-
-def test_files_that_are_not_regular_files_or_too_big_are_refused_without_blocking(tmp_path):
-    fifo = tmp_path / "fifo"
-    os.mkfifo(fifo)
-    with pytest.raises(FileRefused, match="FIFO"):
-        read_bytes(fifo, "config", 1000)  # would block forever if opened for reading plainly
-    with pytest.raises(FileRefused, match="character device"):
-        read_bytes(os.devnull, "config", 1000)
-    big = tmp_path / "big"
-    with open(big, "wb") as f:
-        f.truncate(10**12)  # sparse: a terabyte on paper
-    with pytest.raises(FileRefused, match="more than"):
-        read_bytes(big, "config", 1000)
-    with pytest.raises(FileRefused, match="directory"):
-        read_bytes(tmp_path, "config", 1000)
-    with pytest.raises(FileRefused, match="does not exist"):
-        read_bytes(tmp_path / "nope", "config", 1000)

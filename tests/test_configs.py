@@ -9,7 +9,8 @@ from dataclasses import asdict, fields
 
 import pytest
 
-from training.config import CONF_DIR, Config, compose
+from guard.preflight import compose
+from training.config import CONF_DIR, Config
 
 GROUPS = ("model", "attention", "data", "tokenizer", "optim", "train")
 PACKAGES = ("arm", "regime", "experiment", "budget", "gpu")  # added with +name=option

@@ -22,8 +22,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import train as train_script
 from model.config import AttentionConfig, MaskMode, ModelConfig, Scale
 from model.gpt import GPT
-from training.config import compose
-from training.distributed import World
+from guard.preflight import compose
+from training.runtime import World
 from training.evaluate import attention_diagnostics, full_split_loss, mean_loss, qk_grad_norms
 from training.optim import make_optimizer
 

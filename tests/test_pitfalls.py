@@ -18,11 +18,12 @@ import torch
 from data.batches import RandomWindows, fixed_windows
 from data.config import DataConfig, TokenizerConfig, TokenizerKind
 from data.prepare import prepare_corpus
-from data import CorpusError
+from guard.cli import CorpusError
+from guard.preflight import compose
 from model.attention import CausalSelfAttention, causal_variant
 from model.config import AttentionConfig, MaskMode, ModelConfig
 from model.gpt import GPT
-from training.config import CONF_DIR, compose
+from training.config import CONF_DIR
 from training.evaluate import attention_diagnostics, mean_loss
 from training.optim import lr_at
 

@@ -22,11 +22,13 @@ from safetensors.torch import load_file
 
 from forkserver import ForkServer, Result, alive
 from helpers import SCRIPT_ENV, TRAIN, corpus_args, ok, one_error_line, scalars, tree, write_corpus
-from training.checkpoint import latest_checkpoint, load_state
+from guard.checkpoint import load_state
+from training.checkpoint import latest_checkpoint
 
 pytestmark = pytest.mark.slow
 
-STEPS, EVERY = 60, 10  # the reference run: 60 steps, a checkpoint every 10, the last 2 kept
+STEPS, EVERY = 60, 10
+NAN_TRAIN = "tests/nan_train.py"  # train.py with a NaN loss at one step  # the reference run: 60 steps, a checkpoint every 10, the last 2 kept
 
 
 def assert_loads(run_dir: Path) -> int:
@@ -184,8 +186,8 @@ def test_kills_at_any_moment_and_sigint_resume_bit_exactly(env, reference):
 
 def test_nan_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoint(env):
     run_dir = env["root"] / "nan-stop"
-    result = env["server"].run("train.py", [*env["common"], f"hydra.run.dir={run_dir}",
-                                            "train.max_steps=40", "train.inject_nan_at_step=25"])
+    result = env["server"].run(NAN_TRAIN, ["25", *env["common"], f"hydra.run.dir={run_dir}",
+                                           "train.max_steps=40"])
     assert result.returncode != 0
     line = one_error_line(result)
     assert "non-finite loss at step 25" in line and "step 20" in line, line
@@ -195,9 +197,8 @@ def test_nan_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoint(env):
 
 def test_nan_loss_is_skipped_and_counted_when_configured(env):
     run_dir = env["root"] / "nan-skip"
-    result = ok(env["server"].run("train.py", [*env["common"], f"hydra.run.dir={run_dir}",
-                                               "train.max_steps=40", "train.inject_nan_at_step=25",
-                                               "train.on_nonfinite=skip"]))
+    result = ok(env["server"].run(NAN_TRAIN, ["25", *env["common"], f"hydra.run.dir={run_dir}",
+                                              "train.max_steps=40", "train.on_nonfinite=skip"]))
     assert "step 25: non-finite loss, step skipped" in result.stdout + result.stderr
     assert assert_loads(run_dir) == 40
     ev = scalars(run_dir)

@@ -7,9 +7,9 @@
   weight) on the host.
 - `grid_image`: one layer's heads as a grid of heatmaps, tokens on the axes, as an RGB array;
   `log_attention_maps` puts one per layer in TensorBoard's Images tab at each evaluation.
-- `draw_map`: the same picture on a matplotlib Axes, for the command line and the ablation figure.
 
-Both renderers share `colorize`, so a map looks the same in TensorBoard, in a PNG and in the
+Every renderer (this one, and scripts/maps.py's matplotlib figures for the command line and the
+ablation figure) shares `colorize`, so a map looks the same in TensorBoard, in a PNG and in the
 README: weights from 0 to 1 on a square-root colour scale (small weights stay visible), and
 future keys that get exactly 0 weight in grey, so a correct map is a coloured lower triangle
 on grey and any leak shows as colour in the grey. `grid_image` draws with numpy and Pillow
@@ -193,30 +193,3 @@ def grid_image(weights: np.ndarray, labels: list[str], title: str = "", cell: in
         if head + cols >= h:  # the lowest panel of its column
             image.paste(under, (x, y + panel + 2))
     return np.asarray(image)
-
-
-def draw_map(ax, weights: np.ndarray, labels: list[str], title: str = "",
-             fontsize: float | None = None) -> None:
-    """One head's [n, n] map on a matplotlib Axes, tokens on both axes (keys along x)."""
-    n = weights.shape[-1]
-    fontsize = fontsize or max(4.0, min(9.0, 300 / n))
-    ax.imshow(colorize(weights), interpolation="nearest")
-    ax.set_xticks(range(n), labels, rotation=90, fontsize=fontsize, family="DejaVu Sans Mono")
-    ax.set_yticks(range(n), labels, fontsize=fontsize, family="DejaVu Sans Mono")
-    ax.tick_params(length=0, pad=1)
-    ax.set_xlabel("key", fontsize=fontsize + 1)
-    ax.set_ylabel("query", fontsize=fontsize + 1)
-    if title:
-        ax.set_title(title, fontsize=fontsize + 2)
-
-
-def colorbar(fig, ax, **kwargs):
-    """A colour bar for `draw_map`'s scale (grey: future keys with weight exactly 0)."""
-    from matplotlib import colormaps
-    from matplotlib.cm import ScalarMappable
-    from matplotlib.colors import PowerNorm
-
-    mappable = ScalarMappable(PowerNorm(GAMMA, 0.0, 1.0), colormaps["magma"])
-    bar = fig.colorbar(mappable, ax=ax, **kwargs)
-    bar.set_label("attention weight (sqrt scale)")
-    return bar

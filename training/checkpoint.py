@@ -10,41 +10,28 @@ A run directory holds:
 
 A checkpoint is written to a temporary directory, every file flushed and fsync'ed, then renamed
 into place; `latest` is replaced the same way afterwards. A crash leaves the previous checkpoint
-(and `latest` pointing at it) intact.
+(and `latest` pointing at it) intact. What is read back is checked first (guard/checkpoint.py).
 """
 from __future__ import annotations
 
 import io
 import os
-import pickle
-import pickletools
-import re
 import shutil
-import warnings
-import zipfile
 from pathlib import Path
 from typing import Optional
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save
+from safetensors.torch import save
 from tokenizers import Tokenizer
 
-from data.files import MIB, FileRefused, check_regular, read_text
-from data.tokenizer import load_tokenizer
-from training.errors import UserError, first_line
-from training.state import PROGRESS_KEYS, Progress, set_rng_state
-from training.state_check import StateMismatch, check_state
+from guard.checkpoint import check_state, load_state, read_pointer, read_weights
+from guard.cli import FormatError, StateMismatch, UserError
+from guard.corpus import check_same_tokenizer
+from training.state import Progress, set_rng_state
 
 CHECKPOINTS = "checkpoints"
 WEIGHTS = "model.safetensors"
 STATE = "state.pt"
-TIED = ("lm_head.weight",)  # shares storage with tok_emb.weight; stored once
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint is missing, unreadable, unsafe, or does not fit the model."""
-
 
 def _fsync_write(path: Path, payload: bytes) -> None:
     with open(path, "wb") as f:
@@ -68,10 +55,15 @@ def atomic_write(path: Path, payload: bytes) -> None:
     _fsync_dir(path.parent)
 
 
+def stored_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The state dict as a checkpoint stores it: a parameter shared by two modules once (the
+    head is tied to the token embedding: `lm_head.weight` is `tok_emb.weight`)."""
+    own = {n for n, _ in model.named_parameters()} | {n for n, _ in model.named_buffers()}
+    return {k: v for k, v in model.state_dict().items() if k in own}
+
+
 def weights_bytes(model: torch.nn.Module) -> bytes:
-    tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()
-               if k not in TIED}
-    return save(tensors)
+    return save({k: v.detach().cpu().contiguous() for k, v in stored_tensors(model).items()})
 
 
 def _step_of(path: Path) -> int:
@@ -131,28 +123,9 @@ def holds_checkpoints(run_dir: Path) -> bool:
     return (root / "latest").is_file() or any(root.glob("step_*"))
 
 
-STEP_NAME = re.compile(r"step_\d{8,}")
-
-
-def latest_pointer(run_dir: Path) -> Optional[str]:
-    """The checkpoint name `latest` holds; None without a pointer. Only a name of the form
-    step_<digits> is accepted: a path could lead out of the run directory."""
-    pointer = run_dir / CHECKPOINTS / "latest"
-    if not os.path.lexists(pointer):
-        return None
-    try:
-        name = read_text(pointer, "checkpoint pointer", 256).strip()
-    except FileRefused as exc:
-        raise CheckpointError(str(exc)) from None
-    if not STEP_NAME.fullmatch(name):
-        raise CheckpointError(f"{pointer} holds {name[:40]!r}, not the name of a checkpoint "
-                              f"(step_<number>); it was not written by train.py")
-    return name
-
-
 def latest_checkpoint(run_dir: Path) -> Optional[Path]:
     """The checkpoint directory `latest` names, or None if there is none."""
-    name = latest_pointer(run_dir)
+    name = read_pointer(run_dir / CHECKPOINTS / "latest")
     if name is None:
         return None
     path = run_dir / CHECKPOINTS / name
@@ -166,144 +139,14 @@ def find_weights(run_dir: Path, which: str = "latest") -> Path:
         return best
     ckpt = latest_checkpoint(run_dir)
     if ckpt is None:
-        raise CheckpointError(f"{run_dir} holds no checkpoint (expected {CHECKPOINTS}/latest)")
+        raise UserError(f"{run_dir} holds no checkpoint (expected {CHECKPOINTS}/latest)")
     return ckpt / WEIGHTS
 
 
 def load_weights(model: torch.nn.Module, path: Path) -> None:
-    """Load safetensors weights into model, saying which part (vocabulary or model shape)
-    disagrees when they do not fit. The file must be a regular file no bigger than the model's
-    float32 weights (plus the header), and every weight a finite float."""
-    expected = {k: v for k, v in model.state_dict().items() if k not in TIED}
-    limit = sum(4 * v.numel() for v in expected.values()) + 16 * MIB
-    try:
-        check_regular(path, "weights file", limit)
-        tensors = load_file(str(path))
-    except FileRefused as exc:
-        raise CheckpointError(str(exc)) from None
-    except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
-        raise CheckpointError(f"cannot read weights {path} (truncated or corrupt?): "
-                              f"{first_line(exc)}") from exc
-    missing = sorted(set(expected) - set(tensors))
-    unexpected = sorted(set(tensors) - set(expected))
-    if missing or unexpected:
-        raise CheckpointError(f"weights {path} do not match the model shape of the config: missing "
-                              f"{missing[:3]}, unexpected {unexpected[:3]} (different model.n_layer "
-                              f"or model.bias?)")
-    vocab = getattr(model, "vocab_size", None)
-    emb = tensors.get("tok_emb.weight")
-    if vocab is not None and emb is not None and emb.ndim == 2 and emb.shape[0] != vocab:
-        raise CheckpointError(
-            f"weights {path} are for a vocabulary of {emb.shape[0]} tokens, but the tokenizer has "
-            f"{vocab}: the checkpoint and the tokenizer do not belong together")
-    for key, value in expected.items():
-        if tensors[key].shape != value.shape:
-            raise CheckpointError(
-                f"weights {path} do not match the model shape of the config: {key} has shape "
-                f"{tuple(tensors[key].shape)}, the config gives {tuple(value.shape)} (different "
-                f"model.n_embd, n_head, block_size or mlp_ratio?)")
-    for key, tensor in tensors.items():
-        if not tensor.is_floating_point():
-            raise CheckpointError(f"weights {path}: {key} holds {tensor.dtype} values, not "
-                                  f"floating-point weights")
-        if not bool(torch.isfinite(tensor).all()):
-            raise CheckpointError(f"weights {path}: {key} holds NaN or infinite values; these "
-                                  f"weights cannot be used (train.py never saves such weights)")
+    """Load a checkpoint's weights into model (read_weights checks they are the model's)."""
+    tensors = read_weights(path, stored_tensors(model), getattr(model, "vocab_size", None))
     model.load_state_dict(tensors, strict=False)
-
-
-def _pickle_imports(data: bytes) -> list[str]:
-    """module.name of each global a pickle would import, found by reading its opcodes (nothing
-    is unpickled)."""
-    found, strings = [], []
-    try:
-        for op, arg, _ in pickletools.genops(data):
-            if op.name in ("GLOBAL", "INST"):
-                found.append(str(arg).replace(" ", "."))
-            elif op.name == "STACK_GLOBAL":
-                found.append(".".join(strings[-2:]) if len(strings) >= 2 else "?")
-            elif isinstance(arg, str):
-                strings.append(arg)
-    except Exception:  # not (or not wholly) a pickle: what was found so far
-        pass
-    return found
-
-
-def _refuse(path: Path, names: list[str]) -> CheckpointError:
-    return CheckpointError(
-        f"refusing to load {path}: its pickle would import {', '.join(sorted(set(names))[:3])}, "
-        f"which can run code; nothing was loaded or executed (use only checkpoints that train.py "
-        f"wrote)")
-
-
-STATE_KEYS = ("optimizer", "sampler", "rng") + PROGRESS_KEYS
-# The optimizer state of the largest model this project trains is a few hundred MB; a state.pt
-# is checked against its own model's size in `restore`.
-MAX_STATE_BYTES = 1 << 34
-
-
-def load_state(path: Path, limit: int = MAX_STATE_BYTES) -> dict:
-    """The training state, loaded without ever executing pickled code.
-
-    torch.save writes a zip archive of stored (uncompressed) entries; anything else is refused
-    before it is unpickled: a plain pickle (its imports are named, from its opcodes), entries
-    that would decompress to more than the file's size limit. torch.load(weights_only=True)
-    then refuses any global outside its allow-list, naming it."""
-    try:
-        check_regular(path, "training state", limit)
-    except FileRefused as exc:
-        raise CheckpointError(str(exc)) from None
-    try:
-        is_zip = zipfile.is_zipfile(path)
-        if not is_zip:
-            names = _pickle_imports(path.read_bytes())
-            if names:
-                raise _refuse(path, names)
-            raise CheckpointError(f"cannot read training state {path}: not a checkpoint written "
-                                  f"by train.py (truncated or corrupt?)")
-        with zipfile.ZipFile(path) as archive:
-            entries = archive.infolist()
-        if any(e.compress_type != zipfile.ZIP_STORED for e in entries) \
-                or sum(e.file_size for e in entries) > limit:
-            raise CheckpointError(f"refusing to load {path}: it holds compressed or oversized "
-                                  f"entries, which torch.save never writes")
-    except (OSError, zipfile.BadZipFile, ValueError) as exc:
-        raise CheckpointError(f"cannot read training state {path} (truncated or corrupt?): "
-                              f"{first_line(exc)}") from exc
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            state = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as exc:
-        lines = [l for l in str(exc).splitlines() if "GLOBAL" in l or "operand" in l]
-        if any("GLOBAL" in l for l in lines):
-            raise CheckpointError(f"refusing to load {path}: {lines[0].strip().rstrip('.')}; "
-                                  f"nothing was executed") from exc
-        raise CheckpointError(f"cannot read training state {path} (truncated or corrupt?)"
-                              + (f": {lines[0].strip()}" if lines else "")) from exc
-    except Exception as exc:  # the zip or pickle reader on damaged bytes: many kinds of error
-        raise CheckpointError(f"cannot read training state {path} (truncated or corrupt?): "
-                              f"{first_line(exc)}") from exc
-    if not isinstance(state, dict) or any(k not in state for k in STATE_KEYS):
-        raise CheckpointError(f"training state {path} lacks "
-                              + (", ".join(k for k in STATE_KEYS if k not in state)
-                                 if isinstance(state, dict) else "everything (not a dict)")
-                              + ": not a checkpoint written by train.py")
-    return state
-
-
-def check_tokenizer(tokenizer: Tokenizer, saved: Path) -> None:
-    """On resume, the tokenizer built from today's data must be the run's own."""
-    try:
-        run_tokenizer = load_tokenizer(saved)
-    except Exception as exc:  # tokenizers raises plain Exception
-        raise CheckpointError(f"cannot resume: cannot read {saved}: {first_line(exc)}") from exc
-    if run_tokenizer.get_vocab() != tokenizer.get_vocab():
-        raise UserError(
-            f"cannot resume: the tokenizer built from the current data "
-            f"({tokenizer.get_vocab_size()} tokens) differs from the run's {saved} "
-            f"({run_tokenizer.get_vocab_size()} tokens); the corpus (data.*) or the tokenizer "
-            f"config changed since the run started")
 
 
 def restore(run_dir: Path, model: torch.nn.Module, optimizer, sampler,
@@ -312,26 +155,37 @@ def restore(run_dir: Path, model: torch.nn.Module, optimizer, sampler,
     the random generators; return the loop's counters saved with it."""
     ckpt = latest_checkpoint(run_dir)
     if ckpt is None:
-        name = latest_pointer(run_dir)
+        name = read_pointer(run_dir / CHECKPOINTS / "latest")
         if name is not None:
-            raise CheckpointError(f"cannot resume: {run_dir / CHECKPOINTS / 'latest'} names "
-                                  f"{name!r}, which is not in {run_dir / CHECKPOINTS}")
+            raise FormatError(f"cannot resume: {run_dir / CHECKPOINTS / 'latest'} names "
+                              f"{name!r}, which is not in {run_dir / CHECKPOINTS}")
         raise UserError(f"cannot resume: {run_dir} holds no checkpoint")
-    check_tokenizer(tokenizer, run_dir / "tokenizer.json")
+    check_same_tokenizer(tokenizer, run_dir / "tokenizer.json")
     load_weights(model, ckpt / WEIGHTS)
-    # weights, optimizer moments (two per weight) and the small rest
-    params = sum(p.numel() for p in model.parameters())
-    state = load_state(ckpt / STATE, limit=4 * 4 * params + 64 * MIB)
+    state = load_state(ckpt / STATE, params=sum(p.numel() for p in model.parameters()))
     try:
         check_state(state, optimizer, sampler)
     except StateMismatch as exc:
-        raise CheckpointError(f"training state {ckpt / STATE} is not one train.py wrote for "
-                              f"this run: {exc}") from exc
+        raise StateMismatch(f"training state {ckpt / STATE} is not one train.py wrote for this "
+                            f"run: {exc}") from None
+    optimizer.load_state_dict(state["optimizer"])
+    sampler.load_state_dict(state["sampler"])
+    set_rng_state(state["rng"])
+    return Progress.from_state_dict(state)
+
+
+LATEST = Path("runs") / "latest"
+
+
+def link_latest(run_dir: Path) -> None:
+    """runs/latest names the newest run, so `python generate.py` finds it without a path.
+
+    A small text file, not a symlink: TensorBoard follows links, so a `latest` link inside
+    `--logdir runs` would show the newest run twice."""
     try:
-        optimizer.load_state_dict(state["optimizer"])
-        sampler.load_state_dict(state["sampler"])
-        set_rng_state(state["rng"])
-        return Progress.from_state_dict(state)
-    except (KeyError, ValueError, TypeError, RuntimeError) as exc:
-        raise CheckpointError(f"training state {ckpt / STATE} does not fit this model and "
-                              f"run: {first_line(exc)}") from exc
+        LATEST.parent.mkdir(exist_ok=True)
+        if LATEST.is_symlink() or LATEST.is_dir():  # a link left by an earlier version
+            LATEST.unlink()
+        atomic_write(LATEST, f"{run_dir.resolve()}\n".encode())
+    except OSError:
+        pass  # a convenience only

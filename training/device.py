@@ -1,4 +1,5 @@
-"""Where and in which precision to run: CUDA if present, else CPU; bf16 autocast where it pays."""
+"""In which precision to run: bf16 autocast where it pays (the device string is parsed in
+guard/limits.py)."""
 from __future__ import annotations
 
 import contextlib
@@ -6,14 +7,6 @@ import os
 from pathlib import Path
 
 import torch
-
-
-def pick_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"train.device={name} but no CUDA device is available")
-    return torch.device(name)
 
 
 # Set to 1 or 0 to decide what `dtype=auto` takes a CPU for: the test suite's --cpu-bf16 runs

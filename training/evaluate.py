@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from data.batches import sequential_windows
 from training.attention_maps import future_weight
-from training.distributed import World, all_sum
+from training.runtime import World, all_sum
 
 
 @torch.no_grad()

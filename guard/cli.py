@@ -1,0 +1,153 @@
+"""How a command fails: every user mistake ends as one `error:` line and exit status 2.
+
+What counts as a mistake is decided here, once, for train.py, generate.py and scripts/: the
+`UserError` family, raised by the checks in guard/ (a value out of range, a file that is not what
+it claims to be, a corpus that cannot be read), and what Hydra, OmegaConf and the operating system
+raise for a misspelt key, a mistyped value or a missing file. Anything else is a bug and keeps its
+traceback. `parse_key_values` is the key=value command line of generate.py and the scripts
+(train.py's is Hydra's).
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import re
+import sys
+import typing
+from typing import Callable, Iterator, Optional
+
+from hydra.errors import HydraException
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+
+class UserError(ValueError):
+    """A mistake in what the user asked for or handed over; the message says what, and how to
+    fix it. A ValueError, so code that treats a bad value as one sees these as such."""
+
+
+class FormatError(UserError):
+    """A file or folder that is not what it claims to be (a run's config.yaml, a checkpoint, a
+    token cache entry, a GPT-2 folder), or a model that a format cannot hold."""
+
+
+class FileRefused(FormatError):
+    """A file that is missing, not a regular file, or implausibly big."""
+
+
+class StateMismatch(FormatError):
+    """A field of a checkpoint's training state with the wrong type, shape or range."""
+
+
+class CorpusError(UserError):
+    """A corpus that cannot be fetched, read or tokenized."""
+
+
+MISTAKES = (UserError, HydraException, OmegaConfBaseException, OSError)
+
+
+def first_line(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[0] if lines else type(exc).__name__
+
+
+def one_line(exc: BaseException) -> str:
+    """A mistake as one line. Hydra and OmegaConf spread theirs over several: keep the first line,
+    the available options of a missing config, the key, and the first line of the cause."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    if not lines:
+        return type(exc).__name__
+    text = lines[0].rstrip(".")
+    if isinstance(exc, HydraException):
+        if any(line.startswith("Available options") for line in lines):
+            start = next(i for i, line in enumerate(lines) if line.startswith("Available options"))
+            options = [line for line in lines[start + 1:] if " " not in line and "=" not in line]
+            text += f" (available: {', '.join(options)})"
+        elif len(lines) > 1 and lines[1].startswith("To append"):
+            text += f" ({lines[1].rstrip('.')})"
+        cause = exc.__cause__ or exc.__context__
+        if cause is not None and first_line(cause) not in text:
+            text += f": {first_line(cause)}"
+    elif isinstance(exc, OmegaConfBaseException):
+        key = getattr(exc, "full_key", None)
+        if key and key not in text:
+            text += f" ({key})"
+    elif isinstance(exc, OSError) and not isinstance(exc, UserError) and exc.filename:
+        text = f"{exc.strerror or text}: {exc.filename}"
+    return text
+
+
+@contextlib.contextmanager
+def mistakes_exit(trace: bool = False) -> Iterator[None]:
+    """Inside, a user mistake is printed as one `error:` line and ends the process with status 2.
+    The exit is a SystemExit, so inside a Hydra sweep it also ends the sweep at the failing job.
+    trace: re-raise instead (the user asked for tracebacks)."""
+    try:
+        yield
+    except BrokenPipeError:
+        raise  # not a mistake: the reader of stdout went away (run_cli)
+    except MISTAKES as exc:
+        if trace:
+            raise
+        print(f"error: {one_line(exc)}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def run_cli(body: Callable[[], Optional[int]], undo: Optional[Callable[[], None]] = None,
+            trace: bool = False, interrupted: str = "interrupted") -> int:
+    """The exit status of a command's body: its own, 2 after one `error:` line for a mistake, 130
+    after Ctrl-C, 0 when stdout is closed by its reader (piped into `head`). undo runs whenever
+    the status is not 0, to take back what a failed command wrote."""
+    try:
+        with mistakes_exit(trace):
+            code = body() or 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except KeyboardInterrupt:
+        print(f"error: {interrupted}", file=sys.stderr)
+        code = 130
+    except BrokenPipeError:  # the reader has all it wanted; keep the exit's flush quiet
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        code = 0
+    if code and undo is not None:
+        undo()
+    return code
+
+
+def parse_key_values(argv: list[str], schema: type, usage: str, about: str = ""):
+    """key=value arguments as an instance of the dataclass `schema`, its defaults for the keys
+    not given. Text-valued keys keep their value verbatim (prompt=ROMEO: is text, not YAML); the
+    others are parsed and type-checked by OmegaConf; a key whose default is MISSING ("???") must
+    be given. -h or --help prints `about`, the usage and every key with its default."""
+    if any(a in ("-h", "--help") for a in argv):
+        print((about.strip() + "\n\n" if about else "") + usage + "\n\nkeys and defaults:\n"
+              + OmegaConf.to_yaml(OmegaConf.structured(schema)))
+        raise SystemExit(0)
+    hints = typing.get_type_hints(schema)
+    keys = [f.name for f in dataclasses.fields(schema)]
+    text = {k for k in keys if hints[k] in (str, Optional[str])}
+    given = {}
+    for arg in argv:
+        key, sep, value = arg.partition("=")
+        if not sep:
+            raise UserError(f"arguments must be key=value, got {arg!r}. {usage}")
+        if key not in keys:
+            raise UserError(f"unknown key {key!r} (known: {', '.join(keys)}). {usage}")
+        given[key] = value
+    typed = OmegaConf.from_dotlist([f"{k}={v}" for k, v in given.items() if k not in text])
+    cfg = OmegaConf.merge(OmegaConf.structured(schema), typed,
+                          {k: v for k, v in given.items() if k in text})
+    missing = [k for k in keys if OmegaConf.is_missing(cfg, k)]
+    if missing:
+        raise UserError(f"{missing[0]}= is required. {usage}")
+    return OmegaConf.to_object(cfg)
+
+
+def hydra_string(text: str) -> str:
+    """`text` as a quoted Hydra override value, so that a path with spaces, commas or '=' passes
+    intact. In Hydra's quoted strings a backslash is literal unless it precedes a quote or the
+    closing quote, where it must be doubled; the quote itself is escaped with a backslash."""
+    escaped = re.sub(r"(\\*)('|$)",
+                     lambda m: m.group(1) * 2 + ("\\'" if m.group(2) else ""), text)
+    return f"'{escaped}'"

@@ -1,0 +1,162 @@
+"""Reading files that may be broken or planted: a run directory, a cache, a downloaded folder.
+
+Such a file can be a FIFO (reading it blocks forever), a device (`/dev/zero` never ends), a sparse
+file of terabytes, or a directory. Every file the project reads back is checked here first: it must
+be a regular file no bigger than what its kind can legitimately be, and it is opened without
+blocking, so that what is checked is what is read. JSON must hold an object. A run's config.yaml
+must be plain keys and values: a few hundred bytes of YAML anchors and aliases expand to
+gigabytes (an "alias bomb"), deep nesting exhausts the parser's recursion, a tag asks for a Python
+object, an OmegaConf interpolation can expand exponentially or read the environment. train.py
+writes none of these, so the tokens are read first and anything else is refused before a node is
+built.
+"""
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+
+import yaml
+from omegaconf import DictConfig, OmegaConf
+from omegaconf._utils import get_yaml_loader
+
+from guard.cli import FileRefused, FormatError, first_line
+
+KIB, MIB = 1 << 10, 1 << 20
+
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+          (stat.S_ISSOCK, "a socket"))
+
+
+def kind_of(mode: int) -> str:
+    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
+
+
+def check_regular(path: Path, what: str, limit: int) -> int:
+    """The size of path, which must be a regular file (after symbolic links: the Hugging Face
+    cache is made of them) of at most limit bytes."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise FileRefused(f"{what} {path} does not exist") from None
+    except OSError as exc:
+        raise FileRefused(f"cannot read {what} {path}: {exc.strerror}") from None
+    return _check_stat(st, path, what, limit)
+
+
+def _check_stat(st: os.stat_result, path: Path, what: str, limit: int) -> int:
+    if not stat.S_ISREG(st.st_mode):
+        raise FileRefused(f"{what} {path} is {kind_of(st.st_mode)}, not a regular file")
+    if st.st_size > limit:
+        raise FileRefused(f"{what} {path} is {st.st_size:,} bytes: implausibly large, more than "
+                          f"a {what} can be ({limit:,})")
+    return st.st_size
+
+
+def read_bytes(path: Path, what: str, limit: int) -> bytes:
+    """The bytes of a regular file of at most limit bytes. Opened without blocking and checked
+    through the open descriptor, so a FIFO swapped in after a check cannot hang the read."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
+    except FileNotFoundError:
+        raise FileRefused(f"{what} {path} does not exist") from None
+    except IsADirectoryError:
+        raise FileRefused(f"{what} {path} is a directory, not a regular file") from None
+    except OSError as exc:
+        raise FileRefused(f"cannot read {what} {path}: {exc.strerror}") from None
+    try:
+        _check_stat(os.fstat(fd), path, what, limit)
+        chunks, size = [], 0
+        while size <= limit:
+            chunk = os.read(fd, min(limit + 1 - size, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        if size > limit:  # grew while being read
+            raise FileRefused(f"{what} {path} is more than {limit:,} bytes")
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def read_text(path: Path, what: str, limit: int) -> str:
+    """read_bytes as UTF-8 text."""
+    try:
+        return read_bytes(path, what, limit).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise FileRefused(f"{what} {path} is not UTF-8 text (byte {exc.start})") from None
+
+
+def read_json(path: Path, what: str, limit: int) -> dict:
+    """The JSON object in path (a regular file of at most limit bytes)."""
+    try:
+        data = json.loads(read_text(path, what, limit))
+    except (ValueError, RecursionError) as exc:
+        if isinstance(exc, FileRefused):
+            raise
+        raise FormatError(f"{path} is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise FormatError(f"{path} must hold a JSON object, got {type(data).__name__}")
+    return data
+
+
+# ----------------------------------------------------------------------------- a run's config.yaml
+
+
+# A saved config is about 2 KiB; anything this big was not written by train.py.
+MAX_CONFIG_BYTES = 64 * KIB
+MAX_DEPTH = 16
+
+_OPENING = (yaml.BlockMappingStartToken, yaml.BlockSequenceStartToken,
+            yaml.FlowMappingStartToken, yaml.FlowSequenceStartToken)
+_CLOSING = (yaml.BlockEndToken, yaml.FlowMappingEndToken, yaml.FlowSequenceEndToken)
+_REFUSED = {yaml.AnchorToken: "an anchor (&)", yaml.AliasToken: "an alias (*)",
+            yaml.TagToken: "a tag (!)", yaml.DirectiveToken: "a directive (%)"}
+
+
+def load_run_config(path: Path) -> DictConfig:
+    """The mapping in path, a run's config.yaml, refusing anything train.py would not write."""
+    text = read_text(path, "run config", MAX_CONFIG_BYTES)
+    problem = _plain_yaml_problem(text)
+    if problem:
+        raise FormatError(f"{path} is not a config that train.py wrote: it holds {problem}")
+    try:
+        cfg = OmegaConf.create(text) if text.strip() else None
+    except Exception as exc:  # YAML syntax, duplicate keys
+        raise FormatError(f"{path} is not a readable run config: {_reason(exc)}") from None
+    if not isinstance(cfg, DictConfig):
+        raise FormatError(f"{path} is not a run config: it holds no mapping of keys to values")
+    return cfg
+
+
+def _plain_yaml_problem(text: str) -> str:
+    """What in text is not plain YAML keys and values, or '' if nothing."""
+    depth = 0
+    try:
+        for token in yaml.scan(text, Loader=get_yaml_loader()):
+            refused = _REFUSED.get(type(token))
+            if refused:
+                return f"{refused} at line {token.start_mark.line + 1}"
+            if isinstance(token, _OPENING):
+                depth += 1
+                if depth > MAX_DEPTH:
+                    return f"nesting deeper than {MAX_DEPTH} levels"
+            elif isinstance(token, _CLOSING):
+                depth -= 1
+            elif isinstance(token, yaml.ScalarToken) and "${" in token.value:
+                return (f"an interpolation ({token.value[:40]!r}) at line "
+                        f"{token.start_mark.line + 1}")
+    except yaml.YAMLError as exc:
+        return f"invalid YAML ({_reason(exc)})"
+    return ""
+
+
+def _reason(exc: BaseException) -> str:
+    """A YAML error as 'problem at line N' (its first line alone is often only context)."""
+    problem, mark = getattr(exc, "problem", None), getattr(exc, "problem_mark", None)
+    if problem and mark is not None:
+        return f"{problem} at line {mark.line + 1}"
+    return first_line(exc)

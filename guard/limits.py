@@ -1,0 +1,398 @@
+"""What a command may ask for: every value's range in one table, the rules that tie values
+together, the device string, and whether the model fits in memory.
+
+Types were already checked (Hydra merges train.py's overrides into the dataclasses of */config.py,
+`guard.cli.parse_key_values` generate.py's); these are the values themselves. Each row says a
+key's range as the user writes the key, so the message names what to change. Seeds, step counts
+and token ids end up in torch's and numpy's 64-bit integers (a seed plus the step seeds each
+evaluation's sample), so they stay well inside them.
+"""
+from __future__ import annotations
+
+import math
+import sys
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from data.config import TokenizerKind
+from data.tokenizer import unknown_characters
+from guard.cli import UserError
+from model.attention import fused_refusal
+from model.config import Activation, AttentionConfig, AttentionImpl, ModelConfig
+from training.config import COMPILE_MODES, DTYPE_CHOICES, Config, OptimConfig
+
+MAX_SEED = 2**63 - 1
+MAX_COUNT = 2**62
+# Below this, logits / temperature overflow float32 and sampling yields NaN: use greedy instead.
+MIN_TEMPERATURE = 1e-6
+MAX_WORKERS = 1024  # threads or processes: more is a typo, and each one costs memory
+MAX_SAMPLES = 1_000_000
+
+
+@dataclass(frozen=True)
+class Limit:
+    """key's value must lie in [low, high] (open at an end where `above` / `below`); a float
+    must also be finite unless `infinite`; None passes when `optional`. `words` says the rule
+    where the bounds alone would not say it well."""
+
+    key: str
+    low: float = -math.inf
+    high: float = math.inf
+    above: bool = False
+    below: bool = False
+    optional: bool = False
+    infinite: bool = False
+    words: str = ""
+
+    def problem(self, value, key: Optional[str] = None) -> Optional[str]:
+        """What is wrong with value, naming it as key (this row's key by default), or None."""
+        key = key or self.key
+        if value is None:
+            return None if self.optional else f"{key} must be given"
+        low_ok = value > self.low if self.above else value >= self.low
+        high_ok = value < self.high if self.below else value <= self.high
+        finite = self.infinite or not isinstance(value, float) or math.isfinite(value)
+        if low_ok and high_ok and finite:
+            return None
+        if low_ok and not high_ok and not self.words and math.isfinite(self.high):
+            return f"{key} must be at most {self.high:,}, got {value:,}"
+        return f"{key} must be {self.words or self._range()}, got {value}"
+
+    def _range(self) -> str:
+        if self.low == 0 and math.isinf(self.high):
+            return "positive" if self.above else "non-negative"
+        return f"between {self.low:,} and {self.high:,}"
+
+
+def positive(key: str, high: float = math.inf, **kw) -> Limit:
+    return Limit(key, 0, high, above=True, **kw)
+
+
+def non_negative(key: str, high: float = math.inf, **kw) -> Limit:
+    return Limit(key, 0, high, **kw)
+
+
+def fraction(key: str, **kw) -> Limit:
+    """[0, 1): dropout, betas, momentum."""
+    return Limit(key, 0.0, 1.0, below=True, words="in [0, 1)" + (" or null" if kw.get("optional")
+                                                                 else ""), **kw)
+
+
+SEED = Limit("seed", 0, MAX_SEED, words="an integer from 0 to 2**63 - 1")
+
+
+def temperature(key: str) -> Limit:
+    return Limit(key, MIN_TEMPERATURE, words=f"a finite number of at least {MIN_TEMPERATURE:g} "
+                                             f"(for the most likely token, sample greedily)")
+
+
+# The table: train.py's keys (a run's config), then generate.py's. Sizes that are too big are
+# "does not fit" (below), not a row.
+TRAIN = [
+    # model, attention
+    positive("model.n_layer"), positive("model.n_head"), positive("model.n_embd"),
+    positive("model.block_size"), positive("model.mlp_ratio"),
+    fraction("model.dropout"), fraction("model.attn_dropout", optional=True),
+    positive("model.init_std", words="a positive number"),
+    Limit("attention.mask_value", high=0, infinite=True, words="0, negative or -inf"),
+    non_negative("attention.query_block", optional=True,
+                 words="0 (off), a positive number of rows or null (by device)"),
+    positive("attention.qk_init_std", optional=True, words="positive or null"),
+    # optim
+    positive("optim.lr"), non_negative("optim.min_lr"), non_negative("optim.warmup_steps", MAX_COUNT),
+    non_negative("optim.weight_decay"), non_negative("optim.grad_clip"),
+    positive("optim.muon_ns_steps", 1000), positive("optim.muon_lr_scale"),
+    fraction("optim.beta1"), fraction("optim.beta2"), fraction("optim.muon_momentum"),
+    positive("optim.eps", words="a positive number"),
+    # train
+    *(positive(f"train.{key}", MAX_COUNT) for key in (
+        "max_steps", "grad_accum", "eval_interval", "eval_batches", "log_interval",
+        "keep_checkpoints")),
+    positive("train.batch_size"), positive("train.attention_map_tokens"),
+    non_negative("train.sample_tokens", MAX_COUNT), non_negative("train.overfit_patience", MAX_COUNT),
+    temperature("train.sample_temperature"),
+    positive("train.max_minutes", optional=True), positive("train.threads", MAX_WORKERS, optional=True),
+    # data, tokenizer, seed
+    positive("data.num_proc", MAX_WORKERS, optional=True),
+    positive("data.max_documents", optional=True),
+    non_negative("tokenizer.min_frequency", 2**32 - 1),
+    positive("tokenizer.vocab_size", 2**32),  # ids are stored as uint32
+    SEED,
+]
+SAMPLE = [
+    non_negative("max_new_tokens", MAX_COUNT), positive("num_samples", MAX_SAMPLES),
+    positive("top_k", optional=True, words="between 1 and the vocabulary size"),
+    Limit("top_p", 0, 1, above=True, optional=True, words="in (0, 1]"),
+    SEED,
+]
+CHOICES = {"train.compile_mode": COMPILE_MODES, "train.dtype": DTYPE_CHOICES,
+           "weights": ("best", "latest")}
+
+
+def _value(root, key: str):
+    for part in key.split("."):
+        root = getattr(root, part)
+    return root
+
+
+def _check(root, rows: list[Limit], prefix: str = "", shown: Optional[str] = None) -> None:
+    """Raise UserError naming the first of the rows whose key starts with prefix that root
+    breaks; keys are read without prefix, and named with `shown` in its place if given."""
+    for row in rows:
+        if row.key.startswith(prefix):
+            key = row.key[len(prefix):]
+            problem = row.problem(_value(root, key), None if shown is None else shown + key)
+            if problem:
+                raise UserError(problem)
+
+
+def check_choice(key: str, value) -> None:
+    options = CHOICES[key]
+    if value not in options:
+        raise UserError(f"{key} must be {', '.join(options[:-1])} or {options[-1]}, got {value!r}")
+
+
+# ----------------------------------------------------------------------------- the checks
+
+
+def check_model(m: ModelConfig, prefix: str = "model.") -> None:
+    """A model shape that can be built: a run's `model`, or a shape read from elsewhere whose
+    keys are named with another prefix (a GPT-2 config.json's have none)."""
+    _check(m, TRAIN, "model.", shown=prefix)
+    if m.n_embd % m.n_head:
+        raise UserError(f"{prefix}n_embd ({m.n_embd}) must be divisible by {prefix}n_head "
+                        f"({m.n_head}): each head gets d_k = n_embd / n_head dimensions")
+    if m.activation not in list(Activation):  # Hydra checks YAML values; this, ones from code
+        raise UserError(f"{prefix}activation must be one of {[a.value for a in Activation]}, "
+                        f"got {m.activation!r}")
+
+
+def check_attention(a: AttentionConfig) -> None:
+    _check(a, TRAIN, "attention.")
+    refusal = fused_refusal(a) if a.impl is AttentionImpl.fused else None
+    if refusal:
+        raise UserError(f"{refusal} (use attention.impl=auto)")
+
+
+def check_config(cfg: Config, device: Optional[torch.device] = None) -> None:
+    """Every value of a run's config, and what ties them together; with the device it is to run
+    on (train.device, parsed), also what depends on the device."""
+    check_model(cfg.model)
+    check_attention(cfg.attention)
+    _check(cfg, [row for row in TRAIN if not row.key.startswith(("model.", "attention."))])
+    for key in ("train.compile_mode", "train.dtype"):
+        check_choice(key, _value(cfg, key))
+    _check_device_name(cfg.train.device, "train.device")
+    m = cfg.model
+    if cfg.attention.impl is AttentionImpl.fused:
+        refusal = fused_refusal(cfg.attention, m.head_dim,
+                                m.dropout if m.attn_dropout is None else m.attn_dropout, device)
+        if refusal:
+            raise UserError(f"{refusal}; model.n_embd / model.n_head = {m.n_embd} / {m.n_head} "
+                            f"(or use attention.impl=auto)")
+    tok = cfg.tokenizer
+    if tok.kind is TokenizerKind.file and not tok.path:
+        raise UserError("tokenizer.kind=file needs tokenizer.path (a tokenizer.json)")
+    if tok.kind is TokenizerKind.bpe and tok.vocab_size < 257:
+        raise UserError("tokenizer.vocab_size must be at least 257 for byte-level BPE "
+                        f"(256 bytes + 1 special token), got {tok.vocab_size}")
+
+
+def check_sampling(g) -> None:
+    """generate.py's values (a GenerateConfig), all that can be checked before a run is read;
+    the vocabulary bounds top_k afterwards (`check_top_k`)."""
+    if not g.greedy:
+        if g.temperature <= 0:
+            raise UserError(f"temperature must be > 0, got {g.temperature} (use greedy=true for "
+                            f"the most likely token)")
+        _check(g, [temperature("temperature")])
+    _check(g, SAMPLE)
+    check_choice("weights", g.weights)
+    last = Limit("seed + num_samples - 1 (each sample's seed)", 0, MAX_SEED, words=SEED.words)
+    problem = last.problem(g.seed + g.num_samples - 1)
+    if problem:
+        raise UserError(problem)
+
+
+def check_top_k(top_k: Optional[int], vocab_size: int) -> None:
+    if top_k is not None and not 1 <= top_k <= vocab_size:
+        raise UserError(f"top_k must be between 1 and the vocabulary size {vocab_size}, got {top_k}")
+
+
+def prompt_ids(tokenizer, prompt: str, block_size: int) -> list[int]:
+    """A prompt's token ids: at least one, no character a char tokenizer never saw, and at most
+    the context's worth (the last block_size, with a warning)."""
+    unknown = unknown_characters(tokenizer, prompt)
+    if unknown:
+        raise UserError(f"the prompt contains characters this char tokenizer never saw in "
+                        f"training: {''.join(unknown)!r}; remove or replace them")
+    ids = tokenizer.encode(prompt).ids
+    if not ids:
+        raise UserError("the prompt is empty; give at least one character, e.g. prompt='\\n'")
+    if len(ids) > block_size:
+        print(f"warning: the prompt has {len(ids)} tokens, more than the context of "
+              f"{block_size}; only its last {block_size} tokens are used", file=sys.stderr)
+    return ids[-block_size:]
+
+
+def parse_device(name: str, key: str = "device") -> torch.device:
+    """The device a command runs on: auto (CUDA if there is one, else the CPU), cpu, cuda or
+    cuda:N, which must exist here."""
+    _check_device_name(name, key)
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise UserError(f"{key}={name}, but no CUDA device is available")
+    device = torch.device(name)
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        raise UserError(f"{key}={name}, but there are {torch.cuda.device_count()} CUDA devices")
+    return device
+
+
+def _check_device_name(name: str, key: str) -> None:
+    if not (name in ("auto", "cpu", "cuda") or (name.startswith("cuda:") and name[5:].isdigit())):
+        raise UserError(f"{key} must be auto, cpu, cuda or cuda:N, got {name!r}")
+
+
+# ----------------------------------------------------------------------------- will it fit?
+#
+# `model.n_embd=1000000` asks for tens of billions of parameters. Allocating them either fails
+# deep inside torch (a traceback, a half-made run directory) or, worse, succeeds thanks to the
+# kernel's overcommit and then has the process killed half-way through initialisation. So the
+# memory a config needs is estimated before anything is allocated, and compared with the memory
+# there is. The parameters, the optimizer's state, the causal masks and the KV cache are those of
+# the model itself, built on the `meta` device (shapes without storage); the estimate counts only
+# what certainly exists, so a config it refuses cannot run, and one it accepts may still be tight.
+
+GB = 1e9
+FP32 = 4
+
+
+@dataclass
+class Sizes:
+    """What a model holds, counted on the meta device."""
+
+    params: int            # parameters (the tied head counted once)
+    optimizer_words: int   # float32 words of optimizer state (AdamW: 2 per parameter, Muon: 1)
+    cache_words: int       # KV cache of one sequence of block_size tokens
+    buffer_bytes: int      # the causal masks
+
+
+def model_sizes(m: ModelConfig, vocab_size: int, attn: AttentionConfig = AttentionConfig(),
+                optim: OptimConfig = OptimConfig()) -> Sizes:
+    """The sizes of GPT(m, vocab_size, attn) with optim's optimizers. Every block is alike, so
+    models of one and two blocks are built and the difference is scaled to n_layer."""
+    one, two = (_sizes(replace(m, n_layer=n), vocab_size, attn, optim) for n in (1, 2))
+    return Sizes(*(a + (m.n_layer - 1) * (b - a) for a, b in zip(one, two)))
+
+
+def _sizes(m: ModelConfig, vocab_size: int, attn: AttentionConfig, optim: OptimConfig) -> tuple:
+    from model.gpt import GPT
+    from training.optim import make_optimizer
+
+    try:
+        with torch.device("meta"):
+            model = GPT(m, vocab_size, attn)
+            cache = model.new_cache(1)
+    except RuntimeError as exc:  # a tensor of more than 2**63 elements
+        raise UserError(f"model.n_embd={m.n_embd}, mlp_ratio={m.mlp_ratio}, block_size="
+                        f"{m.block_size} and a vocabulary of {vocab_size:,} make tensors too "
+                        f"large to exist ({exc})") from None
+    words = sum((1 if isinstance(opt, torch.optim.Muon) else 2) * p.numel()
+                for opt in make_optimizer(model, optim).optimizers
+                for group in opt.param_groups for p in group["params"])
+    return (model.num_params(), words, cache.k.numel() + cache.v.numel(),
+            sum(b.numel() * b.element_size() for b in model.buffers()))
+
+
+def training_bytes(cfg: Config, vocab_size: int, device: torch.device, sizes: Sizes) -> dict:
+    """Lower bounds, by part, of the memory one training process needs (float32)."""
+    m, t = cfg.model, cfg.train
+    B, T, L, d, h = t.batch_size, m.block_size, m.n_layer, m.n_embd, m.n_head
+    # the attention weights kept for backward: at least the visible triangle of each head (query
+    # blocks keep a little more, the plain layer all T x T), but one number per row and head on
+    # the fused kernel
+    fused = fused_refusal(cfg.attention, m.head_dim, m.dropout if m.attn_dropout is None
+                          else m.attn_dropout, device) is None and (
+        cfg.attention.impl is AttentionImpl.fused
+        or (cfg.attention.impl is AttentionImpl.auto and device.type == "cuda"))
+    weights = h if fused else h * (T + 1) / 2
+    return {
+        "weights and gradients": 2 * FP32 * sizes.params,
+        "optimizer state": FP32 * sizes.optimizer_words,
+        "activations kept for backward": FP32 * B * T * L * ((8 + 2 * m.mlp_ratio) * d + weights),
+        "logits and their gradient": 2 * FP32 * B * T * vocab_size,
+        "causal masks": sizes.buffer_bytes,
+        "validation batches": 8 * t.eval_batches * B * (T + 1),
+    }
+
+
+def inference_bytes(sizes: Sizes) -> dict:
+    """Lower bounds, by part, of the memory sampling one sequence needs (float32, KV cache)."""
+    return {"weights": FP32 * sizes.params, "KV cache": FP32 * sizes.cache_words,
+            "causal masks": sizes.buffer_bytes}
+
+
+def available_bytes(device: torch.device) -> Optional[int]:
+    """Memory this process may use on device: a GPU's total memory, or the host's available
+    memory and swap within any cgroup limit; None when unknown."""
+    if device.type == "cuda":
+        try:
+            return torch.cuda.get_device_properties(device.index or 0).total_memory
+        except Exception:
+            return None
+    if device.type != "cpu":
+        return None
+    found = []
+    try:
+        info = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())
+        found.append(sum(int(info[k].split()[0]) * 1024 for k in ("MemAvailable", "SwapFree")))
+    except (OSError, KeyError, ValueError):
+        pass
+    for limit_file, usage_file in (("memory.max", "memory.current"),
+                                   ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes")):
+        try:
+            limit = Path("/sys/fs/cgroup", limit_file).read_text().strip()
+            usage = Path("/sys/fs/cgroup", usage_file).read_text().strip()
+            if limit.isdigit() and int(limit) < 1 << 60:
+                found.append(max(int(limit) - int(usage), 0))
+        except (OSError, ValueError):
+            pass
+    return min(found) if found else None
+
+
+def check_fits(parts: dict, device: torch.device, what: str, m: ModelConfig, vocab_size: int,
+               params: int, advice: str) -> None:
+    """Raise UserError, with the estimate, when parts cannot fit in the device's memory."""
+    needed = sum(parts.values())
+    have = available_bytes(device)
+    if have is None or needed <= have:
+        return
+    biggest = max(parts, key=parts.get)
+    raise UserError(
+        f"{what} does not fit in memory: model.n_layer={m.n_layer}, n_embd={m.n_embd}, "
+        f"block_size={m.block_size} and a vocabulary of {vocab_size:,} make "
+        f"{_millions(params)} parameters; {what} needs at least {needed / GB:,.1f} GB "
+        f"({biggest}: {parts[biggest] / GB:,.1f} GB), but {device.type} has "
+        f"{have / GB:,.1f} GB available; {advice}")
+
+
+def check_training_fits(cfg: Config, device: torch.device) -> None:
+    vocab = cfg.tokenizer.planned_vocab_size
+    sizes = model_sizes(cfg.model, vocab, cfg.attention, cfg.optim)
+    check_fits(training_bytes(cfg, vocab, device, sizes), device, "training", cfg.model, vocab,
+               sizes.params, "lower model.n_embd, model.n_layer, model.block_size, "
+               "tokenizer.vocab_size or train.batch_size")
+
+
+def check_sampling_fits(m: ModelConfig, vocab_size: int, attn: AttentionConfig,
+                        device: torch.device, advice: str) -> None:
+    sizes = model_sizes(m, vocab_size, attn)
+    check_fits(inference_bytes(sizes), device, "sampling", m, vocab_size, sizes.params, advice)
+
+
+def _millions(n: int) -> str:
+    return f"{n / 1e6:,.0f}M" if n >= 10**7 else f"{n / 1e6:.2f}M"
