@@ -79,10 +79,16 @@ _LOG2E = math.log2(math.e)
 
 
 @_jit
-def _head_ptr(ptr, stride_b, stride_h):
-    """Start of this program's (batch, head) slice, in 64 bits: B h t d can exceed 2^31."""
-    batch, head = tl.program_id(2).to(tl.int64), tl.program_id(1).to(tl.int64)
-    return ptr + batch * stride_b + head * stride_h
+def _head_ptr(ptr, stride_b, stride_h, head):
+    """Start of the (this program's batch, `head`) slice, in 64 bits: B h t d can exceed 2^31."""
+    batch = tl.program_id(2).to(tl.int64)
+    return ptr + batch * stride_b + tl.cast(head, tl.int64) * stride_h
+
+
+@_jit
+def _row_ptr(ptr, n_heads, head, n_q):
+    """Start of the [n] row of (this program's batch, `head`) in a contiguous [B, h, n] tensor."""
+    return ptr + tl.cast(tl.program_id(2) * n_heads + head, tl.int64) * n_q
 
 
 @_jit
@@ -172,9 +178,10 @@ def _fwd_key_tiles(acc, l_i, m_i, q, k_head, v_head, stride_kvt, offs_m, offs_d,
 @_jit
 def _fwd_kernel(Q, K, V, O, LSE,
                 stride_qb, stride_qh, stride_qt,     # q [B, h, n, d]
-                stride_kvb, stride_kvh, stride_kvt,  # k, v [B, h, m, d] (same strides)
+                stride_kvb, stride_kvh, stride_kvt,  # k, v [B, h_kv, m, d] (same strides)
                 stride_ob, stride_oh, stride_ot,     # out [B, h, n, d]
                 n_q, n_k, qk_scale,                  # qk_scale = scale * log2(e)
+                kv_group,                            # h // h_kv query heads share a kv head
                 HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                 DOT_DTYPE: tl.constexpr, ACC_DTYPE: tl.constexpr, PRECISION: tl.constexpr):
     """out = softmax(Q K^T * scale + M) V and lse_i = log sum_j exp(S_ij), for BLOCK_M rows."""
@@ -183,9 +190,10 @@ def _fwd_kernel(Q, K, V, O, LSE,
     offs_m = start_m + tl.arange(0, BLOCK_M)                             # query rows [BLOCK_M]
     offs_d = tl.arange(0, HEAD_DIM)                                      # [d]
     row_ok = offs_m < n_q                                                # rows past n are padding
-    q_head = _head_ptr(Q, stride_qb, stride_qh)
-    k_head = _head_ptr(K, stride_kvb, stride_kvh)
-    v_head = _head_ptr(V, stride_kvb, stride_kvh)
+    head = tl.program_id(1)
+    q_head = _head_ptr(Q, stride_qb, stride_qh, head)
+    k_head = _head_ptr(K, stride_kvb, stride_kvh, head // kv_group)      # the group's kv head
+    v_head = _head_ptr(V, stride_kvb, stride_kvh, head // kv_group)
 
     # The query tile is loaded once and stays in registers for the whole walk over the keys.
     q = tl.load(q_head + offs_m[:, None] * stride_qt + offs_d[None, :],
@@ -206,11 +214,10 @@ def _fwd_kernel(Q, K, V, O, LSE,
     out = acc / l_i[:, None]                                             # [BLOCK_M, d]
     # lse = log sum_j exp(S_ij) = (m_i + log2 l_i) * ln 2, back in natural-log units.
     lse = (m_i + tl.math.log2(l_i)) * 0.6931471805599453                 # [BLOCK_M]
-    o_head = _head_ptr(O, stride_ob, stride_oh)
+    o_head = _head_ptr(O, stride_ob, stride_oh, head)
     tl.store(o_head + offs_m[:, None] * stride_ot + offs_d[None, :],
              out.to(O.dtype.element_ty), mask=row_ok[:, None])
-    lse_row = (tl.program_id(2) * tl.num_programs(1) + tl.program_id(1)).to(tl.int64) * n_q
-    tl.store(LSE + lse_row + offs_m, lse, mask=row_ok)
+    tl.store(_row_ptr(LSE, tl.num_programs(1), head, n_q) + offs_m, lse, mask=row_ok)
 
 
 # ----------------------------------------------------------------------------- backward
@@ -236,11 +243,12 @@ def _bwd_delta_kernel(O, DO, DELTA, stride_ob, stride_oh, stride_ot, n_q,
     offs_d = tl.arange(0, HEAD_DIM)
     row_ok = offs_m < n_q
     offs = offs_m[:, None] * stride_ot + offs_d[None, :]                 # [BLOCK_M, d]
-    o = tl.load(_head_ptr(O, stride_ob, stride_oh) + offs, mask=row_ok[:, None], other=0.0)
-    do = tl.load(_head_ptr(DO, stride_ob, stride_oh) + offs, mask=row_ok[:, None], other=0.0)
+    head = tl.program_id(1)
+    o = tl.load(_head_ptr(O, stride_ob, stride_oh, head) + offs, mask=row_ok[:, None], other=0.0)
+    do = tl.load(_head_ptr(DO, stride_ob, stride_oh, head) + offs, mask=row_ok[:, None],
+                 other=0.0)
     delta = tl.sum(o.to(ACC_DTYPE) * do.to(ACC_DTYPE), 1)                # [BLOCK_M]
-    row = (tl.program_id(2) * tl.num_programs(1) + tl.program_id(1)).to(tl.int64) * n_q
-    tl.store(DELTA + row + offs_m, delta, mask=row_ok)
+    tl.store(_row_ptr(DELTA, tl.num_programs(1), head, n_q) + offs_m, delta, mask=row_ok)
 
 
 @_jit
@@ -282,45 +290,52 @@ def _dkdv_query_tiles(dk, dv, k, v, q_head, do_head, lse_head, delta_head, strid
 @_jit
 def _bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV,
                      stride_qb, stride_qh, stride_qt,      # q [B, h, n, d]
-                     stride_kvb, stride_kvh, stride_kvt,   # k, v [B, h, m, d]
+                     stride_kvb, stride_kvh, stride_kvt,   # k, v [B, h_kv, m, d]
                      stride_ob, stride_oh, stride_ot,      # dO [B, h, n, d]
-                     stride_gb, stride_gh, stride_gt,      # dK, dV [B, h, m, d]
+                     stride_gb, stride_gh, stride_gt,      # dK, dV [B, h_kv, m, d]
                      n_q, n_k, scale, qk_scale,            # qk_scale = scale * log2(e)
+                     kv_group,                             # h // h_kv query heads per kv head
                      HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                      DOT_DTYPE: tl.constexpr, ACC_DTYPE: tl.constexpr, PRECISION: tl.constexpr):
-    """dK and dV of one tile of BLOCK_N keys: a sum over the query rows that see them."""
+    """dK and dV of one tile of BLOCK_N keys of one kv head: a sum over the query rows that see
+    them, in every query head of the head's group."""
     start_n = tl.program_id(0) * BLOCK_N  # the first key tiles, seen by the most rows, start first
     offs_n = start_n + tl.arange(0, BLOCK_N)                             # key positions [BLOCK_N]
     offs_d = tl.arange(0, HEAD_DIM)
     key_ok = offs_n < n_k
+    kv_head = tl.program_id(1)
     kv_offs = offs_n[:, None] * stride_kvt + offs_d[None, :]             # [BLOCK_N, d]
-    k = tl.load(_head_ptr(K, stride_kvb, stride_kvh) + kv_offs, mask=key_ok[:, None], other=0.0)
-    v = tl.load(_head_ptr(V, stride_kvb, stride_kvh) + kv_offs, mask=key_ok[:, None], other=0.0)
-    k = k.to(DOT_DTYPE)
-    v = v.to(DOT_DTYPE)
+    k = tl.load(_head_ptr(K, stride_kvb, stride_kvh, kv_head) + kv_offs, mask=key_ok[:, None],
+                other=0.0).to(DOT_DTYPE)
+    v = tl.load(_head_ptr(V, stride_kvb, stride_kvh, kv_head) + kv_offs, mask=key_ok[:, None],
+                other=0.0).to(DOT_DTYPE)
     dk = tl.zeros([BLOCK_N, HEAD_DIM], ACC_DTYPE)
     dv = tl.zeros([BLOCK_N, HEAD_DIM], ACC_DTYPE)
-
-    q_head = _head_ptr(Q, stride_qb, stride_qh)
-    do_head = _head_ptr(DO, stride_ob, stride_oh)
-    row = (tl.program_id(2) * tl.num_programs(1) + tl.program_id(1)).to(tl.int64) * n_q
 
     # Rows before lo see none of these keys (the tiles above the diagonal): never loaded. Rows
     # [lo, mid) straddle the diagonal and take the mask; rows [mid, n) see every key: no mask.
     lo, mid = _query_range(start_n, n_q, n_k, BLOCK_M, BLOCK_N)
-    dk, dv = _dkdv_query_tiles(dk, dv, k, v, q_head, do_head, LSE + row, DELTA + row,
-                               stride_qt, stride_ot, offs_n, offs_d, lo, tl.minimum(mid, n_q),
-                               n_q, n_k, qk_scale, BLOCK_M, True, DOT_DTYPE, PRECISION)
-    dk, dv = _dkdv_query_tiles(dk, dv, k, v, q_head, do_head, LSE + row, DELTA + row,
-                               stride_qt, stride_ot, offs_n, offs_d, mid, n_q,
-                               n_q, n_k, qk_scale, BLOCK_M, False, DOT_DTYPE, PRECISION)
+    n_heads = tl.num_programs(1) * kv_group
+    # The group's query heads all read these keys: their contributions add up in dk and dv, one
+    # head after another (in a fixed order, so the sum is deterministic; no atomics).
+    for head in range(kv_head * kv_group, (kv_head + 1) * kv_group):
+        q_head = _head_ptr(Q, stride_qb, stride_qh, head)
+        do_head = _head_ptr(DO, stride_ob, stride_oh, head)
+        lse_row = _row_ptr(LSE, n_heads, head, n_q)
+        delta_row = _row_ptr(DELTA, n_heads, head, n_q)
+        dk, dv = _dkdv_query_tiles(dk, dv, k, v, q_head, do_head, lse_row, delta_row,
+                                   stride_qt, stride_ot, offs_n, offs_d, lo, tl.minimum(mid, n_q),
+                                   n_q, n_k, qk_scale, BLOCK_M, True, DOT_DTYPE, PRECISION)
+        dk, dv = _dkdv_query_tiles(dk, dv, k, v, q_head, do_head, lse_row, delta_row,
+                                   stride_qt, stride_ot, offs_n, offs_d, mid, n_q,
+                                   n_q, n_k, qk_scale, BLOCK_M, False, DOT_DTYPE, PRECISION)
 
     # S = Q K^T * scale, so dK = dS^T Q * scale: the scale is applied once, here.
     g_offs = offs_n[:, None] * stride_gt + offs_d[None, :]
-    tl.store(_head_ptr(DK, stride_gb, stride_gh) + g_offs, (dk * scale).to(DK.dtype.element_ty),
-             mask=key_ok[:, None])
-    tl.store(_head_ptr(DV, stride_gb, stride_gh) + g_offs, dv.to(DV.dtype.element_ty),
-             mask=key_ok[:, None])
+    tl.store(_head_ptr(DK, stride_gb, stride_gh, kv_head) + g_offs,
+             (dk * scale).to(DK.dtype.element_ty), mask=key_ok[:, None])
+    tl.store(_head_ptr(DV, stride_gb, stride_gh, kv_head) + g_offs,
+             dv.to(DV.dtype.element_ty), mask=key_ok[:, None])
 
 
 @_jit
@@ -358,9 +373,10 @@ def _dq_key_tiles(dq, q, do, lse, delta, k_head, v_head, stride_kvt, offs_m, off
 @_jit
 def _bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ,
                    stride_qb, stride_qh, stride_qt,      # q [B, h, n, d]
-                   stride_kvb, stride_kvh, stride_kvt,   # k, v [B, h, m, d]
+                   stride_kvb, stride_kvh, stride_kvt,   # k, v [B, h_kv, m, d]
                    stride_ob, stride_oh, stride_ot,      # dO and dQ [B, h, n, d]
                    n_q, n_k, scale, qk_scale,            # qk_scale = scale * log2(e)
+                   kv_group,                             # h // h_kv query heads per kv head
                    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    DOT_DTYPE: tl.constexpr, ACC_DTYPE: tl.constexpr, PRECISION: tl.constexpr):
     """dQ of one tile of BLOCK_M query rows: a sum over the keys they see."""
@@ -368,18 +384,20 @@ def _bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ,
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
     row_ok = offs_m < n_q
-    q = tl.load(_head_ptr(Q, stride_qb, stride_qh) + offs_m[:, None] * stride_qt + offs_d[None, :],
-                mask=row_ok[:, None], other=0.0).to(DOT_DTYPE)           # [BLOCK_M, d]
+    head = tl.program_id(1)
+    q = tl.load(_head_ptr(Q, stride_qb, stride_qh, head) + offs_m[:, None] * stride_qt
+                + offs_d[None, :], mask=row_ok[:, None], other=0.0).to(DOT_DTYPE)  # [BLOCK_M, d]
     o_offs = offs_m[:, None] * stride_ot + offs_d[None, :]
-    do = tl.load(_head_ptr(DO, stride_ob, stride_oh) + o_offs,
+    do = tl.load(_head_ptr(DO, stride_ob, stride_oh, head) + o_offs,
                  mask=row_ok[:, None], other=0.0).to(DOT_DTYPE)          # [BLOCK_M, d]
-    row = (tl.program_id(2) * tl.num_programs(1) + tl.program_id(1)).to(tl.int64) * n_q
-    lse2 = tl.load(LSE + row + offs_m, mask=row_ok, other=0.0) * 1.4426950408889634  # log2 units
-    delta = tl.load(DELTA + row + offs_m, mask=row_ok, other=0.0)
+    lse_row = _row_ptr(LSE, tl.num_programs(1), head, n_q)
+    lse2 = tl.load(lse_row + offs_m, mask=row_ok, other=0.0) * 1.4426950408889634  # log2 units
+    delta = tl.load(_row_ptr(DELTA, tl.num_programs(1), head, n_q) + offs_m, mask=row_ok,
+                    other=0.0)
     dq = tl.zeros([BLOCK_M, HEAD_DIM], ACC_DTYPE)
 
-    k_head = _head_ptr(K, stride_kvb, stride_kvh)
-    v_head = _head_ptr(V, stride_kvb, stride_kvh)
+    k_head = _head_ptr(K, stride_kvb, stride_kvh, head // kv_group)  # the group's kv head
+    v_head = _head_ptr(V, stride_kvb, stride_kvh, head // kv_group)
     diag, end = _key_range(start_m, n_q, n_k, BLOCK_M, BLOCK_N)
     dq = _dq_key_tiles(dq, q, do, lse2, delta, k_head, v_head, stride_kvt, offs_m, offs_d,
                        0, diag, n_q, n_k, qk_scale, BLOCK_N, False, DOT_DTYPE, PRECISION)
@@ -387,8 +405,8 @@ def _bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ,
                        diag, end, n_q, n_k, qk_scale, BLOCK_N, True, DOT_DTYPE, PRECISION)
 
     # dQ = dS K * scale
-    tl.store(_head_ptr(DQ, stride_ob, stride_oh) + o_offs, (dq * scale).to(DQ.dtype.element_ty),
-             mask=row_ok[:, None])
+    tl.store(_head_ptr(DQ, stride_ob, stride_oh, head) + o_offs,
+             (dq * scale).to(DQ.dtype.element_ty), mask=row_ok[:, None])
 
 
 # ----------------------------------------------------------------------------- host side
@@ -462,13 +480,13 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
     if triton is None:
         raise RuntimeError("fused attention needs triton (pip install triton)")
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
-        raise ValueError(f"expected q [B, h, n, d], k and v [B, h, m, d]; got {tuple(q.shape)}, "
-                         f"{tuple(k.shape)}, {tuple(v.shape)}")
+        raise ValueError(f"expected q [B, h, n, d], k and v [B, h_kv, m, d]; got "
+                         f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
     B, h, n, d = q.shape
-    m = k.size(2)
-    if k.shape != (B, h, m, d) or v.shape != (B, h, m, d):
-        raise ValueError(f"k and v must be [B, h, m, d] = [{B}, {h}, m, {d}]; got "
-                         f"{tuple(k.shape)}, {tuple(v.shape)}")
+    h_kv, m = k.size(1), k.size(2)
+    if k.shape != (B, h_kv, m, d) or v.shape != k.shape or h_kv == 0 or h % h_kv:
+        raise ValueError(f"k and v must be [B, h_kv, m, d] = [{B}, h_kv, m, {d}] with h_kv "
+                         f"dividing h = {h}; got {tuple(k.shape)}, {tuple(v.shape)}")
     if n > m:
         raise ValueError(f"more queries than keys ({n} > {m}): the causal mask is right-aligned, "
                          "so the n queries must be the last n of the m positions")
@@ -521,7 +539,9 @@ def fused_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                             tiles: Optional[Tiles] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """out = softmax(q k^T * scale + M) v with the right-aligned causal M, and each row's lse.
 
-    q [B, h, n, d], k and v [B, h, m, d], n <= m -> out [B, h, n, d] (q's dtype) and
+    q [B, h, n, d], k and v [B, h_kv, m, d], n <= m, h_kv dividing h (query head i reads kv
+    head i // (h / h_kv): grouped-query attention; h_kv = h is plain multi-head attention)
+    -> out [B, h, n, d] (q's dtype) and
     lse [B, h, n] = log sum_j exp(scale * q_i . k_j) over the visible keys, natural log, float32
     (float64 for float64 inputs). `scale` defaults to 1 / sqrt(d). No gradient is tracked.
     """
@@ -541,7 +561,7 @@ def fused_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     with _on_device(q):
         _fwd_kernel[(triton.cdiv(n, t.block_m), h, B)](
             q, k, v, out, lse, *q.stride()[:3], *k.stride()[:3], *out.stride()[:3],
-            n, m, scale * _LOG2E, HEAD_DIM=d, BLOCK_M=t.block_m, BLOCK_N=t.block_n,
+            n, m, scale * _LOG2E, h // k.size(1), HEAD_DIM=d, BLOCK_M=t.block_m, BLOCK_N=t.block_n,
             **_kernel_dtypes(q.dtype), num_warps=t.num_warps, num_stages=t.num_stages)
     return out, lse
 
@@ -554,7 +574,8 @@ def fused_attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) of fused attention, from the forward's out and lse and dLoss/dout.
 
-    Shapes as in `fused_attention_forward`; grad_out is [B, h, n, d]. The weights are rebuilt
+    Shapes as in `fused_attention_forward`; grad_out is [B, h, n, d]; dk and dv are [B, h_kv, m, d],
+    each kv head's gradient summed over the query heads of its group. The weights are rebuilt
     tile by tile from q, k and lse, never stored.
     """
     _check(q, k, v)
@@ -569,8 +590,9 @@ def fused_attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     dq = _empty_heads(B, h, n, d, q)
     out, grad_out = (t if t.stride() == dq.stride() else _empty_heads(B, h, n, d, q).copy_(t)
                      for t in (out, grad_out.to(q.dtype)))
-    dk = _empty_heads(B, h, m, d, k)
-    dv = _empty_heads(B, h, m, d, v)
+    h_kv = k.size(1)
+    dk = _empty_heads(B, h_kv, m, d, k)
+    dv = _empty_heads(B, h_kv, m, d, v)
     if n == 0:
         return dq, dk.zero_(), dv.zero_()
     lse = lse.contiguous()
@@ -583,15 +605,15 @@ def fused_attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         _bwd_delta_kernel[(triton.cdiv(n, t_q.block_m), h, B)](
             out, grad_out, delta, *out.stride()[:3], n,
             HEAD_DIM=d, BLOCK_M=t_q.block_m, ACC_DTYPE=dtypes["ACC_DTYPE"])
-        _bwd_dkdv_kernel[(triton.cdiv(m, t_kv.block_n), h, B)](
+        _bwd_dkdv_kernel[(triton.cdiv(m, t_kv.block_n), h_kv, B)](
             q, k, v, grad_out, lse, delta, dk, dv,
             *q.stride()[:3], *k.stride()[:3], *grad_out.stride()[:3], *dk.stride()[:3],
-            n, m, scale, scale * _LOG2E, HEAD_DIM=d, BLOCK_M=t_kv.block_m, BLOCK_N=t_kv.block_n,
+            n, m, scale, scale * _LOG2E, h // h_kv, HEAD_DIM=d, BLOCK_M=t_kv.block_m, BLOCK_N=t_kv.block_n,
             **dtypes, num_warps=t_kv.num_warps, num_stages=t_kv.num_stages)
         _bwd_dq_kernel[(triton.cdiv(n, t_q.block_m), h, B)](
             q, k, v, grad_out, lse, delta, dq,
             *q.stride()[:3], *k.stride()[:3], *grad_out.stride()[:3],
-            n, m, scale, scale * _LOG2E, HEAD_DIM=d, BLOCK_M=t_q.block_m, BLOCK_N=t_q.block_n,
+            n, m, scale, scale * _LOG2E, h // h_kv, HEAD_DIM=d, BLOCK_M=t_q.block_m, BLOCK_N=t_q.block_n,
             **dtypes, num_warps=t_q.num_warps, num_stages=t_q.num_stages)
     return dq, dk, dv
 
@@ -624,8 +646,9 @@ def _bwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor
 @_bwd_op.register_fake
 def _(q, k, v, out, lse, grad_out, scale):
     B, h, n, d = q.shape
-    m = k.size(2)
-    return _empty_heads(B, h, n, d, q), _empty_heads(B, h, m, d, k), _empty_heads(B, h, m, d, v)
+    h_kv, m = k.size(1), k.size(2)
+    return (_empty_heads(B, h, n, d, q), _empty_heads(B, h_kv, m, d, k),
+            _empty_heads(B, h_kv, m, d, v))
 
 
 class _FusedCausalAttention(torch.autograd.Function):
@@ -649,8 +672,10 @@ def fused_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                            scale: Optional[float] = None) -> torch.Tensor:
     """softmax(q k^T * scale + M) v with the right-aligned causal mask, in fused Triton kernels.
 
-    q [B, h, n, d], k and v [B, h, m, d] with n <= m (query i sits at position m - n + i, as in
-    `causal_pattern(n, m)`) -> [B, h, n, d]. Differentiable w.r.t. q, k and v. `scale` defaults
+    q [B, h, n, d], k and v [B, h_kv, m, d] with n <= m (query i sits at position m - n + i, as
+    in `causal_pattern(n, m)`) and h_kv dividing h (grouped-query attention: query head i reads
+    kv head i // (h / h_kv), as `repeat_interleave(h // h_kv, dim=1)` of k and v would give it)
+    -> [B, h, n, d]. Differentiable w.r.t. q, k and v. `scale` defaults
     to 1 / sqrt(d). The same result as `scaled_dot_product_attention(q, k, v,
     causal_pattern(n, m))[0]` up to rounding; check `fused_available(q.device)` first.
     """

@@ -46,20 +46,28 @@ CASES = {
 LOW_PRECISION_CASES = ["one_key", "ragged", "cached"]
 
 
-def make_qkv(B, h, n, m, d, dtype, device=DEVICE, requires_grad=True):
+def make_qkv(B, h, n, m, d, dtype, device=DEVICE, requires_grad=True, h_kv=None):
+    """q [B, h, n, d], k and v [B, h_kv, m, d] (h_kv = h unless given)."""
+    h_kv = h if h_kv is None else h_kv
     q = torch.randn(B, h, n, d, dtype=dtype, device=device)
-    k = torch.randn(B, h, m, d, dtype=dtype, device=device)
-    v = torch.randn(B, h, m, d, dtype=dtype, device=device)
+    k = torch.randn(B, h_kv, m, d, dtype=dtype, device=device)
+    v = torch.randn(B, h_kv, m, d, dtype=dtype, device=device)
     return [t.requires_grad_(requires_grad) for t in (q, k, v)]
 
 
 def reference(q, k, v, grad_out, scale=None):
-    """out, lse and (dq, dk, dv) of the plain layer with mask causal_pattern(n, m), in float64."""
+    """out, lse and (dq, dk, dv) of the plain layer with mask causal_pattern(n, m), in float64.
+
+    With fewer kv heads than query heads (grouped-query attention), each kv head is repeated
+    for the h // h_kv query heads of its group (query head i reads kv head i // group), so dk
+    and dv come back summed over the group, as autograd sums over a repeat."""
     q, k, v = (t.detach().double().requires_grad_() for t in (q, k, v))
     n, m, d = q.size(-2), k.size(-2), q.size(-1)
+    group = q.size(1) // k.size(1)
+    k_rep, v_rep = (t.repeat_interleave(group, dim=1) for t in (k, v))  # [B, h, m, d]
     visible = causal_pattern(n, m, device=q.device)
-    out, _ = scaled_dot_product_attention(q, k, v, visible, scale=scale)
-    scores = (q @ k.transpose(-1, -2)) * (1.0 / math.sqrt(d) if scale is None else scale)
+    out, _ = scaled_dot_product_attention(q, k_rep, v_rep, visible, scale=scale)
+    scores = (q @ k_rep.transpose(-1, -2)) * (1.0 / math.sqrt(d) if scale is None else scale)
     lse = torch.logsumexp(scores.masked_fill(~visible, -math.inf), dim=-1)
     grads = torch.autograd.grad(out, (q, k, v), grad_out.double())
     return out.detach(), lse.detach(), grads
@@ -141,6 +149,52 @@ def test_every_diagonal_alignment():
         for name, a, b in zip(["out", "lse", "dq", "dk", "dv"], (out, lse, *grads),
                               (ref_out, ref_lse, *ref_grads)):
             assert_close(a, b, TOL[torch.float64], f"{name}, offset {offset}")
+
+
+# ----------------------------------------------------------------------------- grouped-query attention
+
+# (B, h, h_kv, n, m, d): h // h_kv query heads share each kv head
+GQA_CASES = {
+    "pairs": (2, 4, 2, 37, 37, 32),          # groups of 2, ragged T
+    "multi_query": (1, 4, 1, 20, 20, 16),    # one kv head for all (MQA)
+    "cached": (2, 6, 2, 5, 29, 16),          # groups of 3 over a KV cache (n < m)
+    "decode": (1, 4, 2, 1, 40, 32),          # a decode step
+}
+
+
+@pytest.mark.parametrize("case", GQA_CASES)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["fp64", "fp32"])
+def test_grouped_query_attention_matches_repeated_kv_heads(case, dtype):
+    """k, v with h_kv < h heads: the same as the plain layer with each kv head repeated for its
+    group (query head i reads kv head i // (h / h_kv)), dk and dv summed over the group."""
+    B, h, h_kv, n, m, d = GQA_CASES[case]
+    check_against_reference(*make_qkv(B, h, n, m, d, dtype, h_kv=h_kv))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_grouped_query_attention_in_16_bit(dtype):
+    check_against_reference(*make_qkv(1, 4, 19, 19, 16, dtype, h_kv=2))
+
+
+def test_grouped_query_attention_from_one_fused_projection():
+    """q, k, v split out of one [B, T, (h + 2 h_kv) d] projection (views, no copy), with tiles
+    that leave several query tiles per key tile in each head of the group."""
+    B, T, h, h_kv, d = 2, 33, 4, 2, 16
+    qkv = torch.randn(B, T, (h + 2 * h_kv) * d, dtype=torch.float64, device=DEVICE,
+                      requires_grad=True)
+    q, k, v = qkv.split([h * d, h_kv * d, h_kv * d], dim=2)
+    q = q.view(B, T, h, d).transpose(1, 2)
+    k, v = (t.view(B, T, h_kv, d).transpose(1, 2) for t in (k, v))
+    for t in (q, k, v):
+        t.retain_grad()
+    check_against_reference(q, k, v)
+    grad_out = torch.randn_like(q)
+    out, lse = fused_attention_forward(q.detach(), k.detach(), v.detach(), tiles=Tiles(16, 32))
+    grads = fused_attention_backward(q.detach(), k.detach(), v.detach(), out, lse, grad_out,
+                                     dkdv_tiles=Tiles(32, 16), dq_tiles=Tiles(16, 16))
+    _, _, ref_grads = reference(q, k, v, grad_out)
+    for name, a, b in zip(["dq", "dk", "dv"], grads, ref_grads):
+        assert_close(a, b, TOL[torch.float64], name)
 
 
 # ----------------------------------------------------------------------------- the causal contract
@@ -237,6 +291,11 @@ def test_rejects_what_it_cannot_compute():
         fused_attention_forward(*make_qkv(1, 1, 4, 4, 24, torch.float32, requires_grad=False))
     with pytest.raises(ValueError, match="share one of"):
         fused_attention_forward(q, k.double(), v)
+    q3, k2, v2 = make_qkv(1, 3, 4, 4, 16, torch.float32, requires_grad=False, h_kv=2)
+    with pytest.raises(ValueError, match="h_kv dividing h = 3"):
+        fused_attention_forward(q3, k2, v2)
+    with pytest.raises(ValueError, match="h_kv dividing"):  # k and v with different heads
+        fused_attention_forward(q3, k2[:, :1], v2)
 
 
 def test_available_here():
