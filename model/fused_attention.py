@@ -43,6 +43,8 @@ docs/fused_attention.md.
 from __future__ import annotations
 
 import contextlib
+import functools
+import logging
 import math
 from dataclasses import dataclass
 from typing import Optional
@@ -56,9 +58,11 @@ except Exception:  # not installed, or an install that cannot load: the referenc
     triton = tl = None
 
 
-def _jit(fn):
+def _jit(fn=None, **options):
     """`triton.jit` when Triton is importable; otherwise the plain function, never launched."""
-    return triton.jit(fn) if triton is not None else fn
+    if fn is None:
+        return lambda fn: _jit(fn, **options)
+    return triton.jit(fn, **options) if triton is not None else fn
 
 
 HEAD_DIMS = (16, 32, 64, 128)  # d_k must be a power of two: tl.arange spans it
@@ -175,7 +179,7 @@ def _fwd_key_tiles(acc, l_i, m_i, q, k_head, v_head, stride_kvt, offs_m, offs_d,
     return acc, l_i, m_i
 
 
-@_jit
+@_jit(do_not_specialize=["kv_group"])  # one variant for any group
 def _fwd_kernel(Q, K, V, O, LSE,
                 stride_qb, stride_qh, stride_qt,     # q [B, h, n, d]
                 stride_kvb, stride_kvh, stride_kvt,  # k, v [B, h_kv, m, d] (same strides)
@@ -287,7 +291,7 @@ def _dkdv_query_tiles(dk, dv, k, v, q_head, do_head, lse_head, delta_head, strid
     return dk, dv
 
 
-@_jit
+@_jit(do_not_specialize=["kv_group"])  # one variant for any group
 def _bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV,
                      stride_qb, stride_qh, stride_qt,      # q [B, h, n, d]
                      stride_kvb, stride_kvh, stride_kvt,   # k, v [B, h_kv, m, d]
@@ -370,7 +374,7 @@ def _dq_key_tiles(dq, q, do, lse, delta, k_head, v_head, stride_kvt, offs_m, off
     return dq
 
 
-@_jit
+@_jit(do_not_specialize=["kv_group"])  # one variant for any group
 def _bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ,
                    stride_qb, stride_qh, stride_qt,      # q [B, h, n, d]
                    stride_kvb, stride_kvh, stride_kvt,   # k, v [B, h_kv, m, d]
@@ -422,18 +426,45 @@ class Tiles:
     num_stages: int = 3  # software-pipelining depth of the loads in the tile loops
 
 
-# For 16-bit inputs on a recent NVIDIA GPU (A100 / H100 class), per kernel: (d <= 64, d = 128).
-# The forward keeps a query tile resident and streams keys: tall tiles of queries. dK/dV keeps a
-# key tile and its two fp32 accumulators resident and streams queries: the transpose. dQ is
-# shaped like the forward. d = 128 doubles every register tile, hence more warps or less height.
+KERNELS = ("fwd", "dkdv", "dq")  # the kernels with their own tiles (delta borrows dq's rows)
+
+# What a tile costs depends on how the kernel multiplies, which the dtype decides:
+#   "16-bit"  fp16 / bf16 operands on the tensor cores, fp32 accumulators;
+#   "tf32"    fp32 operands rounded to tf32 on the tensor cores (torch's allow_tf32 switch);
+#   "fp32"    IEEE fp32: no tensor cores, every tl.dot becomes FMAs on operands held in
+#             registers, so the tiles must be small or they spill;
+#   "fp64"    fp64 operands and accumulators, twice the bytes of fp32 everywhere.
+# Per kind, per kernel, by head size ({largest d: Tiles}). The forward keeps a query tile
+# resident and streams keys: tall tiles of queries. dK/dV keeps a key tile and its two
+# accumulators resident and streams queries: the transpose. dQ is shaped like the forward.
+# Each entry is compiled for sm_80 and sm_90 by tests/test_kernel_compile.py, on a CPU: its
+# shared memory fits every GPU of the family (99 KB per block on compute capability 8.6 / 8.9,
+# 163 KB on A100, 227 KB on H100) and nothing spills to local memory. Where a generation wants
+# other tiles, _HOPPER_TILES says so. `python -m scripts.kernel_report` prints the table.
 _GPU_TILES = {
-    "fwd": (Tiles(128, 64, 4, 3), Tiles(128, 64, 8, 3)),
-    "dkdv": (Tiles(32, 128, 4, 3), Tiles(32, 64, 4, 3)),
-    "dq": (Tiles(128, 32, 4, 3), Tiles(64, 32, 4, 3)),
+    "16-bit": {
+        "fwd": {32: Tiles(128, 64, 4, 3), 128: Tiles(128, 64, 8, 3)},
+        "dkdv": {32: Tiles(32, 128, 4, 3), 64: Tiles(32, 128, 8, 3), 128: Tiles(32, 64, 8, 3)},
+        "dq": {32: Tiles(128, 32, 4, 3), 64: Tiles(128, 32, 8, 3), 128: Tiles(64, 32, 8, 3)},
+    },
+    "tf32": {
+        "fwd": {32: Tiles(64, 32, 4, 2), 128: Tiles(64, 32, 8, 2)},
+        "dkdv": {16: Tiles(32, 64, 4, 2), 128: Tiles(32, 32, 8, 2)},
+        "dq": {32: Tiles(64, 32, 4, 2), 64: Tiles(64, 32, 8, 2), 128: Tiles(32, 32, 8, 2)},
+    },
+    "fp32": {
+        "fwd": {64: Tiles(32, 32, 8, 2), 128: Tiles(32, 16, 8, 2)},
+        "dkdv": {32: Tiles(32, 32, 8, 1), 128: Tiles(16, 16, 4, 1)},
+        "dq": {64: Tiles(32, 32, 8, 2), 128: Tiles(32, 16, 8, 2)},
+    },
+    "fp64": {
+        "fwd": {128: Tiles(16, 32, 4, 2)},
+        "dkdv": {128: Tiles(16, 16, 4, 1)},
+        "dq": {64: Tiles(16, 32, 4, 2), 128: Tiles(16, 16, 4, 1)},
+    },
 }
-# fp32 / fp64 tiles take 2-4x the bytes of shared memory and registers.
-_GPU_TILES_WIDE = {"fwd": Tiles(64, 32, 4, 2), "dkdv": Tiles(32, 64, 4, 2),
-                   "dq": Tiles(64, 32, 4, 2)}
+# Compute capability 9.x (H100 / H200): only the entries that differ.
+_HOPPER_TILES: dict = {}
 # The interpreter runs every program one after another in numpy: small tiles keep small test
 # shapes multi-tile, and unequal ones exercise diagonals that straddle tile boundaries.
 _INTERPRETER_TILES = {"fwd": Tiles(16, 16), "dkdv": Tiles(16, 32), "dq": Tiles(32, 16)}
@@ -447,25 +478,55 @@ def _interpreting() -> bool:
     return isinstance(_fwd_kernel, InterpretedFunction)
 
 
+_INTERPRETED = _interpreting()  # fixed once the kernels exist: decided here, once
+_AVAILABLE: dict[str, bool] = {}  # device type -> fused_available's answer
+
+
 def fused_available(device) -> bool:
     """Whether the fused kernels can run on tensors of `device`.
 
     A CUDA device with Triton importable, or any device under Triton's interpreter
-    (TRITON_INTERPRET=1 set before triton was first imported).
+    (TRITON_INTERPRET=1 set before triton was first imported). Decided once per device type
+    and then a dictionary lookup, cheap enough to sit in a traced forward. Whether the kernels
+    also compute the right thing there is `self_check`'s question.
     """
-    if triton is None:
-        return False
-    return _interpreting() or (torch.device(device).type == "cuda" and torch.cuda.is_available())
+    kind = torch.device(device).type
+    if kind not in _AVAILABLE:
+        _AVAILABLE[kind] = triton is not None and (
+            _INTERPRETED or (kind == "cuda" and torch.cuda.is_available()))
+    return _AVAILABLE[kind]
 
 
-def default_tiles(kernel: str, head_dim: int, dtype: torch.dtype, n_q: int, n_k: int) -> Tiles:
-    """The tiles a kernel ("fwd", "dkdv" or "dq") is launched with, shrunk to short sequences."""
-    if _interpreting():
-        tiles = _INTERPRETER_TILES[kernel]
-    elif dtype.itemsize > 2:
-        tiles = _GPU_TILES_WIDE[kernel]
-    else:
-        tiles = _GPU_TILES[kernel][head_dim > 64]
+def _arithmetic(dtype: torch.dtype) -> str:
+    """"16-bit", "tf32", "fp32" or "fp64": how the kernels multiply inputs of `dtype`."""
+    if dtype.itemsize == 2:
+        return "16-bit"
+    if dtype == torch.float64:
+        return "fp64"
+    return "tf32" if torch.backends.cuda.matmul.allow_tf32 else "fp32"
+
+
+@functools.lru_cache(maxsize=None)
+def _capability(device: torch.device) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(device)
+
+
+def default_tiles(kernel: str, head_dim: int, dtype: torch.dtype, n_q: int, n_k: int,
+                  capability: Optional[tuple[int, int]] = None) -> Tiles:
+    """The tiles a kernel ("fwd", "dkdv" or "dq") is launched with, shrunk to short sequences.
+
+    `capability` is the GPU's compute capability, (9, 0) for an H100; None under the
+    interpreter (its own small tiles) or for the current CUDA device.
+    """
+    if _INTERPRETED:
+        return _fit(_INTERPRETER_TILES[kernel], n_q, n_k)
+    if capability is None:
+        capability = _capability(torch.device("cuda", torch.cuda.current_device()))
+    arithmetic = _arithmetic(dtype)
+    table = _GPU_TILES[arithmetic][kernel]
+    if capability[0] == 9:
+        table = _HOPPER_TILES.get(arithmetic, {}).get(kernel, table)
+    tiles = table[min(d for d in table if d >= head_dim)]
     return _fit(tiles, n_q, n_k)
 
 
@@ -522,16 +583,32 @@ def _kernel_dtypes(dtype: torch.dtype) -> dict:
     """
     dot = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16,
            torch.float32: tl.float32, torch.float64: tl.float64}[dtype]
-    if dtype == torch.bfloat16 and _interpreting():
+    if dtype == torch.bfloat16 and _INTERPRETED:
         dot = tl.float32
-    tf32 = dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32
     return dict(DOT_DTYPE=dot, ACC_DTYPE=tl.float64 if dtype == torch.float64 else tl.float32,
-                PRECISION="tf32" if tf32 else "ieee")
+                PRECISION="tf32" if _arithmetic(dtype) == "tf32" else "ieee")
+
+
+def launch_constants(kernel: str, head_dim: int, dtype: torch.dtype, tiles: Tiles) -> dict:
+    """Every constexpr a kernel is launched with ("fwd", "dkdv", "dq" or "delta"): what makes
+    one compiled variant. The launches below and scripts/kernel_report.py both use it."""
+    constants = dict(HEAD_DIM=head_dim, BLOCK_M=tiles.block_m, **_kernel_dtypes(dtype))
+    if kernel == "delta":
+        return dict(HEAD_DIM=head_dim, BLOCK_M=tiles.block_m, ACC_DTYPE=constants["ACC_DTYPE"])
+    return dict(constants, BLOCK_N=tiles.block_n)
 
 
 def _on_device(t: torch.Tensor):
     """Launch on the tensors' GPU, not on whichever is current."""
     return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()
+
+
+def _tiles_for(kernel: str, q: torch.Tensor, n_k: int, tiles: Optional[Tiles]) -> Tiles:
+    n_q, d = q.size(2), q.size(3)
+    if tiles is not None:
+        return _fit(tiles, n_q, n_k)
+    capability = _capability(q.device) if q.is_cuda else None
+    return default_tiles(kernel, d, q.dtype, n_q, n_k, capability)
 
 
 def fused_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -557,12 +634,12 @@ def fused_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     lse = torch.empty(B, h, n, dtype=acc_dtype, device=q.device)
     if n == 0:
         return out, lse
-    t = default_tiles("fwd", d, q.dtype, n, m) if tiles is None else _fit(tiles, n, m)
+    t = _tiles_for("fwd", q, m, tiles)
     with _on_device(q):
         _fwd_kernel[(triton.cdiv(n, t.block_m), h, B)](
             q, k, v, out, lse, *q.stride()[:3], *k.stride()[:3], *out.stride()[:3],
-            n, m, scale * _LOG2E, h // k.size(1), HEAD_DIM=d, BLOCK_M=t.block_m, BLOCK_N=t.block_n,
-            **_kernel_dtypes(q.dtype), num_warps=t.num_warps, num_stages=t.num_stages)
+            n, m, scale * _LOG2E, h // k.size(1), **launch_constants("fwd", d, q.dtype, t),
+            num_warps=t.num_warps, num_stages=t.num_stages)
     return out, lse
 
 
@@ -574,13 +651,13 @@ def fused_attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) of fused attention, from the forward's out and lse and dLoss/dout.
 
-    Shapes as in `fused_attention_forward`; grad_out is [B, h, n, d]; dk and dv are [B, h_kv, m, d],
-    each kv head's gradient summed over the query heads of its group. The weights are rebuilt
-    tile by tile from q, k and lse, never stored.
+    Shapes as in `fused_attention_forward`; grad_out is [B, h, n, d]; dk and dv are
+    [B, h_kv, m, d], each kv head's gradient summed over the query heads of its group. The
+    weights are rebuilt tile by tile from q, k and lse, never stored.
     """
     _check(q, k, v)
     B, h, n, d = q.shape
-    m = k.size(2)
+    h_kv, m = k.size(1), k.size(2)
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     q, k, v = _unit_stride(q, k, v)
     if k.stride() != v.stride():
@@ -590,37 +667,34 @@ def fused_attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     dq = _empty_heads(B, h, n, d, q)
     out, grad_out = (t if t.stride() == dq.stride() else _empty_heads(B, h, n, d, q).copy_(t)
                      for t in (out, grad_out.to(q.dtype)))
-    h_kv = k.size(1)
     dk = _empty_heads(B, h_kv, m, d, k)
     dv = _empty_heads(B, h_kv, m, d, v)
     if n == 0:
         return dq, dk.zero_(), dv.zero_()
     lse = lse.contiguous()
     delta = torch.empty_like(lse)
-    dtypes = _kernel_dtypes(q.dtype)
-    t_kv = (default_tiles("dkdv", d, q.dtype, n, m) if dkdv_tiles is None
-            else _fit(dkdv_tiles, n, m))
-    t_q = default_tiles("dq", d, q.dtype, n, m) if dq_tiles is None else _fit(dq_tiles, n, m)
+    t_kv = _tiles_for("dkdv", q, m, dkdv_tiles)
+    t_q = _tiles_for("dq", q, m, dq_tiles)
     with _on_device(q):
         _bwd_delta_kernel[(triton.cdiv(n, t_q.block_m), h, B)](
-            out, grad_out, delta, *out.stride()[:3], n,
-            HEAD_DIM=d, BLOCK_M=t_q.block_m, ACC_DTYPE=dtypes["ACC_DTYPE"])
+            out, grad_out, delta, *out.stride()[:3], n, **launch_constants("delta", d, q.dtype, t_q))
         _bwd_dkdv_kernel[(triton.cdiv(m, t_kv.block_n), h_kv, B)](
             q, k, v, grad_out, lse, delta, dk, dv,
             *q.stride()[:3], *k.stride()[:3], *grad_out.stride()[:3], *dk.stride()[:3],
-            n, m, scale, scale * _LOG2E, h // h_kv, HEAD_DIM=d, BLOCK_M=t_kv.block_m, BLOCK_N=t_kv.block_n,
-            **dtypes, num_warps=t_kv.num_warps, num_stages=t_kv.num_stages)
+            n, m, scale, scale * _LOG2E, h // h_kv, **launch_constants("dkdv", d, q.dtype, t_kv),
+            num_warps=t_kv.num_warps, num_stages=t_kv.num_stages)
         _bwd_dq_kernel[(triton.cdiv(n, t_q.block_m), h, B)](
             q, k, v, grad_out, lse, delta, dq,
             *q.stride()[:3], *k.stride()[:3], *grad_out.stride()[:3],
-            n, m, scale, scale * _LOG2E, h // h_kv, HEAD_DIM=d, BLOCK_M=t_q.block_m, BLOCK_N=t_q.block_n,
-            **dtypes, num_warps=t_q.num_warps, num_stages=t_q.num_stages)
+            n, m, scale, scale * _LOG2E, h // h_kv, **launch_constants("dq", d, q.dtype, t_q),
+            num_warps=t_q.num_warps, num_stages=t_q.num_stages)
     return dq, dk, dv
 
 
 # torch.compile must not trace into a kernel launch (Triton's launcher, or its interpreter, is
 # Python it cannot follow): the two passes are registered as opaque operators, with "fake"
-# versions that only say what they return, and the autograd Function below calls those.
+# versions that only say what they return, and the forward's autograd formula calls the
+# backward's operator. torch.library.opcheck tests both (tests/test_fused_attention.py).
 
 
 @torch.library.custom_op("scratch_gpt::fused_attention_fwd", mutates_args=())
@@ -651,21 +725,22 @@ def _(q, k, v, out, lse, grad_out, scale):
             _empty_heads(B, h_kv, m, d, v))
 
 
-class _FusedCausalAttention(torch.autograd.Function):
-    """Forward saves q, k, v, out and the [B, h, n] lse: nothing n x m crosses to the backward."""
+def _save_for_backward(ctx, inputs, output):
+    """The forward keeps q, k, v, out and the [B, h, n] lse: nothing n x m for the backward."""
+    q, k, v, scale = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.scale = scale
+    ctx.mark_non_differentiable(lse)
 
-    @staticmethod
-    def forward(ctx, q, k, v, scale):
-        out, lse = _fwd_op(q, k, v, scale)
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.scale = scale
-        return out
 
-    @staticmethod
-    def backward(ctx, grad_out):
-        q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = _bwd_op(q, k, v, out, lse, grad_out, ctx.scale)
-        return dq, dk, dv, None
+def _backward(ctx, grad_out, _grad_lse):
+    q, k, v, out, lse = ctx.saved_tensors
+    dq, dk, dv = _bwd_op(q, k, v, out, lse, grad_out, ctx.scale)
+    return dq, dk, dv, None
+
+
+_fwd_op.register_autograd(_backward, setup_context=_save_for_backward)
 
 
 def fused_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -675,10 +750,112 @@ def fused_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     q [B, h, n, d], k and v [B, h_kv, m, d] with n <= m (query i sits at position m - n + i, as
     in `causal_pattern(n, m)`) and h_kv dividing h (grouped-query attention: query head i reads
     kv head i // (h / h_kv), as `repeat_interleave(h // h_kv, dim=1)` of k and v would give it)
-    -> [B, h, n, d]. Differentiable w.r.t. q, k and v. `scale` defaults
-    to 1 / sqrt(d). The same result as `scaled_dot_product_attention(q, k, v,
-    causal_pattern(n, m))[0]` up to rounding; check `fused_available(q.device)` first.
+    -> [B, h, n, d]. Differentiable w.r.t. q, k and v. `scale` defaults to 1 / sqrt(d). The
+    same result as `scaled_dot_product_attention(q, k, v, causal_pattern(n, m))[0]` up to
+    rounding; check `fused_available(q.device)` first, and `self_check` before trusting it.
     """
     if scale is None:
         scale = 1.0 / math.sqrt(q.size(-1))
-    return _FusedCausalAttention.apply(q, k, v, float(scale))
+    return _fwd_op(q, k, v, float(scale))[0]
+
+
+# ----------------------------------------------------------------------------- the self-check
+
+
+@dataclass(frozen=True)
+class KernelCheck:
+    """`self_check`'s verdict: whether the kernels can be trusted here, and why or why not."""
+
+    ok: bool
+    reason: str
+
+
+# Largest |kernel - reference| the self-check accepts, relative to the largest |reference| (or
+# to 1 when that is smaller), per kind of arithmetic: twice what the tests allow, since the
+# check is there to catch a kernel that computes the wrong thing (a miscompile, a tile that
+# does not fit, a broken driver), not to grade rounding.
+SELF_CHECK_TOL = {("16-bit", torch.float16): 1e-2, ("16-bit", torch.bfloat16): 6e-2,
+                  ("tf32", torch.float32): 1e-2, ("fp32", torch.float32): 4e-5,
+                  ("fp64", torch.float64): 2e-6}
+_log = logging.getLogger(__name__)
+
+
+def self_check(device, head_dim: int, dtype: torch.dtype, kv_group: int = 1) -> KernelCheck:
+    """Run the kernels once, forward and backward, against the reference attention in float64.
+
+    Decided once per process for each (device, head size, dtype, query heads per kv head, tf32
+    switch): the first call compiles and runs the kernels on a small random problem (a few
+    tiles of a training pass, and a decode step over a cache), the later ones return the same
+    verdict. A kernel that fails to compile or launch, or that disagrees with the reference
+    beyond SELF_CHECK_TOL, gets one warning line (logged as `model.fused_attention`, so a
+    training run's train.log has it too) and `ok=False`: the caller then uses the reference
+    attention. Call it before torch.compile traces the model, never inside a traced forward.
+    """
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None and torch.cuda.is_available():
+        device = torch.device("cuda", torch.cuda.current_device())
+    return _self_check(device, head_dim, dtype, kv_group, _arithmetic(dtype))
+
+
+@functools.lru_cache(maxsize=None)
+def _self_check(device: torch.device, head_dim: int, dtype: torch.dtype, kv_group: int,
+                arithmetic: str) -> KernelCheck:
+    what = f"head size {head_dim}, {str(dtype).replace('torch.', '')}"
+    what += f", {kv_group} query heads per kv head" if kv_group > 1 else ""
+    if not fused_available(device):
+        return KernelCheck(False, f"fused attention cannot run on {device.type}")
+    if head_dim not in HEAD_DIMS or dtype not in DTYPES:
+        return KernelCheck(False, f"{what} is not supported (head sizes {HEAD_DIMS}, "
+                                  f"dtypes {[str(t).replace('torch.', '') for t in DTYPES]})")
+    try:
+        error = _largest_error(device, head_dim, dtype, kv_group)
+    except Exception as exc:  # noqa: BLE001 -- whatever breaks, the run keeps the reference path
+        message = str(exc).strip().splitlines()
+        verdict = KernelCheck(False, f"{type(exc).__name__}: {message[0] if message else ''}"[:300])
+    else:
+        tol = SELF_CHECK_TOL[arithmetic, dtype]
+        verdict = KernelCheck(error <= tol, f"largest error {error:.2g} of the reference's scale "
+                                            f"(tolerance {tol:g})")
+    if not verdict.ok:
+        _log.warning(f"warning: the fused attention kernel failed its self-check on {device} "
+                     f"({what}): {verdict.reason}; using the reference attention")
+    return verdict
+
+
+def _largest_error(device: torch.device, head_dim: int, dtype: torch.dtype,
+                   kv_group: int) -> float:
+    """The largest relative error of out, lse, dq, dk, dv and a decode step's out against the
+    reference layer in float64, on random inputs from a private generator (the caller's random
+    stream is untouched). NaN or inf counts as an infinite error."""
+    from model.attention import causal_pattern, scaled_dot_product_attention
+
+    # Long enough for a full tile of the largest kind and a ragged one after it: every kernel
+    # then sees full tiles, diagonal tiles and padding rows.
+    largest = max(max(t.block_m, t.block_n) for t in (
+        default_tiles(kernel, head_dim, dtype, 1 << 20, 1 << 20,
+                      _capability(device) if device.type == "cuda" else None)
+        for kernel in KERNELS))
+    B, h_kv, T = 2, 2, largest + 7
+    gen = torch.Generator(device=device).manual_seed(0)
+    q, k, v, grad_out = (torch.randn(B, heads, T, head_dim, generator=gen, device=device,
+                                     dtype=dtype)
+                         for heads in (h_kv * kv_group, h_kv, h_kv, h_kv * kv_group))
+    with torch.autocast(device.type, enabled=False), torch.no_grad():
+        out, lse = fused_attention_forward(q, k, v)
+        grads = fused_attention_backward(q, k, v, out, lse, grad_out)
+        step, _ = fused_attention_forward(q[:, :, -1:], k, v)  # one query over T keys
+    with torch.autocast(device.type, enabled=False), torch.enable_grad():
+        q64, k64, v64 = (t.double().requires_grad_() for t in (q, k, v))
+        k_rep, v_rep = (t.repeat_interleave(kv_group, dim=1) for t in (k64, v64))
+        visible = causal_pattern(T, T, device=device)
+        ref, _ = scaled_dot_product_attention(q64, k_rep, v_rep, visible)
+        ref_grads = torch.autograd.grad(ref, (q64, k64, v64), grad_out.double())
+        scores = (q64 @ k_rep.transpose(-1, -2)) / math.sqrt(head_dim)
+        ref_lse = torch.logsumexp(scores.masked_fill(~visible, -math.inf), dim=-1)
+
+    def error(actual: torch.Tensor, expected: torch.Tensor) -> float:
+        diff = (actual.double() - expected).abs().max().item()
+        return diff / max(expected.abs().max().item(), 1.0) if math.isfinite(diff) else math.inf
+
+    pairs = [(out, ref), (lse, ref_lse), *zip(grads, ref_grads), (step, ref[:, :, -1:])]
+    return max(error(a, e.detach()) for a, e in pairs)

@@ -259,6 +259,67 @@ def test_torch_compile_sees_one_graph():
         torch.testing.assert_close(g, e, rtol=0, atol=1e-12)
 
 
+@pytest.mark.parametrize("h_kv", [2, 1], ids=["heads", "grouped"])
+def test_opcheck_the_forward_operator(h_kv):
+    """torch.library's own tests of a custom op: schema, fake (meta) implementation against the
+    real one (shapes, strides, dtypes), autograd registration, and the op under AOT autograd
+    with dynamic shapes, forward and backward, against eager. Real kernels, interpreted here."""
+    q, k, v = make_qkv(1, 2, 9, 21, 16, torch.float64, h_kv=h_kv)
+    torch.library.opcheck(torch.ops.scratch_gpt.fused_attention_fwd.default, (q, k, v, 0.3))
+
+
+def test_opcheck_the_backward_operator():
+    q, k, v = make_qkv(2, 4, 9, 21, 16, torch.float64, requires_grad=False, h_kv=2)
+    out, lse = fused_attention_forward(q, k, v, 0.3)
+    grad_out = torch.randn_like(q)
+    torch.library.opcheck(torch.ops.scratch_gpt.fused_attention_bwd.default,
+                          (q, k, v, out, lse, grad_out, 0.3))
+
+
+def test_the_whole_model_with_impl_fused_compiles_as_one_graph():
+    """GPT with attention.impl=fused under torch.compile(fullgraph=True): the dispatch in the
+    layer (fused_available included) and both kernels' operators trace without a graph break,
+    and the compiled loss and gradients equal eager ones. The aot_eager backend captures the
+    same graphs as the default (inductor) one without generating code for them."""
+    from model.config import AttentionConfig, AttentionImpl, ModelConfig
+    from model.gpt import GPT
+
+    torch.manual_seed(0)
+    model = GPT(ModelConfig(n_layer=2, n_head=2, n_embd=32, block_size=24), 30,
+                AttentionConfig(impl=AttentionImpl.fused)).double().to(DEVICE)
+    idx = torch.randint(0, 30, (2, 19), device=DEVICE)
+
+    def loss_and_grads(fn):
+        model.zero_grad(set_to_none=True)
+        loss = fn(idx, idx)[1]
+        loss.backward()
+        return [loss.detach()] + [p.grad.clone() for p in model.parameters()]
+
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(model)(idx, idx)
+    assert explained.graph_break_count == 0, explained.break_reasons
+    ops = [str(node.target) for graph in explained.graphs for node in graph.graph.nodes]
+    assert ops.count("scratch_gpt.fused_attention_fwd.default") == 2  # one per layer
+    compiled = loss_and_grads(torch.compile(model, backend="aot_eager", fullgraph=True))
+    for a, b in zip(compiled, loss_and_grads(model)):
+        torch.testing.assert_close(a, b, atol=1e-10, rtol=0)
+
+
+def test_fused_available_is_decided_once_and_traces_without_a_break(monkeypatch):
+    import model.fused_attention as fused_module
+
+    assert fused_available(DEVICE)  # decided now, if it was not already
+    monkeypatch.setitem(fused_module._AVAILABLE, torch.device(DEVICE).type, False)
+    assert not fused_available(DEVICE)  # the stored answer, not a fresh look at the machine
+    monkeypatch.undo()
+
+    def layer(x):
+        return x * 2 if fused_available(x.device) else x
+
+    torch._dynamo.reset()
+    assert torch._dynamo.explain(layer)(torch.ones(3, device=DEVICE)).graph_break_count == 0
+
+
 # ----------------------------------------------------------------------------- inputs
 
 
@@ -302,6 +363,104 @@ def test_available_here():
     assert fused_available(DEVICE)
     if INTERPRETED:
         assert fused_available("cpu")
+
+
+# ----------------------------------------------------------------------------- the self-check
+
+
+@pytest.fixture
+def fresh_self_check():
+    """Each test gets its own verdicts: self_check decides once per process otherwise."""
+    from model.fused_attention import _self_check
+
+    _self_check.cache_clear()
+    yield
+    _self_check.cache_clear()
+
+
+def self_check_warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records
+            if r.name == "model.fused_attention" and r.levelname == "WARNING"]
+
+
+@pytest.mark.parametrize("head_dim,dtype,kv_group", [
+    (16, torch.float64, 1), (32, torch.float32, 2), (16, torch.bfloat16, 1)])
+def test_self_check_trusts_the_kernels_here(fresh_self_check, caplog, head_dim, dtype, kv_group):
+    from model.fused_attention import self_check
+
+    rng = torch.random.get_rng_state()
+    verdict = self_check(DEVICE, head_dim, dtype, kv_group)
+    assert verdict.ok, verdict.reason
+    assert "largest error" in verdict.reason
+    assert not self_check_warnings(caplog)
+    assert torch.equal(torch.random.get_rng_state(), rng)  # the run's random stream untouched
+
+
+def test_self_check_decides_once_per_process(fresh_self_check, monkeypatch):
+    import model.fused_attention as fused_module
+
+    first = fused_module.self_check(DEVICE, 16, torch.float64)
+    monkeypatch.setattr(fused_module, "fused_attention_forward", None)  # would fail if run
+    assert fused_module.self_check(DEVICE, 16, torch.float64) is first
+
+
+def test_self_check_refuses_a_kernel_that_computes_the_wrong_thing(fresh_self_check, caplog,
+                                                                   monkeypatch):
+    """A kernel 1% off in its output (as a miscompile might be) fails, with one warning line,
+    once: asking again gives the same verdict and no second warning."""
+    import model.fused_attention as fused_module
+
+    forward = fused_module.fused_attention_forward
+    monkeypatch.setattr(fused_module, "fused_attention_forward",
+                        lambda *a, **k: (lambda o, lse: (o * 1.01, lse))(*forward(*a, **k)))
+    verdict = fused_module.self_check(DEVICE, 16, torch.float32)
+    assert not verdict.ok and "tolerance" in verdict.reason, verdict
+    assert fused_module.self_check(DEVICE, 16, torch.float32) is verdict
+    warning, = self_check_warnings(caplog)
+    assert warning.startswith("warning: the fused attention kernel failed its self-check")
+    assert "head size 16, float32" in warning and "using the reference attention" in warning
+    assert "\n" not in warning
+
+
+def test_self_check_refuses_a_kernel_that_does_not_launch(fresh_self_check, caplog,
+                                                         monkeypatch):
+    """A launch that raises (here Triton's out-of-resources error, the way a tile too large for
+    the GPU's shared memory fails) gives ok=False with Triton's message, and one warning."""
+    import model.fused_attention as fused_module
+    from triton.runtime.errors import OutOfResources
+
+    class TooLarge:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                raise OutOfResources(229_888, 166_912, "shared memory")
+            return launch
+
+    monkeypatch.setattr(fused_module, "_bwd_dkdv_kernel", TooLarge())
+    verdict = fused_module.self_check(DEVICE, 32, torch.float64, kv_group=2)
+    assert not verdict.ok
+    assert verdict.reason.startswith("OutOfResources: out of resource: shared memory"), verdict
+    warning, = self_check_warnings(caplog)
+    assert "2 query heads per kv head" in warning and "OutOfResources" in warning
+
+
+def test_self_check_counts_nan_as_a_failure(fresh_self_check, caplog, monkeypatch):
+    import model.fused_attention as fused_module
+
+    backward = fused_module.fused_attention_backward
+    monkeypatch.setattr(fused_module, "fused_attention_backward",
+                        lambda *a, **k: [g.fill_(math.nan) for g in backward(*a, **k)])
+    verdict = fused_module.self_check(DEVICE, 16, torch.float64)
+    assert not verdict.ok and "inf" in verdict.reason, verdict
+    assert len(self_check_warnings(caplog)) == 1
+
+
+def test_self_check_says_what_it_does_not_support_without_a_warning(fresh_self_check, caplog):
+    from model.fused_attention import self_check
+
+    verdict = self_check(DEVICE, 24, torch.float32)
+    assert not verdict.ok and "not supported" in verdict.reason
+    assert not self_check(DEVICE, 16, torch.int32).ok
+    assert not self_check_warnings(caplog)
 
 
 # ----------------------------------------------------------------------------- GPU only
