@@ -677,7 +677,8 @@ def fused_attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     t_q = _tiles_for("dq", q, m, dq_tiles)
     with _on_device(q):
         _bwd_delta_kernel[(triton.cdiv(n, t_q.block_m), h, B)](
-            out, grad_out, delta, *out.stride()[:3], n, **launch_constants("delta", d, q.dtype, t_q))
+            out, grad_out, delta, *out.stride()[:3], n,
+            **launch_constants("delta", d, q.dtype, t_q))
         _bwd_dkdv_kernel[(triton.cdiv(m, t_kv.block_n), h_kv, B)](
             q, k, v, grad_out, lse, delta, dk, dv,
             *q.stride()[:3], *k.stride()[:3], *grad_out.stride()[:3], *dk.stride()[:3],

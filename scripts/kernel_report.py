@@ -1,11 +1,14 @@
-"""Compile the fused attention kernels for named NVIDIA GPUs, on any machine (no GPU needed), and
-print what each launch would use: shared memory, registers, spills, tensor-core instructions.
+"""What each fused attention kernel uses on a GPU, found by compiling it for the GPU on the CPU.
+
+The kernels are compiled for named NVIDIA GPUs on any machine (no GPU needed), and for each
+launch the report prints shared memory, registers, spills and tensor-core instructions:
 
     python -m scripts.kernel_report                      # sm_80 and sm_90, every variant
     python -m scripts.kernel_report --targets sm_90 --dtypes bf16 --head-dims 64 128
     python -m scripts.kernel_report --check              # exit 1 if a variant breaks a rule
     python -m scripts.kernel_report --json               # one JSON object per variant
     python -m scripts.kernel_report --kernels dkdv --dtypes fp32 --tiles 16x32/4w1s  # try tiles
+    python -m scripts.kernel_report --device cuda        # on a GPU: what its launches compiled
 
 One row per kernel (fwd, dkdv, dq and the small delta pass of the backward) x dtype (tf32 is
 fp32 with torch's allow_tf32 switch on) x head size x target, with the tiles that
@@ -20,6 +23,11 @@ The rules (`--check`, and tests/test_kernel_compile.py): shared memory under the
 per-block limit; no spills; tensor-core instructions (mma.sync, or wgmma on sm_90) for
 fp16 / bf16 / tf32. Every variant is compiled afresh, in a cache of its own that is deleted
 afterwards, since a cached kernel comes without ptxas's report.
+
+`--device cuda` (on a machine with a GPU) launches the kernels forward and backward for each
+dtype and head size instead, reads the compiled objects Triton made for that GPU (registers,
+local memory, shared memory, as the driver reports them), and prints them next to the CPU's
+prediction for the same compute capability: what scripts/gpu_checks.sh records.
 """
 from __future__ import annotations
 
@@ -27,6 +35,7 @@ import argparse
 import contextlib
 import io
 import json
+import multiprocessing
 import os
 import re
 import sys
@@ -212,9 +221,11 @@ def run(todo: list[Variant], jobs: int) -> list[Row]:
     """Compile every variant, `jobs` at a time, in a fresh Triton cache."""
     with tempfile.TemporaryDirectory(prefix="kernel-report-") as cache:
         os.environ["KERNEL_REPORT_CACHE"] = cache  # compile_variant makes one per variant in it
-        if jobs <= 1:
+        if min(jobs, len(todo)) <= 1:  # no pool: the workers' start-up would cost more
             return [compile_variant(v) for v in todo]
-        with ProcessPoolExecutor(jobs, initializer=_quiet) as pool:
+        # spawn, not fork: the parent may hold a CUDA context (--device cuda)
+        with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"),
+                                 initializer=_quiet) as pool:
             return list(pool.map(compile_variant, todo))
 
 
@@ -224,6 +235,63 @@ def _quiet() -> None:
     os.environ["TRITON_INTERPRET"] = "0"
     # Triton 3.9 warns once per process that its FP-fusion default will change.
     warnings.filterwarnings("ignore", message=".*TRITON_DEFAULT_FP_FUSION.*")
+
+
+def _dtype_name(constants: dict) -> str:
+    """The report's dtype name of a compiled kernel, from its constexprs."""
+    dot, precision = str(constants.get("DOT_DTYPE", "")), constants.get("PRECISION", "ieee")
+    for name in ("fp16", "bf16", "fp64"):
+        if name in dot:
+            return name
+    if "fp32" in dot:
+        return "tf32" if precision == "tf32" else "fp32"
+    return "acc " + str(constants.get("ACC_DTYPE", "?"))  # delta: no DOT_DTYPE
+
+
+def gpu_rows(dtypes, head_dims) -> tuple[list[Row], str]:
+    """Launch the kernels on this machine's GPU (forward and backward, grouped-query, T = 1024)
+    and read the compiled objects Triton keeps: one row per distinct compiled kernel."""
+    import torch
+    import model.fused_attention as fa
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    major, minor = torch.cuda.get_device_capability(device)
+    target = f"sm_{major}{minor}"
+    props = torch.cuda.get_device_properties(device)
+    limit = getattr(props, "shared_memory_per_block_optin", 0)
+    kernels = {"fwd": fa._fwd_kernel, "dkdv": fa._bwd_dkdv_kernel, "dq": fa._bwd_dq_kernel,
+               "delta": fa._bwd_delta_kernel}
+    rows: list[Row] = []
+    seen: set = set()
+    for name in dtypes:
+        torch.backends.cuda.matmul.allow_tf32 = name == "tf32"
+        for d in head_dims:
+            dtype = _torch_dtype(name)
+            q = torch.randn(1, 4, 1024, d, device=device, dtype=dtype)
+            k, v = (torch.randn(1, 2, 1024, d, device=device, dtype=dtype) for _ in range(2))
+            out, lse = fa.fused_attention_forward(q, k, v)
+            fa.fused_attention_backward(q, k, v, out, lse, torch.randn_like(q))
+            torch.cuda.synchronize(device)
+            for kernel_name, kernel in kernels.items():
+                for compiled in kernel.device_caches[device.index][0].values():
+                    if id(compiled) in seen:
+                        continue
+                    seen.add(id(compiled))
+                    constants = {kernel.arg_names[path[0]]: value
+                                 for path, value in compiled.src.constants.items()}
+                    meta = compiled.metadata
+                    tiles = (f"{constants.get('BLOCK_M')}x{constants.get('BLOCK_N')}/"
+                             f"{meta.num_warps}w{meta.num_stages}s")
+                    rows.append(Row(kernel_name, _dtype_name(constants),
+                                    constants.get("HEAD_DIM", 0), target,
+                                    tiles=tiles if kernel_name != "delta"
+                                    else f"{constants.get('BLOCK_M')} rows/{meta.num_warps}w",
+                                    shared=meta.shared, smem_limit=limit,
+                                    registers=compiled.n_regs,
+                                    spill_stores=4 * compiled.n_spills,  # local memory, bytes
+                                    tensor_cores="mma" if "mma" in compiled.asm.get("ptx", "")
+                                    else "", kv_group="i32"))
+    return rows, f"{target} ({torch.cuda.get_device_name(device)}), {limit:,} B per block"
 
 
 def print_table(rows: list[Row]) -> None:
@@ -266,6 +334,9 @@ def main(argv: Optional[list[str]] = None) -> int:
                         help="compile these tiles (e.g. 32x64/8w2s) instead of the defaults")
     parser.add_argument("--jobs", type=int, default=min(8, os.cpu_count() or 1),
                         help="compilations at a time (default: the CPU count, at most 8)")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                        help="cuda: launch on this machine's GPU and report what it compiled, "
+                             "next to the CPU's prediction for its compute capability")
     parser.add_argument("--json", action="store_true", help="one JSON object per variant")
     parser.add_argument("--check", action="store_true",
                         help="exit with status 1 if a variant breaks a rule, naming it")
@@ -275,6 +346,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         parse_tiles(args.tiles)  # a typo is an error before anything compiles
     _quiet()
     start = time.perf_counter()
+    if args.device == "cuda":
+        return report_gpu(args)
     rows = run(variants(args.targets, args.dtypes, args.head_dims, args.kernels, args.tiles),
                args.jobs)
     if args.json:
@@ -291,6 +364,27 @@ def main(argv: Optional[list[str]] = None) -> int:
                   file=sys.stderr)
         return 1
     return 0
+
+
+def report_gpu(args: argparse.Namespace) -> int:
+    """--device cuda: the GPU's compiled kernels, then the CPU's prediction for that target."""
+    import torch
+
+    rows, where = gpu_rows(args.dtypes, args.head_dims)
+    print(f"== compiled on this GPU: {where} (spill = local memory, bytes per thread)")
+    print_table(rows)
+    major, minor = torch.cuda.get_device_capability()
+    family = "sm_90" if major == 9 else "sm_80"
+    predicted = run(variants([family], args.dtypes, args.head_dims, args.kernels), args.jobs)
+    print(f"== predicted on the CPU for {family} (spill = ptxas's spill stores + loads)")
+    print_table(predicted)
+    # local memory on the GPU includes stack frames, not only spills: only shared memory and
+    # failures count as broken here; the prediction's table has ptxas's spill figures
+    broken = [(r, p) for r in rows for p in r.problems() if "shared memory" in p]
+    for r, p in broken:
+        print(f"error: {r.kernel} {r.dtype} d={r.head_dim} {r.target} ({r.tiles}): {p}",
+              file=sys.stderr)
+    return 1 if args.check and broken else 0
 
 
 if __name__ == "__main__":

@@ -151,7 +151,7 @@ def test_every_diagonal_alignment():
             assert_close(a, b, TOL[torch.float64], f"{name}, offset {offset}")
 
 
-# ----------------------------------------------------------------------------- grouped-query attention
+# ----------------------------------------------------------------------- grouped-query attention
 
 # (B, h, h_kv, n, m, d): h // h_kv query heads share each kv head
 GQA_CASES = {
@@ -505,6 +505,99 @@ def test_gpu_realistic_shapes(dtype, B, h, n, m, d):
         err, baseline = _rel_err(o, r), _rel_err(t, r)
         assert err <= 2 * baseline + 1e-3, f"{name}: ours {err:.3g} vs PyTorch {baseline:.3g}"
         assert err <= TOL[dtype], f"{name}: {err:.3g}"
+
+
+needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@pytest.mark.cuda
+@needs_gpu
+@pytest.mark.parametrize("h_kv", [4, 2], ids=["heads", "grouped"])
+def test_gpu_runs_are_bitwise_deterministic(h_kv):
+    """Every program owns the rows it writes (no atomics, a fixed order over a group's heads):
+    two runs on the same inputs give the same bits."""
+    q, k, v = make_qkv(2, 4, 1000, 1000, 64, torch.bfloat16, device="cuda",
+                       requires_grad=False, h_kv=h_kv)
+    grad_out = torch.randn_like(q)
+
+    def run():
+        out, lse = fused_attention_forward(q, k, v)
+        return [out, lse, *fused_attention_backward(q, k, v, out, lse, grad_out)]
+
+    for a, b in zip(run(), run()):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.cuda
+@needs_gpu
+@pytest.mark.parametrize("T", [4096, 8192])
+@pytest.mark.parametrize("d", [64, 128])
+def test_gpu_long_context_stays_finite_and_close_to_sdpa(T, d):
+    """At T = 4096 and 8192 in bf16 the running softmax keeps every value finite, and the
+    output and gradients stay as close to PyTorch's own bf16 attention as at short T."""
+    leaves = make_qkv(1, 4, T, T, d, torch.bfloat16, device="cuda", h_kv=2)
+    grad_out = torch.randn_like(leaves[0])
+    ours = fused_causal_attention(*leaves)
+    ours.backward(grad_out)
+    ours_grads = [t.grad for t in leaves]
+    rep = [t.detach().clone().requires_grad_() for t in leaves]
+    k_rep, v_rep = (t.repeat_interleave(2, dim=1) for t in rep[1:])
+    theirs = F.scaled_dot_product_attention(rep[0], k_rep, v_rep, is_causal=True)
+    theirs.backward(grad_out)
+    for name, a, b in zip(["out", "dq", "dk", "dv"], [ours] + ours_grads,
+                          [theirs] + [t.grad for t in rep]):
+        assert torch.isfinite(a).all(), name
+        assert _rel_err(a, b) <= 2 * TOL[torch.bfloat16], f"{name}: {_rel_err(a, b):.3g}"
+
+
+@pytest.mark.cuda
+@needs_gpu
+@pytest.mark.parametrize("dtype,tf32", [(torch.bfloat16, False), (torch.float16, False),
+                                        (torch.float32, True), (torch.float32, False)],
+                         ids=["bf16", "fp16", "tf32", "fp32"])
+def test_gpu_self_check_trusts_every_head_size_and_group(dtype, tf32, monkeypatch):
+    """No false alarm on a real GPU: the self-check passes for every supported head size, with
+    and without grouped-query attention."""
+    from model.fused_attention import HEAD_DIMS, self_check
+
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", tf32)
+    for d in HEAD_DIMS:
+        for group in (1, 2):
+            verdict = self_check("cuda", d, dtype, group)
+            assert verdict.ok, (d, group, verdict.reason)
+
+
+@pytest.mark.cuda
+@needs_gpu
+def test_gpu_compiled_step_with_cuda_graphs_captures_the_kernels():
+    """torch.compile(mode="reduce-overhead") records the step, fused kernels included, as CUDA
+    graphs (Inductor counts every graph it had to skip), and trains as eager does."""
+    from torch._dynamo.utils import counters
+
+    from model.config import AttentionConfig, AttentionImpl, ModelConfig
+    from model.gpt import GPT
+
+    torch.manual_seed(0)
+    model = GPT(ModelConfig(n_layer=2, n_head=4, n_embd=256, block_size=256), 64,
+                AttentionConfig(impl=AttentionImpl.fused)).cuda()
+    idx = torch.randint(0, 64, (8, 256), device="cuda")
+
+    def losses(step):
+        out = []
+        for _ in range(3):
+            torch.compiler.cudagraph_mark_step_begin()
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = step(idx, idx)[1]
+            loss.backward()
+            out.append(loss.detach().clone())
+        return torch.stack(out)
+
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = losses(torch.compile(model, mode="reduce-overhead"))
+    assert counters["inductor"]["cudagraph_skips"] == 0, dict(counters["inductor"])
+    model.zero_grad(set_to_none=True)
+    torch.testing.assert_close(compiled, losses(model), atol=2e-2, rtol=0)
 
 
 # ----------------------------------------------------------------------------- in the model
