@@ -7,6 +7,7 @@ launch the report prints shared memory, registers, spills and tensor-core instru
     python -m scripts.kernel_report --targets sm_90 --dtypes bf16 --head-dims 64 128
     python -m scripts.kernel_report --check              # exit 1 if a variant breaks a rule
     python -m scripts.kernel_report --json               # one JSON object per variant
+    python -m scripts.kernel_report --launch ragged decode --dtypes bf16   # other launches
     python -m scripts.kernel_report --kernels dkdv --dtypes fp32 --tiles 16x32/4w1s  # try tiles
     python -m scripts.kernel_report --device cuda        # on a GPU: what its launches compiled
 
@@ -15,9 +16,11 @@ fp32 with torch's allow_tf32 switch on) x head size x target, with the tiles tha
 `model.fused_attention.default_tiles` picks for that GPU generation and the constexprs the
 launch passes (`launch_constants`), compiled by `triton.compile` for a `GPUTarget`; ptxas (the
 one shipped with triton) reports registers and spills, Triton's metadata the shared memory.
-Arguments are specialised as a training launch's are: 16-byte-aligned pointers, strides and
-lengths that are multiples of 16. `kv_group` is never specialised, so each compiled variant
-serves grouped-query attention and plain multi-head attention alike.
+Arguments are specialised as a training launch's are (`--launch train`): 16-byte-aligned
+pointers, strides and lengths that are multiples of 16; `--launch ragged` has lengths that are
+not, and `--launch decode` is generation's one-query forward (Triton makes n = 1 a constant; the
+tiles shrink to it). `kv_group` is never specialised, so each compiled variant serves
+grouped-query attention and plain multi-head attention alike.
 
 The rules (`--check`, and tests/test_kernel_compile.py): shared memory under the target's
 per-block limit; no spills; tensor-core instructions (mma.sync, or wgmma on sm_90) for
@@ -64,6 +67,7 @@ TARGETS = {
 }
 DTYPE_NAMES = ("fp16", "bf16", "tf32", "fp32", "fp64")
 KERNELS = ("fwd", "dkdv", "dq", "delta")
+LAUNCHES = ("train", "ragged", "decode")
 TENSOR_CORE_DTYPES = ("fp16", "bf16", "tf32")
 SEQ_LEN = 1 << 16  # long enough that no tile is shrunk to the sequence
 
@@ -75,6 +79,7 @@ class Variant:
     head_dim: int
     target: str
     tiles: Optional[str] = None  # "BMxBN/Ww/Ss" instead of the default tiles
+    launch: str = "train"        # one of LAUNCHES
 
 
 def parse_tiles(text: str):
@@ -93,6 +98,7 @@ class Row:
     dtype: str
     head_dim: int
     target: str
+    launch: str = "train"
     tiles: str = ""           # BLOCK_M x BLOCK_N / warps / stages
     shared: int = 0           # bytes of shared memory per block
     smem_limit: int = 0
@@ -126,12 +132,13 @@ def _torch_dtype(name: str):
             "fp32": torch.float32, "fp64": torch.float64}[name]
 
 
-def _signature(kernel, constants: dict, dtype_name: str) -> tuple[dict, dict]:
-    """Triton's signature and alignment attributes for a training launch of `kernel`.
+def _signature(kernel, constants: dict, dtype_name: str, launch: str) -> tuple[dict, dict]:
+    """Triton's signature and alignment attributes for a `launch` of `kernel`.
 
     By the kernels' naming: upper-case arguments are pointers (LSE and DELTA to the
-    accumulator dtype), `scale` arguments fp32, every other one an i32; pointers, strides and
-    lengths are marked divisible by 16, as Triton marks them at a launch where they are.
+    accumulator dtype), `scale` arguments fp32, every other one an i32; pointers and strides
+    are marked divisible by 16, as Triton marks them at a launch where they are, and so are the
+    lengths n_q and n_k of a training launch.
     """
     element = {"fp16": "fp16", "bf16": "bf16", "tf32": "fp32", "fp32": "fp32", "fp64": "fp64"}
     accumulator = "fp64" if dtype_name == "fp64" else "fp32"
@@ -149,6 +156,8 @@ def _signature(kernel, constants: dict, dtype_name: str) -> tuple[dict, dict]:
         elif name in getattr(kernel, "do_not_specialize", ()) or \
                 i in getattr(kernel, "do_not_specialize", ()):
             signature[name] = "i32"
+        elif name in ("n_q", "n_k") and launch != "train":
+            signature[name] = "i32"
         else:
             signature[name], attrs[(i,)] = "i32", aligned
     return signature, attrs
@@ -163,7 +172,7 @@ def compile_variant(variant: Variant) -> Row:
 
     import model.fused_attention as fa
 
-    row = Row(variant.kernel, variant.dtype, variant.head_dim, variant.target)
+    row = Row(variant.kernel, variant.dtype, variant.head_dim, variant.target, variant.launch)
     target = TARGETS[variant.target]
     row.smem_limit = target.smem_limit
     torch.backends.cuda.matmul.allow_tf32 = variant.dtype == "tf32"
@@ -174,15 +183,18 @@ def compile_variant(variant: Variant) -> Row:
     if not isinstance(kernel, triton.runtime.jit.JITFunction):
         raise RuntimeError("the kernels were built by Triton's interpreter (TRITON_INTERPRET=1 "
                            "before triton was imported): run this as its own process")
+    n_q = 1 if variant.launch == "decode" else SEQ_LEN
     tiles = (parse_tiles(variant.tiles) if variant.tiles else
              fa.default_tiles("dq" if variant.kernel == "delta" else variant.kernel,
-                              variant.head_dim, dtype, SEQ_LEN, SEQ_LEN, capability))
+                              variant.head_dim, dtype, n_q, SEQ_LEN, capability))
     constants = fa.launch_constants(variant.kernel, variant.head_dim, dtype, tiles)
+    if variant.launch == "decode":
+        constants["n_q"] = 1  # Triton makes an integer argument equal to 1 a constant
     # delta is launched without launch options: Triton's defaults, 4 warps and 3 stages
     warps, stages = (4, 3) if variant.kernel == "delta" else (tiles.num_warps, tiles.num_stages)
     row.tiles = (f"{tiles.block_m}x{tiles.block_n}/{warps}w{stages}s" if variant.kernel != "delta"
                  else f"{tiles.block_m} rows/{warps}w")
-    signature, attrs = _signature(kernel, constants, variant.dtype)
+    signature, attrs = _signature(kernel, constants, variant.dtype, variant.launch)
     row.kv_group = signature.get("kv_group", "")
     triton.knobs.nvidia.dump_ptxas_log = True  # ptxas -v's report, printed to stdout
     # A kernel from the cache comes without that report: each variant gets a cache of its own
@@ -212,9 +224,12 @@ def compile_variant(variant: Variant) -> Row:
     return row
 
 
-def variants(targets, dtypes, head_dims, kernels, tiles=None) -> list[Variant]:
-    return [Variant(k, dt, d, t, tiles) for t in targets for dt in dtypes for d in head_dims
-            for k in kernels]
+def variants(targets, dtypes, head_dims, kernels, tiles=None, launches=("train",)
+             ) -> list[Variant]:
+    """Every combination; a decode step runs the forward kernel only."""
+    return [Variant(k, dt, d, t, tiles, launch) for launch in launches for t in targets
+            for dt in dtypes for d in head_dims for k in kernels
+            if launch != "decode" or k == "fwd"]
 
 
 def run(todo: list[Variant], jobs: int) -> list[Row]:
@@ -296,14 +311,14 @@ def gpu_rows(dtypes, head_dims) -> tuple[list[Row], str]:
 
 def print_table(rows: list[Row]) -> None:
     targets = list(dict.fromkeys(r.target for r in rows))
-    by_key = {(r.kernel, r.dtype, r.head_dim, r.target): r for r in rows}
-    keys = list(dict.fromkeys((r.kernel, r.dtype, r.head_dim) for r in rows))
-    head = f"{'kernel':6} {'dtype':5} {'d':>3}"
+    by_key = {(r.launch, r.kernel, r.dtype, r.head_dim, r.target): r for r in rows}
+    keys = list(dict.fromkeys((r.launch, r.kernel, r.dtype, r.head_dim) for r in rows))
+    head = f"{'launch':6} {'kernel':6} {'dtype':5} {'d':>3}"
     for t in targets:
         head += f" | {t + ' tiles':16} {'smem B':>7} {'regs':>4} {'spill':>5} {'mma':5}"
     print(head)
     for key in keys:
-        line = f"{key[0]:6} {key[1]:5} {key[2]:>3}"
+        line = f"{key[0]:6} {key[1]:6} {key[2]:5} {key[3]:>3}"
         for t in targets:
             r = by_key.get(key + (t,))
             if r is None:
@@ -330,6 +345,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--dtypes", nargs="+", choices=DTYPE_NAMES, default=list(DTYPE_NAMES))
     parser.add_argument("--head-dims", nargs="+", type=int, default=[16, 32, 64, 128])
     parser.add_argument("--kernels", nargs="+", choices=KERNELS, default=list(KERNELS))
+    parser.add_argument("--launch", nargs="+", choices=LAUNCHES, default=["train"],
+                        help="train: lengths multiples of 16; ragged: not; decode: one query")
     parser.add_argument("--tiles", type=str, default=None,
                         help="compile these tiles (e.g. 32x64/8w2s) instead of the defaults")
     parser.add_argument("--jobs", type=int, default=min(8, os.cpu_count() or 1),
@@ -348,8 +365,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     start = time.perf_counter()
     if args.device == "cuda":
         return report_gpu(args)
-    rows = run(variants(args.targets, args.dtypes, args.head_dims, args.kernels, args.tiles),
-               args.jobs)
+    rows = run(variants(args.targets, args.dtypes, args.head_dims, args.kernels, args.tiles,
+                        args.launch), args.jobs)
     if args.json:
         for r in rows:
             print(json.dumps(asdict(r)))
@@ -360,8 +377,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     broken = [(r, p) for r in rows for p in r.problems()]
     if args.check and broken:
         for r, p in broken:
-            print(f"error: {r.kernel} {r.dtype} d={r.head_dim} {r.target} ({r.tiles}): {p}",
-                  file=sys.stderr)
+            print(f"error: {r.launch} {r.kernel} {r.dtype} d={r.head_dim} {r.target} "
+                  f"({r.tiles}): {p}", file=sys.stderr)
         return 1
     return 0
 

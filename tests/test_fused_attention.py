@@ -552,19 +552,18 @@ def test_gpu_long_context_stays_finite_and_close_to_sdpa(T, d):
 
 @pytest.mark.cuda
 @needs_gpu
-@pytest.mark.parametrize("dtype,tf32", [(torch.bfloat16, False), (torch.float16, False),
-                                        (torch.float32, True), (torch.float32, False)],
-                         ids=["bf16", "fp16", "tf32", "fp32"])
-def test_gpu_self_check_trusts_every_head_size_and_group(dtype, tf32, monkeypatch):
-    """No false alarm on a real GPU: the self-check passes for every supported head size, with
-    and without grouped-query attention."""
-    from model.fused_attention import HEAD_DIMS, self_check
+@pytest.mark.parametrize("d,dtype,tf32", [
+    *[(d, dtype, False) for dtype in (torch.bfloat16, torch.float16) for d in (16, 32, 64, 128)],
+    (64, torch.float32, True), (64, torch.float32, False)])
+def test_gpu_self_check_trusts_the_kernels(d, dtype, tf32, monkeypatch):
+    """No false alarm on a real GPU: the self-check passes for every head size in the training
+    dtypes (fp32, with and without tf32, at one), with and without grouped-query attention."""
+    from model.fused_attention import self_check
 
     monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", tf32)
-    for d in HEAD_DIMS:
-        for group in (1, 2):
-            verdict = self_check("cuda", d, dtype, group)
-            assert verdict.ok, (d, group, verdict.reason)
+    for group in (1, 2):
+        verdict = self_check("cuda", d, dtype, group)
+        assert verdict.ok, (group, verdict.reason)
 
 
 @pytest.mark.cuda
