@@ -32,10 +32,15 @@ The mask is right-aligned, exactly like `causal_pattern(n, m)`: n new queries ov
 (n <= m), query i sits at absolute position m - n + i and sees keys 0 .. m - n + i. n = m is
 training; n = 1 is a KV-cache decode step.
 
+k and v may have fewer heads than q (grouped-query attention): query head i reads kv head
+i // (h / h_kv).
+
 Entry points: `fused_causal_attention` (differentiable), `fused_attention_forward` and
-`fused_attention_backward` (the kernels as plain functions, for tests and benchmarks), and
-`fused_available(device)`. Triton is optional: without it this module still imports and
-`fused_available` says False, so callers keep the reference path. Under TRITON_INTERPRET=1
+`fused_attention_backward` (the kernels as plain functions, for tests and benchmarks),
+`fused_available(device)` (can the kernels run there?) and `self_check(device, head_dim,
+dtype)` (do they compute the right thing there? decided once per process, before trusting
+them). Triton is optional: without it this module still imports and `fused_available` says
+False, so callers keep the reference path. Under TRITON_INTERPRET=1
 (set before triton is imported) the same kernels run on the CPU through Triton's interpreter,
 which is how the tests check them without a GPU. How it works, step by step:
 docs/fused_attention.md.
