@@ -359,9 +359,9 @@ def main(argv: Optional[list[str]] = None) -> int:
                         help="exit with status 1 if a variant breaks a rule, naming it")
     args = parser.parse_args(argv)
 
+    _quiet()  # first: parse_tiles imports the kernels, which must not be interpreted
     if args.tiles:
         parse_tiles(args.tiles)  # a typo is an error before anything compiles
-    _quiet()
     start = time.perf_counter()
     if args.device == "cuda":
         return report_gpu(args)
