@@ -32,10 +32,15 @@ The mask is right-aligned, exactly like `causal_pattern(n, m)`: n new queries ov
 (n <= m), query i sits at absolute position m - n + i and sees keys 0 .. m - n + i. n = m is
 training; n = 1 is a KV-cache decode step.
 
+k and v may have fewer heads than q (grouped-query attention): query head i reads kv head
+i // (h / h_kv).
+
 Entry points: `fused_causal_attention` (differentiable), `fused_attention_forward` and
-`fused_attention_backward` (the kernels as plain functions, for tests and benchmarks), and
-`fused_available(device)`. Triton is optional: without it this module still imports and
-`fused_available` says False, so callers keep the reference path. Under TRITON_INTERPRET=1
+`fused_attention_backward` (the kernels as plain functions, for tests and benchmarks),
+`fused_available(device)` (can the kernels run there?) and `self_check(device, head_dim,
+dtype)` (do they compute the right thing there? decided once per process, before trusting
+them). Triton is optional: without it this module still imports and `fused_available` says
+False, so callers keep the reference path. Under TRITON_INTERPRET=1
 (set before triton is imported) the same kernels run on the CPU through Triton's interpreter,
 which is how the tests check them without a GPU. How it works, step by step:
 docs/fused_attention.md.
@@ -43,6 +48,8 @@ docs/fused_attention.md.
 from __future__ import annotations
 
 import contextlib
+import functools
+import logging
 import math
 from dataclasses import dataclass
 from typing import Optional
@@ -56,9 +63,11 @@ except Exception:  # not installed, or an install that cannot load: the referenc
     triton = tl = None
 
 
-def _jit(fn):
+def _jit(fn=None, **options):
     """`triton.jit` when Triton is importable; otherwise the plain function, never launched."""
-    return triton.jit(fn) if triton is not None else fn
+    if fn is None:
+        return lambda fn: _jit(fn, **options)
+    return triton.jit(fn, **options) if triton is not None else fn
 
 
 HEAD_DIMS = (16, 32, 64, 128)  # d_k must be a power of two: tl.arange spans it
@@ -79,10 +88,16 @@ _LOG2E = math.log2(math.e)
 
 
 @_jit
-def _head_ptr(ptr, stride_b, stride_h):
-    """Start of this program's (batch, head) slice, in 64 bits: B h t d can exceed 2^31."""
-    batch, head = tl.program_id(2).to(tl.int64), tl.program_id(1).to(tl.int64)
-    return ptr + batch * stride_b + head * stride_h
+def _head_ptr(ptr, stride_b, stride_h, head):
+    """Start of the (this program's batch, `head`) slice, in 64 bits: B h t d can exceed 2^31."""
+    batch = tl.program_id(2).to(tl.int64)
+    return ptr + batch * stride_b + tl.cast(head, tl.int64) * stride_h
+
+
+@_jit
+def _row_ptr(ptr, n_heads, head, n_q):
+    """Start of the [n] row of (this program's batch, `head`) in a contiguous [B, h, n] tensor."""
+    return ptr + tl.cast(tl.program_id(2) * n_heads + head, tl.int64) * n_q
 
 
 @_jit
@@ -169,12 +184,13 @@ def _fwd_key_tiles(acc, l_i, m_i, q, k_head, v_head, stride_kvt, offs_m, offs_d,
     return acc, l_i, m_i
 
 
-@_jit
+@_jit(do_not_specialize=["kv_group"])  # one variant for any group
 def _fwd_kernel(Q, K, V, O, LSE,
                 stride_qb, stride_qh, stride_qt,     # q [B, h, n, d]
-                stride_kvb, stride_kvh, stride_kvt,  # k, v [B, h, m, d] (same strides)
+                stride_kvb, stride_kvh, stride_kvt,  # k, v [B, h_kv, m, d] (same strides)
                 stride_ob, stride_oh, stride_ot,     # out [B, h, n, d]
                 n_q, n_k, qk_scale,                  # qk_scale = scale * log2(e)
+                kv_group,                            # h // h_kv query heads share a kv head
                 HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                 DOT_DTYPE: tl.constexpr, ACC_DTYPE: tl.constexpr, PRECISION: tl.constexpr):
     """out = softmax(Q K^T * scale + M) V and lse_i = log sum_j exp(S_ij), for BLOCK_M rows."""
@@ -183,9 +199,10 @@ def _fwd_kernel(Q, K, V, O, LSE,
     offs_m = start_m + tl.arange(0, BLOCK_M)                             # query rows [BLOCK_M]
     offs_d = tl.arange(0, HEAD_DIM)                                      # [d]
     row_ok = offs_m < n_q                                                # rows past n are padding
-    q_head = _head_ptr(Q, stride_qb, stride_qh)
-    k_head = _head_ptr(K, stride_kvb, stride_kvh)
-    v_head = _head_ptr(V, stride_kvb, stride_kvh)
+    head = tl.program_id(1)
+    q_head = _head_ptr(Q, stride_qb, stride_qh, head)
+    k_head = _head_ptr(K, stride_kvb, stride_kvh, head // kv_group)      # the group's kv head
+    v_head = _head_ptr(V, stride_kvb, stride_kvh, head // kv_group)
 
     # The query tile is loaded once and stays in registers for the whole walk over the keys.
     q = tl.load(q_head + offs_m[:, None] * stride_qt + offs_d[None, :],
@@ -206,11 +223,10 @@ def _fwd_kernel(Q, K, V, O, LSE,
     out = acc / l_i[:, None]                                             # [BLOCK_M, d]
     # lse = log sum_j exp(S_ij) = (m_i + log2 l_i) * ln 2, back in natural-log units.
     lse = (m_i + tl.math.log2(l_i)) * 0.6931471805599453                 # [BLOCK_M]
-    o_head = _head_ptr(O, stride_ob, stride_oh)
+    o_head = _head_ptr(O, stride_ob, stride_oh, head)
     tl.store(o_head + offs_m[:, None] * stride_ot + offs_d[None, :],
              out.to(O.dtype.element_ty), mask=row_ok[:, None])
-    lse_row = (tl.program_id(2) * tl.num_programs(1) + tl.program_id(1)).to(tl.int64) * n_q
-    tl.store(LSE + lse_row + offs_m, lse, mask=row_ok)
+    tl.store(_row_ptr(LSE, tl.num_programs(1), head, n_q) + offs_m, lse, mask=row_ok)
 
 
 # ----------------------------------------------------------------------------- backward
@@ -236,11 +252,12 @@ def _bwd_delta_kernel(O, DO, DELTA, stride_ob, stride_oh, stride_ot, n_q,
     offs_d = tl.arange(0, HEAD_DIM)
     row_ok = offs_m < n_q
     offs = offs_m[:, None] * stride_ot + offs_d[None, :]                 # [BLOCK_M, d]
-    o = tl.load(_head_ptr(O, stride_ob, stride_oh) + offs, mask=row_ok[:, None], other=0.0)
-    do = tl.load(_head_ptr(DO, stride_ob, stride_oh) + offs, mask=row_ok[:, None], other=0.0)
+    head = tl.program_id(1)
+    o = tl.load(_head_ptr(O, stride_ob, stride_oh, head) + offs, mask=row_ok[:, None], other=0.0)
+    do = tl.load(_head_ptr(DO, stride_ob, stride_oh, head) + offs, mask=row_ok[:, None],
+                 other=0.0)
     delta = tl.sum(o.to(ACC_DTYPE) * do.to(ACC_DTYPE), 1)                # [BLOCK_M]
-    row = (tl.program_id(2) * tl.num_programs(1) + tl.program_id(1)).to(tl.int64) * n_q
-    tl.store(DELTA + row + offs_m, delta, mask=row_ok)
+    tl.store(_row_ptr(DELTA, tl.num_programs(1), head, n_q) + offs_m, delta, mask=row_ok)
 
 
 @_jit
@@ -279,48 +296,55 @@ def _dkdv_query_tiles(dk, dv, k, v, q_head, do_head, lse_head, delta_head, strid
     return dk, dv
 
 
-@_jit
+@_jit(do_not_specialize=["kv_group"])  # one variant for any group
 def _bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV,
                      stride_qb, stride_qh, stride_qt,      # q [B, h, n, d]
-                     stride_kvb, stride_kvh, stride_kvt,   # k, v [B, h, m, d]
+                     stride_kvb, stride_kvh, stride_kvt,   # k, v [B, h_kv, m, d]
                      stride_ob, stride_oh, stride_ot,      # dO [B, h, n, d]
-                     stride_gb, stride_gh, stride_gt,      # dK, dV [B, h, m, d]
+                     stride_gb, stride_gh, stride_gt,      # dK, dV [B, h_kv, m, d]
                      n_q, n_k, scale, qk_scale,            # qk_scale = scale * log2(e)
+                     kv_group,                             # h // h_kv query heads per kv head
                      HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                      DOT_DTYPE: tl.constexpr, ACC_DTYPE: tl.constexpr, PRECISION: tl.constexpr):
-    """dK and dV of one tile of BLOCK_N keys: a sum over the query rows that see them."""
+    """dK and dV of one tile of BLOCK_N keys of one kv head: a sum over the query rows that see
+    them, in every query head of the head's group."""
     start_n = tl.program_id(0) * BLOCK_N  # the first key tiles, seen by the most rows, start first
     offs_n = start_n + tl.arange(0, BLOCK_N)                             # key positions [BLOCK_N]
     offs_d = tl.arange(0, HEAD_DIM)
     key_ok = offs_n < n_k
+    kv_head = tl.program_id(1)
     kv_offs = offs_n[:, None] * stride_kvt + offs_d[None, :]             # [BLOCK_N, d]
-    k = tl.load(_head_ptr(K, stride_kvb, stride_kvh) + kv_offs, mask=key_ok[:, None], other=0.0)
-    v = tl.load(_head_ptr(V, stride_kvb, stride_kvh) + kv_offs, mask=key_ok[:, None], other=0.0)
-    k = k.to(DOT_DTYPE)
-    v = v.to(DOT_DTYPE)
+    k = tl.load(_head_ptr(K, stride_kvb, stride_kvh, kv_head) + kv_offs, mask=key_ok[:, None],
+                other=0.0).to(DOT_DTYPE)
+    v = tl.load(_head_ptr(V, stride_kvb, stride_kvh, kv_head) + kv_offs, mask=key_ok[:, None],
+                other=0.0).to(DOT_DTYPE)
     dk = tl.zeros([BLOCK_N, HEAD_DIM], ACC_DTYPE)
     dv = tl.zeros([BLOCK_N, HEAD_DIM], ACC_DTYPE)
-
-    q_head = _head_ptr(Q, stride_qb, stride_qh)
-    do_head = _head_ptr(DO, stride_ob, stride_oh)
-    row = (tl.program_id(2) * tl.num_programs(1) + tl.program_id(1)).to(tl.int64) * n_q
 
     # Rows before lo see none of these keys (the tiles above the diagonal): never loaded. Rows
     # [lo, mid) straddle the diagonal and take the mask; rows [mid, n) see every key: no mask.
     lo, mid = _query_range(start_n, n_q, n_k, BLOCK_M, BLOCK_N)
-    dk, dv = _dkdv_query_tiles(dk, dv, k, v, q_head, do_head, LSE + row, DELTA + row,
-                               stride_qt, stride_ot, offs_n, offs_d, lo, tl.minimum(mid, n_q),
-                               n_q, n_k, qk_scale, BLOCK_M, True, DOT_DTYPE, PRECISION)
-    dk, dv = _dkdv_query_tiles(dk, dv, k, v, q_head, do_head, LSE + row, DELTA + row,
-                               stride_qt, stride_ot, offs_n, offs_d, mid, n_q,
-                               n_q, n_k, qk_scale, BLOCK_M, False, DOT_DTYPE, PRECISION)
+    n_heads = tl.num_programs(1) * kv_group
+    # The group's query heads all read these keys: their contributions add up in dk and dv, one
+    # head after another (in a fixed order, so the sum is deterministic; no atomics).
+    for head in range(kv_head * kv_group, (kv_head + 1) * kv_group):
+        q_head = _head_ptr(Q, stride_qb, stride_qh, head)
+        do_head = _head_ptr(DO, stride_ob, stride_oh, head)
+        lse_row = _row_ptr(LSE, n_heads, head, n_q)
+        delta_row = _row_ptr(DELTA, n_heads, head, n_q)
+        dk, dv = _dkdv_query_tiles(dk, dv, k, v, q_head, do_head, lse_row, delta_row,
+                                   stride_qt, stride_ot, offs_n, offs_d, lo, tl.minimum(mid, n_q),
+                                   n_q, n_k, qk_scale, BLOCK_M, True, DOT_DTYPE, PRECISION)
+        dk, dv = _dkdv_query_tiles(dk, dv, k, v, q_head, do_head, lse_row, delta_row,
+                                   stride_qt, stride_ot, offs_n, offs_d, mid, n_q,
+                                   n_q, n_k, qk_scale, BLOCK_M, False, DOT_DTYPE, PRECISION)
 
     # S = Q K^T * scale, so dK = dS^T Q * scale: the scale is applied once, here.
     g_offs = offs_n[:, None] * stride_gt + offs_d[None, :]
-    tl.store(_head_ptr(DK, stride_gb, stride_gh) + g_offs, (dk * scale).to(DK.dtype.element_ty),
-             mask=key_ok[:, None])
-    tl.store(_head_ptr(DV, stride_gb, stride_gh) + g_offs, dv.to(DV.dtype.element_ty),
-             mask=key_ok[:, None])
+    tl.store(_head_ptr(DK, stride_gb, stride_gh, kv_head) + g_offs,
+             (dk * scale).to(DK.dtype.element_ty), mask=key_ok[:, None])
+    tl.store(_head_ptr(DV, stride_gb, stride_gh, kv_head) + g_offs,
+             dv.to(DV.dtype.element_ty), mask=key_ok[:, None])
 
 
 @_jit
@@ -355,12 +379,13 @@ def _dq_key_tiles(dq, q, do, lse, delta, k_head, v_head, stride_kvt, offs_m, off
     return dq
 
 
-@_jit
+@_jit(do_not_specialize=["kv_group"])  # one variant for any group
 def _bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ,
                    stride_qb, stride_qh, stride_qt,      # q [B, h, n, d]
-                   stride_kvb, stride_kvh, stride_kvt,   # k, v [B, h, m, d]
+                   stride_kvb, stride_kvh, stride_kvt,   # k, v [B, h_kv, m, d]
                    stride_ob, stride_oh, stride_ot,      # dO and dQ [B, h, n, d]
                    n_q, n_k, scale, qk_scale,            # qk_scale = scale * log2(e)
+                   kv_group,                             # h // h_kv query heads per kv head
                    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    DOT_DTYPE: tl.constexpr, ACC_DTYPE: tl.constexpr, PRECISION: tl.constexpr):
     """dQ of one tile of BLOCK_M query rows: a sum over the keys they see."""
@@ -368,18 +393,20 @@ def _bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ,
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
     row_ok = offs_m < n_q
-    q = tl.load(_head_ptr(Q, stride_qb, stride_qh) + offs_m[:, None] * stride_qt + offs_d[None, :],
-                mask=row_ok[:, None], other=0.0).to(DOT_DTYPE)           # [BLOCK_M, d]
+    head = tl.program_id(1)
+    q = tl.load(_head_ptr(Q, stride_qb, stride_qh, head) + offs_m[:, None] * stride_qt
+                + offs_d[None, :], mask=row_ok[:, None], other=0.0).to(DOT_DTYPE)  # [BLOCK_M, d]
     o_offs = offs_m[:, None] * stride_ot + offs_d[None, :]
-    do = tl.load(_head_ptr(DO, stride_ob, stride_oh) + o_offs,
+    do = tl.load(_head_ptr(DO, stride_ob, stride_oh, head) + o_offs,
                  mask=row_ok[:, None], other=0.0).to(DOT_DTYPE)          # [BLOCK_M, d]
-    row = (tl.program_id(2) * tl.num_programs(1) + tl.program_id(1)).to(tl.int64) * n_q
-    lse2 = tl.load(LSE + row + offs_m, mask=row_ok, other=0.0) * 1.4426950408889634  # log2 units
-    delta = tl.load(DELTA + row + offs_m, mask=row_ok, other=0.0)
+    lse_row = _row_ptr(LSE, tl.num_programs(1), head, n_q)
+    lse2 = tl.load(lse_row + offs_m, mask=row_ok, other=0.0) * 1.4426950408889634  # log2 units
+    delta = tl.load(_row_ptr(DELTA, tl.num_programs(1), head, n_q) + offs_m, mask=row_ok,
+                    other=0.0)
     dq = tl.zeros([BLOCK_M, HEAD_DIM], ACC_DTYPE)
 
-    k_head = _head_ptr(K, stride_kvb, stride_kvh)
-    v_head = _head_ptr(V, stride_kvb, stride_kvh)
+    k_head = _head_ptr(K, stride_kvb, stride_kvh, head // kv_group)  # the group's kv head
+    v_head = _head_ptr(V, stride_kvb, stride_kvh, head // kv_group)
     diag, end = _key_range(start_m, n_q, n_k, BLOCK_M, BLOCK_N)
     dq = _dq_key_tiles(dq, q, do, lse2, delta, k_head, v_head, stride_kvt, offs_m, offs_d,
                        0, diag, n_q, n_k, qk_scale, BLOCK_N, False, DOT_DTYPE, PRECISION)
@@ -387,8 +414,8 @@ def _bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ,
                        diag, end, n_q, n_k, qk_scale, BLOCK_N, True, DOT_DTYPE, PRECISION)
 
     # dQ = dS K * scale
-    tl.store(_head_ptr(DQ, stride_ob, stride_oh) + o_offs, (dq * scale).to(DQ.dtype.element_ty),
-             mask=row_ok[:, None])
+    tl.store(_head_ptr(DQ, stride_ob, stride_oh, head) + o_offs,
+             (dq * scale).to(DQ.dtype.element_ty), mask=row_ok[:, None])
 
 
 # ----------------------------------------------------------------------------- host side
@@ -404,18 +431,45 @@ class Tiles:
     num_stages: int = 3  # software-pipelining depth of the loads in the tile loops
 
 
-# For 16-bit inputs on a recent NVIDIA GPU (A100 / H100 class), per kernel: (d <= 64, d = 128).
-# The forward keeps a query tile resident and streams keys: tall tiles of queries. dK/dV keeps a
-# key tile and its two fp32 accumulators resident and streams queries: the transpose. dQ is
-# shaped like the forward. d = 128 doubles every register tile, hence more warps or less height.
+KERNELS = ("fwd", "dkdv", "dq")  # the kernels with their own tiles (delta borrows dq's rows)
+
+# What a tile costs depends on how the kernel multiplies, which the dtype decides:
+#   "16-bit"  fp16 / bf16 operands on the tensor cores, fp32 accumulators;
+#   "tf32"    fp32 operands rounded to tf32 on the tensor cores (torch's allow_tf32 switch);
+#   "fp32"    IEEE fp32: no tensor cores, every tl.dot becomes FMAs on operands held in
+#             registers, so the tiles must be small or they spill;
+#   "fp64"    fp64 operands and accumulators, twice the bytes of fp32 everywhere.
+# Per kind, per kernel, by head size ({largest d: Tiles}). The forward keeps a query tile
+# resident and streams keys: tall tiles of queries. dK/dV keeps a key tile and its two
+# accumulators resident and streams queries: the transpose. dQ is shaped like the forward.
+# Each entry is compiled for sm_80 and sm_90 by tests/test_kernel_compile.py, on a CPU: its
+# shared memory fits every GPU of the family (99 KB per block on compute capability 8.6 / 8.9,
+# 163 KB on A100, 227 KB on H100) and nothing spills to local memory. Where a generation wants
+# other tiles, _HOPPER_TILES says so. `python -m scripts.kernel_report` prints the table.
 _GPU_TILES = {
-    "fwd": (Tiles(128, 64, 4, 3), Tiles(128, 64, 8, 3)),
-    "dkdv": (Tiles(32, 128, 4, 3), Tiles(32, 64, 4, 3)),
-    "dq": (Tiles(128, 32, 4, 3), Tiles(64, 32, 4, 3)),
+    "16-bit": {
+        "fwd": {32: Tiles(128, 64, 4, 3), 128: Tiles(128, 64, 8, 3)},
+        "dkdv": {32: Tiles(32, 128, 4, 3), 64: Tiles(32, 128, 8, 3), 128: Tiles(32, 64, 8, 3)},
+        "dq": {32: Tiles(128, 32, 4, 3), 64: Tiles(128, 32, 8, 3), 128: Tiles(64, 32, 8, 3)},
+    },
+    "tf32": {
+        "fwd": {32: Tiles(64, 32, 4, 2), 128: Tiles(64, 32, 8, 2)},
+        "dkdv": {16: Tiles(32, 64, 4, 2), 128: Tiles(32, 32, 8, 2)},
+        "dq": {32: Tiles(64, 32, 4, 2), 64: Tiles(64, 32, 8, 2), 128: Tiles(32, 32, 8, 2)},
+    },
+    "fp32": {
+        "fwd": {64: Tiles(32, 32, 8, 2), 128: Tiles(32, 16, 8, 2)},
+        "dkdv": {32: Tiles(32, 32, 8, 1), 128: Tiles(16, 16, 4, 1)},
+        "dq": {64: Tiles(32, 32, 8, 2), 128: Tiles(32, 16, 8, 2)},
+    },
+    "fp64": {
+        "fwd": {128: Tiles(16, 32, 4, 2)},
+        "dkdv": {128: Tiles(16, 16, 4, 1)},
+        "dq": {64: Tiles(16, 32, 4, 2), 128: Tiles(16, 16, 4, 1)},
+    },
 }
-# fp32 / fp64 tiles take 2-4x the bytes of shared memory and registers.
-_GPU_TILES_WIDE = {"fwd": Tiles(64, 32, 4, 2), "dkdv": Tiles(32, 64, 4, 2),
-                   "dq": Tiles(64, 32, 4, 2)}
+# Compute capability 9.x (H100 / H200): only the entries that differ.
+_HOPPER_TILES: dict = {}
 # The interpreter runs every program one after another in numpy: small tiles keep small test
 # shapes multi-tile, and unequal ones exercise diagonals that straddle tile boundaries.
 _INTERPRETER_TILES = {"fwd": Tiles(16, 16), "dkdv": Tiles(16, 32), "dq": Tiles(32, 16)}
@@ -429,25 +483,55 @@ def _interpreting() -> bool:
     return isinstance(_fwd_kernel, InterpretedFunction)
 
 
+_INTERPRETED = _interpreting()  # fixed once the kernels exist: decided here, once
+_AVAILABLE: dict[str, bool] = {}  # device type -> fused_available's answer
+
+
 def fused_available(device) -> bool:
     """Whether the fused kernels can run on tensors of `device`.
 
     A CUDA device with Triton importable, or any device under Triton's interpreter
-    (TRITON_INTERPRET=1 set before triton was first imported).
+    (TRITON_INTERPRET=1 set before triton was first imported). Decided once per device type
+    and then a dictionary lookup, cheap enough to sit in a traced forward. Whether the kernels
+    also compute the right thing there is `self_check`'s question.
     """
-    if triton is None:
-        return False
-    return _interpreting() or (torch.device(device).type == "cuda" and torch.cuda.is_available())
+    kind = torch.device(device).type
+    if kind not in _AVAILABLE:
+        _AVAILABLE[kind] = triton is not None and (
+            _INTERPRETED or (kind == "cuda" and torch.cuda.is_available()))
+    return _AVAILABLE[kind]
 
 
-def default_tiles(kernel: str, head_dim: int, dtype: torch.dtype, n_q: int, n_k: int) -> Tiles:
-    """The tiles a kernel ("fwd", "dkdv" or "dq") is launched with, shrunk to short sequences."""
-    if _interpreting():
-        tiles = _INTERPRETER_TILES[kernel]
-    elif dtype.itemsize > 2:
-        tiles = _GPU_TILES_WIDE[kernel]
-    else:
-        tiles = _GPU_TILES[kernel][head_dim > 64]
+def _arithmetic(dtype: torch.dtype) -> str:
+    """"16-bit", "tf32", "fp32" or "fp64": how the kernels multiply inputs of `dtype`."""
+    if dtype.itemsize == 2:
+        return "16-bit"
+    if dtype == torch.float64:
+        return "fp64"
+    return "tf32" if torch.backends.cuda.matmul.allow_tf32 else "fp32"
+
+
+@functools.lru_cache(maxsize=None)
+def _capability(device: torch.device) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(device)
+
+
+def default_tiles(kernel: str, head_dim: int, dtype: torch.dtype, n_q: int, n_k: int,
+                  capability: Optional[tuple[int, int]] = None) -> Tiles:
+    """The tiles a kernel ("fwd", "dkdv" or "dq") is launched with, shrunk to short sequences.
+
+    `capability` is the GPU's compute capability, (9, 0) for an H100; None under the
+    interpreter (its own small tiles) or for the current CUDA device.
+    """
+    if _INTERPRETED:
+        return _fit(_INTERPRETER_TILES[kernel], n_q, n_k)
+    if capability is None:
+        capability = _capability(torch.device("cuda", torch.cuda.current_device()))
+    arithmetic = _arithmetic(dtype)
+    table = _GPU_TILES[arithmetic][kernel]
+    if capability[0] == 9:
+        table = _HOPPER_TILES.get(arithmetic, {}).get(kernel, table)
+    tiles = table[min(d for d in table if d >= head_dim)]
     return _fit(tiles, n_q, n_k)
 
 
@@ -462,13 +546,13 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
     if triton is None:
         raise RuntimeError("fused attention needs triton (pip install triton)")
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
-        raise ValueError(f"expected q [B, h, n, d], k and v [B, h, m, d]; got {tuple(q.shape)}, "
-                         f"{tuple(k.shape)}, {tuple(v.shape)}")
+        raise ValueError(f"expected q [B, h, n, d], k and v [B, h_kv, m, d]; got "
+                         f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
     B, h, n, d = q.shape
-    m = k.size(2)
-    if k.shape != (B, h, m, d) or v.shape != (B, h, m, d):
-        raise ValueError(f"k and v must be [B, h, m, d] = [{B}, {h}, m, {d}]; got "
-                         f"{tuple(k.shape)}, {tuple(v.shape)}")
+    h_kv, m = k.size(1), k.size(2)
+    if k.shape != (B, h_kv, m, d) or v.shape != k.shape or h_kv == 0 or h % h_kv:
+        raise ValueError(f"k and v must be [B, h_kv, m, d] = [{B}, h_kv, m, {d}] with h_kv "
+                         f"dividing h = {h}; got {tuple(k.shape)}, {tuple(v.shape)}")
     if n > m:
         raise ValueError(f"more queries than keys ({n} > {m}): the causal mask is right-aligned, "
                          "so the n queries must be the last n of the m positions")
@@ -504,11 +588,19 @@ def _kernel_dtypes(dtype: torch.dtype) -> dict:
     """
     dot = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16,
            torch.float32: tl.float32, torch.float64: tl.float64}[dtype]
-    if dtype == torch.bfloat16 and _interpreting():
+    if dtype == torch.bfloat16 and _INTERPRETED:
         dot = tl.float32
-    tf32 = dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32
     return dict(DOT_DTYPE=dot, ACC_DTYPE=tl.float64 if dtype == torch.float64 else tl.float32,
-                PRECISION="tf32" if tf32 else "ieee")
+                PRECISION="tf32" if _arithmetic(dtype) == "tf32" else "ieee")
+
+
+def launch_constants(kernel: str, head_dim: int, dtype: torch.dtype, tiles: Tiles) -> dict:
+    """Every constexpr a kernel is launched with ("fwd", "dkdv", "dq" or "delta"): what makes
+    one compiled variant. The launches below and scripts/kernel_report.py both use it."""
+    constants = dict(HEAD_DIM=head_dim, BLOCK_M=tiles.block_m, **_kernel_dtypes(dtype))
+    if kernel == "delta":
+        return dict(HEAD_DIM=head_dim, BLOCK_M=tiles.block_m, ACC_DTYPE=constants["ACC_DTYPE"])
+    return dict(constants, BLOCK_N=tiles.block_n)
 
 
 def _on_device(t: torch.Tensor):
@@ -516,12 +608,22 @@ def _on_device(t: torch.Tensor):
     return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()
 
 
+def _tiles_for(kernel: str, q: torch.Tensor, n_k: int, tiles: Optional[Tiles]) -> Tiles:
+    n_q, d = q.size(2), q.size(3)
+    if tiles is not None:
+        return _fit(tiles, n_q, n_k)
+    capability = _capability(q.device) if q.is_cuda else None
+    return default_tiles(kernel, d, q.dtype, n_q, n_k, capability)
+
+
 def fused_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                             scale: Optional[float] = None, *,
                             tiles: Optional[Tiles] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """out = softmax(q k^T * scale + M) v with the right-aligned causal M, and each row's lse.
 
-    q [B, h, n, d], k and v [B, h, m, d], n <= m -> out [B, h, n, d] (q's dtype) and
+    q [B, h, n, d], k and v [B, h_kv, m, d], n <= m, h_kv dividing h (query head i reads kv
+    head i // (h / h_kv): grouped-query attention; h_kv = h is plain multi-head attention)
+    -> out [B, h, n, d] (q's dtype) and
     lse [B, h, n] = log sum_j exp(scale * q_i . k_j) over the visible keys, natural log, float32
     (float64 for float64 inputs). `scale` defaults to 1 / sqrt(d). No gradient is tracked.
     """
@@ -537,12 +639,12 @@ def fused_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     lse = torch.empty(B, h, n, dtype=acc_dtype, device=q.device)
     if n == 0:
         return out, lse
-    t = default_tiles("fwd", d, q.dtype, n, m) if tiles is None else _fit(tiles, n, m)
+    t = _tiles_for("fwd", q, m, tiles)
     with _on_device(q):
         _fwd_kernel[(triton.cdiv(n, t.block_m), h, B)](
             q, k, v, out, lse, *q.stride()[:3], *k.stride()[:3], *out.stride()[:3],
-            n, m, scale * _LOG2E, HEAD_DIM=d, BLOCK_M=t.block_m, BLOCK_N=t.block_n,
-            **_kernel_dtypes(q.dtype), num_warps=t.num_warps, num_stages=t.num_stages)
+            n, m, scale * _LOG2E, h // k.size(1), **launch_constants("fwd", d, q.dtype, t),
+            num_warps=t.num_warps, num_stages=t.num_stages)
     return out, lse
 
 
@@ -554,12 +656,13 @@ def fused_attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) of fused attention, from the forward's out and lse and dLoss/dout.
 
-    Shapes as in `fused_attention_forward`; grad_out is [B, h, n, d]. The weights are rebuilt
-    tile by tile from q, k and lse, never stored.
+    Shapes as in `fused_attention_forward`; grad_out is [B, h, n, d]; dk and dv are
+    [B, h_kv, m, d], each kv head's gradient summed over the query heads of its group. The
+    weights are rebuilt tile by tile from q, k and lse, never stored.
     """
     _check(q, k, v)
     B, h, n, d = q.shape
-    m = k.size(2)
+    h_kv, m = k.size(1), k.size(2)
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     q, k, v = _unit_stride(q, k, v)
     if k.stride() != v.stride():
@@ -569,36 +672,35 @@ def fused_attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     dq = _empty_heads(B, h, n, d, q)
     out, grad_out = (t if t.stride() == dq.stride() else _empty_heads(B, h, n, d, q).copy_(t)
                      for t in (out, grad_out.to(q.dtype)))
-    dk = _empty_heads(B, h, m, d, k)
-    dv = _empty_heads(B, h, m, d, v)
+    dk = _empty_heads(B, h_kv, m, d, k)
+    dv = _empty_heads(B, h_kv, m, d, v)
     if n == 0:
         return dq, dk.zero_(), dv.zero_()
     lse = lse.contiguous()
     delta = torch.empty_like(lse)
-    dtypes = _kernel_dtypes(q.dtype)
-    t_kv = (default_tiles("dkdv", d, q.dtype, n, m) if dkdv_tiles is None
-            else _fit(dkdv_tiles, n, m))
-    t_q = default_tiles("dq", d, q.dtype, n, m) if dq_tiles is None else _fit(dq_tiles, n, m)
+    t_kv = _tiles_for("dkdv", q, m, dkdv_tiles)
+    t_q = _tiles_for("dq", q, m, dq_tiles)
     with _on_device(q):
         _bwd_delta_kernel[(triton.cdiv(n, t_q.block_m), h, B)](
             out, grad_out, delta, *out.stride()[:3], n,
-            HEAD_DIM=d, BLOCK_M=t_q.block_m, ACC_DTYPE=dtypes["ACC_DTYPE"])
-        _bwd_dkdv_kernel[(triton.cdiv(m, t_kv.block_n), h, B)](
+            **launch_constants("delta", d, q.dtype, t_q))
+        _bwd_dkdv_kernel[(triton.cdiv(m, t_kv.block_n), h_kv, B)](
             q, k, v, grad_out, lse, delta, dk, dv,
             *q.stride()[:3], *k.stride()[:3], *grad_out.stride()[:3], *dk.stride()[:3],
-            n, m, scale, scale * _LOG2E, HEAD_DIM=d, BLOCK_M=t_kv.block_m, BLOCK_N=t_kv.block_n,
-            **dtypes, num_warps=t_kv.num_warps, num_stages=t_kv.num_stages)
+            n, m, scale, scale * _LOG2E, h // h_kv, **launch_constants("dkdv", d, q.dtype, t_kv),
+            num_warps=t_kv.num_warps, num_stages=t_kv.num_stages)
         _bwd_dq_kernel[(triton.cdiv(n, t_q.block_m), h, B)](
             q, k, v, grad_out, lse, delta, dq,
             *q.stride()[:3], *k.stride()[:3], *grad_out.stride()[:3],
-            n, m, scale, scale * _LOG2E, HEAD_DIM=d, BLOCK_M=t_q.block_m, BLOCK_N=t_q.block_n,
-            **dtypes, num_warps=t_q.num_warps, num_stages=t_q.num_stages)
+            n, m, scale, scale * _LOG2E, h // h_kv, **launch_constants("dq", d, q.dtype, t_q),
+            num_warps=t_q.num_warps, num_stages=t_q.num_stages)
     return dq, dk, dv
 
 
 # torch.compile must not trace into a kernel launch (Triton's launcher, or its interpreter, is
 # Python it cannot follow): the two passes are registered as opaque operators, with "fake"
-# versions that only say what they return, and the autograd Function below calls those.
+# versions that only say what they return, and the forward's autograd formula calls the
+# backward's operator. torch.library.opcheck tests both (tests/test_fused_attention.py).
 
 
 @torch.library.custom_op("scratch_gpt::fused_attention_fwd", mutates_args=())
@@ -624,36 +726,142 @@ def _bwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor
 @_bwd_op.register_fake
 def _(q, k, v, out, lse, grad_out, scale):
     B, h, n, d = q.shape
-    m = k.size(2)
-    return _empty_heads(B, h, n, d, q), _empty_heads(B, h, m, d, k), _empty_heads(B, h, m, d, v)
+    h_kv, m = k.size(1), k.size(2)
+    return (_empty_heads(B, h, n, d, q), _empty_heads(B, h_kv, m, d, k),
+            _empty_heads(B, h_kv, m, d, v))
 
 
-class _FusedCausalAttention(torch.autograd.Function):
-    """Forward saves q, k, v, out and the [B, h, n] lse: nothing n x m crosses to the backward."""
+def _save_for_backward(ctx, inputs, output):
+    """The forward keeps q, k, v, out and the [B, h, n] lse: nothing n x m for the backward."""
+    q, k, v, scale = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.scale = scale
+    ctx.mark_non_differentiable(lse)
 
-    @staticmethod
-    def forward(ctx, q, k, v, scale):
-        out, lse = _fwd_op(q, k, v, scale)
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.scale = scale
-        return out
 
-    @staticmethod
-    def backward(ctx, grad_out):
-        q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = _bwd_op(q, k, v, out, lse, grad_out, ctx.scale)
-        return dq, dk, dv, None
+def _backward(ctx, grad_out, _grad_lse):
+    q, k, v, out, lse = ctx.saved_tensors
+    dq, dk, dv = _bwd_op(q, k, v, out, lse, grad_out, ctx.scale)
+    return dq, dk, dv, None
+
+
+_fwd_op.register_autograd(_backward, setup_context=_save_for_backward)
 
 
 def fused_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                            scale: Optional[float] = None) -> torch.Tensor:
     """softmax(q k^T * scale + M) v with the right-aligned causal mask, in fused Triton kernels.
 
-    q [B, h, n, d], k and v [B, h, m, d] with n <= m (query i sits at position m - n + i, as in
-    `causal_pattern(n, m)`) -> [B, h, n, d]. Differentiable w.r.t. q, k and v. `scale` defaults
-    to 1 / sqrt(d). The same result as `scaled_dot_product_attention(q, k, v,
-    causal_pattern(n, m))[0]` up to rounding; check `fused_available(q.device)` first.
+    q [B, h, n, d], k and v [B, h_kv, m, d] with n <= m (query i sits at position m - n + i, as
+    in `causal_pattern(n, m)`) and h_kv dividing h (grouped-query attention: query head i reads
+    kv head i // (h / h_kv), as `repeat_interleave(h // h_kv, dim=1)` of k and v would give it)
+    -> [B, h, n, d]. Differentiable w.r.t. q, k and v. `scale` defaults to 1 / sqrt(d). The
+    same result as `scaled_dot_product_attention(q, k, v, causal_pattern(n, m))[0]` up to
+    rounding; check `fused_available(q.device)` first, and `self_check` before trusting it.
     """
     if scale is None:
         scale = 1.0 / math.sqrt(q.size(-1))
-    return _FusedCausalAttention.apply(q, k, v, float(scale))
+    return _fwd_op(q, k, v, float(scale))[0]
+
+
+# ----------------------------------------------------------------------------- the self-check
+
+
+@dataclass(frozen=True)
+class KernelCheck:
+    """`self_check`'s verdict: whether the kernels can be trusted here, and why or why not."""
+
+    ok: bool
+    reason: str
+
+
+# Largest |kernel - reference| the self-check accepts, relative to the largest |reference| (or
+# to 1 when that is smaller), per kind of arithmetic: twice what the tests allow, since the
+# check is there to catch a kernel that computes the wrong thing (a miscompile, a tile that
+# does not fit, a broken driver), not to grade rounding.
+SELF_CHECK_TOL = {("16-bit", torch.float16): 1e-2, ("16-bit", torch.bfloat16): 6e-2,
+                  ("tf32", torch.float32): 1e-2, ("fp32", torch.float32): 4e-5,
+                  ("fp64", torch.float64): 2e-6}
+_log = logging.getLogger(__name__)
+
+
+def self_check(device, head_dim: int, dtype: torch.dtype, kv_group: int = 1) -> KernelCheck:
+    """Run the kernels once, forward and backward, against the reference attention in float64.
+
+    Decided once per process for each (device, head size, dtype, query heads per kv head, tf32
+    switch): the first call compiles and runs the kernels on a small random problem (a few
+    tiles of a training pass, and a decode step over a cache), the later ones return the same
+    verdict. A kernel that fails to compile or launch, or that disagrees with the reference
+    beyond SELF_CHECK_TOL, gets one warning line (logged as `model.fused_attention`, so a
+    training run's train.log has it too) and `ok=False`: the caller then uses the reference
+    attention. Call it before torch.compile traces the model, never inside a traced forward.
+    """
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None and torch.cuda.is_available():
+        device = torch.device("cuda", torch.cuda.current_device())
+    return _self_check(device, head_dim, dtype, kv_group, _arithmetic(dtype))
+
+
+@functools.lru_cache(maxsize=None)
+def _self_check(device: torch.device, head_dim: int, dtype: torch.dtype, kv_group: int,
+                arithmetic: str) -> KernelCheck:
+    what = f"head size {head_dim}, {str(dtype).replace('torch.', '')}"
+    what += f", {kv_group} query heads per kv head" if kv_group > 1 else ""
+    if not fused_available(device):
+        return KernelCheck(False, f"fused attention cannot run on {device.type}")
+    if head_dim not in HEAD_DIMS or dtype not in DTYPES:
+        return KernelCheck(False, f"{what} is not supported (head sizes {HEAD_DIMS}, "
+                                  f"dtypes {[str(t).replace('torch.', '') for t in DTYPES]})")
+    try:
+        error = _largest_error(device, head_dim, dtype, kv_group)
+    except Exception as exc:  # noqa: BLE001 -- whatever breaks, the run keeps the reference path
+        message = str(exc).strip().splitlines()
+        verdict = KernelCheck(False, f"{type(exc).__name__}: {message[0] if message else ''}"[:300])
+    else:
+        tol = SELF_CHECK_TOL[arithmetic, dtype]
+        verdict = KernelCheck(error <= tol, f"largest error {error:.2g} of the reference's scale "
+                                            f"(tolerance {tol:g})")
+    if not verdict.ok:
+        _log.warning(f"warning: the fused attention kernel failed its self-check on {device} "
+                     f"({what}): {verdict.reason}; using the reference attention")
+    return verdict
+
+
+def _largest_error(device: torch.device, head_dim: int, dtype: torch.dtype,
+                   kv_group: int) -> float:
+    """The largest relative error of out, lse, dq, dk, dv and a decode step's out against the
+    reference layer in float64, on random inputs from a private generator (the caller's random
+    stream is untouched). NaN or inf counts as an infinite error."""
+    from model.attention import causal_pattern, scaled_dot_product_attention
+
+    # Long enough for a full tile of the largest kind and a ragged one after it: every kernel
+    # then sees full tiles, diagonal tiles and padding rows.
+    largest = max(max(t.block_m, t.block_n) for t in (
+        default_tiles(kernel, head_dim, dtype, 1 << 20, 1 << 20,
+                      _capability(device) if device.type == "cuda" else None)
+        for kernel in KERNELS))
+    B, h_kv, T = 2, 2, largest + 7
+    gen = torch.Generator(device=device).manual_seed(0)
+    q, k, v, grad_out = (torch.randn(B, heads, T, head_dim, generator=gen, device=device,
+                                     dtype=dtype)
+                         for heads in (h_kv * kv_group, h_kv, h_kv, h_kv * kv_group))
+    with torch.autocast(device.type, enabled=False), torch.no_grad():
+        out, lse = fused_attention_forward(q, k, v)
+        grads = fused_attention_backward(q, k, v, out, lse, grad_out)
+        step, _ = fused_attention_forward(q[:, :, -1:], k, v)  # one query over T keys
+    with torch.autocast(device.type, enabled=False), torch.enable_grad():
+        q64, k64, v64 = (t.double().requires_grad_() for t in (q, k, v))
+        k_rep, v_rep = (t.repeat_interleave(kv_group, dim=1) for t in (k64, v64))
+        visible = causal_pattern(T, T, device=device)
+        ref, _ = scaled_dot_product_attention(q64, k_rep, v_rep, visible)
+        ref_grads = torch.autograd.grad(ref, (q64, k64, v64), grad_out.double())
+        scores = (q64 @ k_rep.transpose(-1, -2)) / math.sqrt(head_dim)
+        ref_lse = torch.logsumexp(scores.masked_fill(~visible, -math.inf), dim=-1)
+
+    def error(actual: torch.Tensor, expected: torch.Tensor) -> float:
+        diff = (actual.double() - expected).abs().max().item()
+        return diff / max(expected.abs().max().item(), 1.0) if math.isfinite(diff) else math.inf
+
+    pairs = [(out, ref), (lse, ref_lse), *zip(grads, ref_grads), (step, ref[:, :, -1:])]
+    return max(error(a, e.detach()) for a, e in pairs)

