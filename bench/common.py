@@ -44,7 +44,7 @@ def make_parser(module: str, description: str) -> argparse.ArgumentParser:
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--quick", action="store_true",
                         help="a seconds-long smoke run (CI): fewer sizes and repetitions")
-    parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
+    parser.add_argument("--device", default="auto", help="auto | cpu | mps | cuda | cuda:N")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch intra-op CPU threads (default: PyTorch's choice)")
     parser.add_argument("--reps", type=int, default=None,

@@ -239,11 +239,17 @@ def prompt_ids(tokenizer, prompt: str, block_size: int) -> list[int]:
 
 
 def parse_device(name: str, key: str = "device") -> torch.device:
-    """The device a command runs on: auto (CUDA if there is one, else the CPU), cpu, cuda or
-    cuda:N, which must exist here."""
+    """The device a command runs on: auto (CUDA if there is one, else Apple's MPS, else the
+    CPU), cpu, mps, cuda or cuda:N, which must exist here."""
     _check_device_name(name, key)
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        return torch.device("mps" if torch.backends.mps.is_available() else "cpu")
+    if name == "mps" and not torch.backends.mps.is_available():
+        why = ("an Apple-silicon Mac" if torch.backends.mps.is_built()
+               else "a PyTorch built with MPS (this one is not)")
+        raise UserError(f"{key}=mps, but MPS is not available here: it needs {why}")
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise UserError(f"{key}={name}, but no CUDA device is available")
     device = torch.device(name)
@@ -253,8 +259,9 @@ def parse_device(name: str, key: str = "device") -> torch.device:
 
 
 def _check_device_name(name: str, key: str) -> None:
-    if not (name in ("auto", "cpu", "cuda") or (name.startswith("cuda:") and name[5:].isdigit())):
-        raise UserError(f"{key} must be auto, cpu, cuda or cuda:N, got {name!r}")
+    if not (name in ("auto", "cpu", "mps", "cuda")
+            or (name.startswith("cuda:") and name[5:].isdigit())):
+        raise UserError(f"{key} must be auto, cpu, mps, cuda or cuda:N, got {name!r}")
 
 
 # ----------------------------------------------------------------------------- will it fit?

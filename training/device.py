@@ -34,6 +34,8 @@ def pick_dtype(name: str, device: torch.device) -> torch.dtype:
         return torch.bfloat16
     if device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
+    if device.type == "mps":  # Apple GPUs: bf16 needs macOS 14 and is not known to pay; opt in
+        return torch.float32
     return torch.bfloat16 if cpu_has_native_bf16() else torch.float32
 
 
