@@ -10,6 +10,7 @@ evaluation's sample), so they stay well inside them.
 from __future__ import annotations
 
 import math
+import os
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -22,7 +23,7 @@ from data.tokenizer import unknown_characters
 from guard.cli import UserError
 from model.attention import fused_refusal
 from model.config import Activation, AttentionConfig, AttentionImpl, ModelConfig
-from training.config import COMPILE_MODES, DTYPE_CHOICES, Config, OptimConfig
+from training.config import COMPILE_MODES, DTYPE_CHOICES, Config, OptimConfig, OptimizerName
 
 MAX_SEED = 2**63 - 1
 MAX_COUNT = 2**62
@@ -193,6 +194,8 @@ def check_config(cfg: Config, device: Optional[torch.device] = None) -> None:
         if refusal:
             raise UserError(f"{refusal}; model.n_embd / model.n_head = {m.n_embd} / {m.n_head} "
                             f"(or use attention.impl=auto)")
+    if device is not None and device.type == "mps":
+        check_mps(cfg)
     tok = cfg.tokenizer
     if tok.kind is TokenizerKind.file and not tok.path:
         raise UserError("tokenizer.kind=file needs tokenizer.path (a tokenizer.json)")
@@ -262,6 +265,35 @@ def _check_device_name(name: str, key: str) -> None:
     if not (name in ("auto", "cpu", "mps", "cuda")
             or (name.startswith("cuda:") and name[5:].isdigit())):
         raise UserError(f"{key} must be auto, cpu, mps, cuda or cuda:N, got {name!r}")
+
+
+def check_mps(cfg: Config) -> None:
+    """What a run cannot do on Apple's MPS (the fused kernel's refusal is `fused_refusal`'s):
+    several processes, as torch.distributed has no MPS backend; CUDA graphs; bf16 before
+    macOS 14, where MPS has no bf16 (optim=muon orthogonalises in bf16). torch.compile in
+    its other modes is left to the user who asks for it (Inductor has an MPS backend)."""
+    t = cfg.train
+    world = os.environ.get("WORLD_SIZE", "1")
+    if world.strip() not in ("", "1"):
+        raise UserError(f"mps (train.device={t.device}) trains in one process only, as "
+                        f"torch.distributed has no MPS backend, but WORLD_SIZE={world}: run "
+                        f"python train.py without torchrun, or train.device=cpu for several "
+                        f"processes")
+    if t.compile and t.compile_mode in ("reduce-overhead", "max-autotune"):
+        raise UserError(f"train.compile_mode={t.compile_mode} records CUDA graphs, which mps "
+                        f"does not have: use train.compile_mode=default or "
+                        f"max-autotune-no-cudagraphs")
+    try:
+        has_bf16 = torch.backends.mps.is_macos_or_newer(14, 0)
+    except RuntimeError:  # no MPS in this torch (parse_device refuses mps there)
+        has_bf16 = True
+    if not has_bf16:
+        if t.dtype == "bfloat16":
+            raise UserError("train.dtype=bfloat16 on mps needs macOS 14 or newer: use "
+                            "train.dtype=float32")
+        if cfg.optim.name is OptimizerName.muon:
+            raise UserError("optim=muon orthogonalises in bf16, which mps supports from macOS 14 "
+                            "on: use optim=adamw, or train.device=cpu")
 
 
 # ----------------------------------------------------------------------------- will it fit?
