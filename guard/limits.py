@@ -376,12 +376,18 @@ def inference_bytes(sizes: Sizes) -> dict:
 
 
 def available_bytes(device: torch.device) -> Optional[int]:
-    """Memory this process may use on device: a GPU's total memory, or the host's available
-    memory and swap within any cgroup limit; None when unknown."""
+    """Memory this process may use on device: a GPU's total memory, Metal's recommended working
+    set on mps (a share of the memory it shares with the CPU), or the host's available memory
+    and swap within any cgroup limit; None when unknown."""
     if device.type == "cuda":
         try:
             return torch.cuda.get_device_properties(device.index or 0).total_memory
         except Exception:
+            return None
+    if device.type == "mps":
+        try:
+            return int(torch.mps.recommended_max_memory()) or None
+        except Exception:  # an older torch, or no Metal device
             return None
     if device.type != "cpu":
         return None
