@@ -111,9 +111,11 @@ def compose_config(overrides: Sequence[str] = ()) -> Config:
 
 
 def sync(device: torch.device) -> None:
-    """CUDA kernels run asynchronously: wait for them, or the clock stops too early."""
+    """GPU kernels run asynchronously: wait for them, or the clock stops too early."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
 
 
 def time_once(fn: Callable[[], object], device: torch.device) -> float:
@@ -203,6 +205,8 @@ def describe_machine(device: torch.device) -> str:
     """One line naming what the timings depend on."""
     if device.type == "cuda":
         where = f"cuda ({torch.cuda.get_device_name(device)})"
+    elif device.type == "mps":
+        where = f"mps ({getattr(torch.backends.mps, 'get_name', platform.machine)()})"
     else:
         where = f"cpu ({platform.processor() or platform.machine()})"
     parts = [f"device {where}", f"torch.get_num_threads()={torch.get_num_threads()}",
