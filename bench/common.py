@@ -44,7 +44,7 @@ def make_parser(module: str, description: str) -> argparse.ArgumentParser:
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--quick", action="store_true",
                         help="a seconds-long smoke run (CI): fewer sizes and repetitions")
-    parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
+    parser.add_argument("--device", default="auto", help="auto | cpu | mps | cuda | cuda:N")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch intra-op CPU threads (default: PyTorch's choice)")
     parser.add_argument("--reps", type=int, default=None,
@@ -111,9 +111,11 @@ def compose_config(overrides: Sequence[str] = ()) -> Config:
 
 
 def sync(device: torch.device) -> None:
-    """CUDA kernels run asynchronously: wait for them, or the clock stops too early."""
+    """GPU kernels run asynchronously: wait for them, or the clock stops too early."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
 
 
 def time_once(fn: Callable[[], object], device: torch.device) -> float:
@@ -203,6 +205,8 @@ def describe_machine(device: torch.device) -> str:
     """One line naming what the timings depend on."""
     if device.type == "cuda":
         where = f"cuda ({torch.cuda.get_device_name(device)})"
+    elif device.type == "mps":
+        where = f"mps ({getattr(torch.backends.mps, 'get_name', platform.machine)()})"
     else:
         where = f"cpu ({platform.processor() or platform.machine()})"
     parts = [f"device {where}", f"torch.get_num_threads()={torch.get_num_threads()}",

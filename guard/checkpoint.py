@@ -328,7 +328,7 @@ def _same_kind(value, reference, name: str) -> None:
 
 
 def check_rng(rng) -> None:
-    """The Python, NumPy, torch (and CUDA) generator states of training.state.rng_state."""
+    """The Python, NumPy, torch (and CUDA, MPS) generator states of training.state.rng_state."""
     rng = _dict(rng, "rng")
     for key in ("python", "torch", "numpy", "numpy_pos", "numpy_gauss"):
         if key not in rng:
@@ -361,3 +361,9 @@ def check_rng(rng) -> None:
         for i, s in enumerate(_list(rng["cuda"], "rng.cuda", 1024)):
             if not isinstance(s, torch.Tensor) or s.dtype != torch.uint8 or s.dim() != 1:
                 raise StateMismatch(f"rng.cuda[{i}] must be a byte tensor")
+    if "mps" in rng:  # restored only where there is MPS, which then says its size
+        s = rng["mps"]
+        if not isinstance(s, torch.Tensor) or s.dtype != torch.uint8 or s.dim() != 1:
+            raise StateMismatch("rng.mps must be a byte tensor")
+        if torch.backends.mps.is_available():
+            _tensor(s, "rng.mps", torch.mps.get_rng_state().shape, torch.uint8)

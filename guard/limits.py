@@ -10,6 +10,7 @@ evaluation's sample), so they stay well inside them.
 from __future__ import annotations
 
 import math
+import os
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -22,7 +23,7 @@ from data.tokenizer import unknown_characters
 from guard.cli import UserError
 from model.attention import fused_refusal
 from model.config import Activation, AttentionConfig, AttentionImpl, ModelConfig
-from training.config import COMPILE_MODES, DTYPE_CHOICES, Config, OptimConfig
+from training.config import COMPILE_MODES, DTYPE_CHOICES, Config, OptimConfig, OptimizerName
 
 MAX_SEED = 2**63 - 1
 MAX_COUNT = 2**62
@@ -193,6 +194,8 @@ def check_config(cfg: Config, device: Optional[torch.device] = None) -> None:
         if refusal:
             raise UserError(f"{refusal}; model.n_embd / model.n_head = {m.n_embd} / {m.n_head} "
                             f"(or use attention.impl=auto)")
+    if device is not None and device.type == "mps":
+        check_mps(cfg)
     tok = cfg.tokenizer
     if tok.kind is TokenizerKind.file and not tok.path:
         raise UserError("tokenizer.kind=file needs tokenizer.path (a tokenizer.json)")
@@ -239,11 +242,17 @@ def prompt_ids(tokenizer, prompt: str, block_size: int) -> list[int]:
 
 
 def parse_device(name: str, key: str = "device") -> torch.device:
-    """The device a command runs on: auto (CUDA if there is one, else the CPU), cpu, cuda or
-    cuda:N, which must exist here."""
+    """The device a command runs on: auto (CUDA if there is one, else Apple's MPS, else the
+    CPU), cpu, mps, cuda or cuda:N, which must exist here."""
     _check_device_name(name, key)
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        return torch.device("mps" if torch.backends.mps.is_available() else "cpu")
+    if name == "mps" and not torch.backends.mps.is_available():
+        why = ("an Apple-silicon Mac" if torch.backends.mps.is_built()
+               else "a PyTorch built with MPS (this one is not)")
+        raise UserError(f"{key}=mps, but MPS is not available here: it needs {why}")
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise UserError(f"{key}={name}, but no CUDA device is available")
     device = torch.device(name)
@@ -253,8 +262,38 @@ def parse_device(name: str, key: str = "device") -> torch.device:
 
 
 def _check_device_name(name: str, key: str) -> None:
-    if not (name in ("auto", "cpu", "cuda") or (name.startswith("cuda:") and name[5:].isdigit())):
-        raise UserError(f"{key} must be auto, cpu, cuda or cuda:N, got {name!r}")
+    if not (name in ("auto", "cpu", "mps", "cuda")
+            or (name.startswith("cuda:") and name[5:].isdigit())):
+        raise UserError(f"{key} must be auto, cpu, mps, cuda or cuda:N, got {name!r}")
+
+
+def check_mps(cfg: Config) -> None:
+    """What a run cannot do on Apple's MPS (the fused kernel's refusal is `fused_refusal`'s):
+    several processes, as torch.distributed has no MPS backend; CUDA graphs; bf16 before
+    macOS 14, where MPS has no bf16 (optim=muon orthogonalises in bf16). torch.compile in
+    its other modes is left to the user who asks for it (Inductor has an MPS backend)."""
+    t = cfg.train
+    world = os.environ.get("WORLD_SIZE", "1")
+    if world.strip() not in ("", "1"):
+        raise UserError(f"mps (train.device={t.device}) trains in one process only, as "
+                        f"torch.distributed has no MPS backend, but WORLD_SIZE={world}: run "
+                        f"python train.py without torchrun, or train.device=cpu for several "
+                        f"processes")
+    if t.compile and t.compile_mode in ("reduce-overhead", "max-autotune"):
+        raise UserError(f"train.compile_mode={t.compile_mode} records CUDA graphs, which mps "
+                        f"does not have: use train.compile_mode=default or "
+                        f"max-autotune-no-cudagraphs")
+    try:
+        has_bf16 = torch.backends.mps.is_macos_or_newer(14, 0)
+    except RuntimeError:  # no MPS in this torch (parse_device refuses mps there)
+        has_bf16 = True
+    if not has_bf16:
+        if t.dtype == "bfloat16":
+            raise UserError("train.dtype=bfloat16 on mps needs macOS 14 or newer: use "
+                            "train.dtype=float32")
+        if cfg.optim.name is OptimizerName.muon:
+            raise UserError("optim=muon orthogonalises in bf16, which mps supports from macOS 14 "
+                            "on: use optim=adamw, or train.device=cpu")
 
 
 # ----------------------------------------------------------------------------- will it fit?
@@ -337,12 +376,18 @@ def inference_bytes(sizes: Sizes) -> dict:
 
 
 def available_bytes(device: torch.device) -> Optional[int]:
-    """Memory this process may use on device: a GPU's total memory, or the host's available
-    memory and swap within any cgroup limit; None when unknown."""
+    """Memory this process may use on device: a GPU's total memory, Metal's recommended working
+    set on mps (a share of the memory it shares with the CPU), or the host's available memory
+    and swap within any cgroup limit; None when unknown."""
     if device.type == "cuda":
         try:
             return torch.cuda.get_device_properties(device.index or 0).total_memory
         except Exception:
+            return None
+    if device.type == "mps":
+        try:
+            return int(torch.mps.recommended_max_memory()) or None
+        except Exception:  # an older torch, or no Metal device
             return None
     if device.type != "cpu":
         return None

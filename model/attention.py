@@ -283,6 +283,8 @@ def fused_refusal(attn: AttentionConfig, head_dim: Optional[int] = None, dropout
         return f"attention.impl=fused supports head sizes {HEAD_DIMS}, not {head_dim}"
     if dtype is not None and dtype not in DTYPES:
         return f"attention.impl=fused takes {[str(d) for d in DTYPES]}, not {dtype}"
+    if device is not None and torch.device(device).type == "mps":  # even under the interpreter
+        return "attention.impl=fused needs Triton and a CUDA device, not mps (no Metal target)"
     if device is not None and not fused_available(device):
         return (f"attention.impl=fused needs Triton and a CUDA device (or TRITON_INTERPRET=1), "
                 f"not {torch.device(device).type}")

@@ -45,6 +45,7 @@ pytestmark = pytest.mark.slow
 TIMEOUT_S = 20  # a case takes about a second; one that needs this long is hanging
 ROOT_USER = os.geteuid() == 0  # permissions do not bind root
 NO_CUDA = not torch.cuda.is_available()
+NO_MPS = not torch.backends.mps.is_available()
 
 
 # ----------------------------------------------------------------------------- the harness
@@ -570,6 +571,7 @@ VALUES = [
     Case("overfit_patience_negative", V, lambda c: ["train.overfit_patience=-1"], "overfit_patience"),
     Case("sample_tokens_negative", V, lambda c: ["train.sample_tokens=-1"], "sample_tokens"),
     *([Case("cuda_without_a_gpu", V, lambda c: ["train.device=cuda"], "cuda")] if NO_CUDA else []),
+    *([Case("mps_without_mps", V, lambda c: ["train.device=mps"], "mps")] if NO_MPS else []),
 ]
 
 COMMAND_LINE = [
@@ -915,6 +917,8 @@ SAMPLING_VALUES = [
     Case("device_cuda_text_index", G, lambda c: [f"run={c.ref}", "device=cuda:x"], "device"),
     *([Case("cuda_without_a_gpu", G, lambda c: [f"run={c.ref}", "device=cuda"], "cuda")]
       if NO_CUDA else []),
+    *([Case("mps_without_mps", G, lambda c: [f"run={c.ref}", "device=mps"], "mps")]
+      if NO_MPS else []),
     Case("weights_other", G, lambda c: [f"run={c.ref}", "weights=newest"], "weights"),
     Case("unknown_key", G, lambda c: [f"run={c.ref}", "temprature=0.5"], "temprature"),
     Case("wrong_type", G, lambda c: [f"run={c.ref}", "top_k=many"], "top_k"),

@@ -8,6 +8,9 @@ tensor of one or more dimensions raises, exactly as a CUDA op mixing CUDA and CP
 Values read back to the host (`.item()`, `.tolist()`) are answered with a constant by
 `PretendValues`, so whole code paths, training loop included, run on meta in a second or two.
 
+`NoFloat64` makes meta stand in for Apple's MPS as well, which has no float64: an op that makes
+a float64 tensor on the device raises there.
+
 The CUDA tests (tests/test_cuda.py) run the same flows for real where a GPU exists.
 """
 from __future__ import annotations
@@ -20,6 +23,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import train as train_script
+import training.device
 from model.config import AttentionConfig, MaskMode, ModelConfig, Scale
 from model.gpt import GPT
 from guard.preflight import compose
@@ -45,6 +49,23 @@ class PretendValues(TorchDispatchMode):
             if func is torch.ops.aten._to_copy.default and str(kwargs.get("device")) == "cpu":
                 return torch.full(src.shape, fill, dtype=kwargs.get("dtype") or src.dtype)
         return func(*args, **kwargs)
+
+
+class NoFloat64(PretendValues):
+    """PretendValues on a device without float64, as MPS: a float64 tensor made on meta raises."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = super().__torch_dispatch__(func, types, args, kwargs)
+        for t in torch.utils._pytree.tree_leaves(out):
+            if isinstance(t, torch.Tensor) and t.device.type == "meta" and t.dtype == torch.float64:
+                raise RuntimeError(f"{func} made a float64 tensor on a device without float64")
+        return out
+
+
+def as_mps(monkeypatch) -> NoFloat64:
+    """Meta as a device without float64: the code's choices for mps taken for meta too."""
+    monkeypatch.setattr(training.device, "NO_FLOAT64", ("mps", "meta"))
+    return NoFloat64()
 
 
 def test_the_stand_in_catches_a_cpu_tensor_mixed_into_device_work():
@@ -92,11 +113,25 @@ def test_training_step_and_diagnostics_stay_on_the_device(name):
             assert set(layer) == {"max_weight", "entropy", "future_weight"}
 
 
-def test_evaluation_moves_cpu_batches_to_the_model():
+def test_the_mps_stand_in_catches_float64_on_the_device():
+    with NoFloat64():
+        torch.zeros(3, device=META, dtype=torch.float32).sum().item()
+        with pytest.raises(RuntimeError, match="float64"):
+            torch.zeros(3, device=META).double()
+    with pytest.raises(RuntimeError, match="float64"):  # evaluation, not told it is on "mps"
+        evaluate_on_meta(NoFloat64())
+
+
+@pytest.mark.parametrize("like", ["cuda", "mps"])
+def test_evaluation_moves_cpu_batches_to_the_model(like, monkeypatch):
+    evaluate_on_meta(as_mps(monkeypatch) if like == "mps" else PretendValues())
+
+
+def evaluate_on_meta(mode: PretendValues) -> None:
     model = meta_model()
     tokens = np.arange(100, dtype=np.uint16) % VOCAB
     batches = [(torch.zeros(2, 16, dtype=torch.long), torch.zeros(2, 16, dtype=torch.long))]
-    with PretendValues():
+    with mode:
         # (the pretended sums over real token counts: the values mean nothing, the placement does)
         assert isinstance(mean_loss(model, batches, contextlib.nullcontext()), float)
         assert isinstance(full_split_loss(model, tokens, 16, 4, contextlib.nullcontext()), float)
@@ -115,10 +150,12 @@ def test_generation_stays_on_the_device(use_cache, static_cache):
     assert len(tokens) == 33 and all(t.device == META for t in tokens)
 
 
-def test_the_whole_training_loop_stays_on_the_device(tmp_path, monkeypatch):
+@pytest.mark.parametrize("like", ["cuda", "mps"])
+def test_the_whole_training_loop_stays_on_the_device(tmp_path, monkeypatch, like):
     """train.train() end to end, with the model and the batches on the stand-in device:
     training steps, logging, evaluations with a leaky variant's causal pass, samples, the
-    whole-split score. Only the checkpoint writes (which copy data to the host) are left out."""
+    whole-split score. Only the checkpoint writes (which copy data to the host) are left out.
+    Like mps: with no float64 on the device."""
     train_txt, val_txt = tmp_path / "train.txt", tmp_path / "val.txt"
     train_txt.write_text("To be, or not to be, that is the question.\n" * 40)
     val_txt.write_text("Whether 'tis nobler in the mind to suffer.\n" * 10)
@@ -130,6 +167,6 @@ def test_the_whole_training_loop_stays_on_the_device(tmp_path, monkeypatch):
     monkeypatch.setattr(train_script, "save_checkpoint", lambda *args, **kwargs: None)
     monkeypatch.setattr(train_script, "save_best", lambda *args, **kwargs: None)
     monkeypatch.setattr(train_script, "seeded_generator", lambda seed, device: None)
-    with PretendValues():
+    with as_mps(monkeypatch) if like == "mps" else PretendValues():
         metrics = train_script.train(cfg, tmp_path / "run", False, World(device=META))
     assert metrics["steps"] == 4 and "val_loss_full" in metrics and "causal_val_loss" in metrics

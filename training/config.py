@@ -73,7 +73,7 @@ class TrainConfig:
     attention_maps: bool = True
     attention_map_tokens: int = 48
     keep_checkpoints: int = 2       # most recent checkpoints kept (the best one is kept too)
-    device: str = "auto"            # auto | cpu | cuda | cuda:N
+    device: str = "auto"            # auto (cuda, else mps, else cpu) | cpu | mps | cuda | cuda:N
     dtype: str = "auto"             # auto | float32 | bfloat16 (autocast)
     # torch.compile the model; null = auto: on for CUDA, off for CPU, where it does not pay for its
     # compilation time (README, Benchmarks).

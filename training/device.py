@@ -27,6 +27,15 @@ def cpu_has_native_bf16() -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
+# Devices without float64 (Apple's MPS): a float64 running total of their values lives on the CPU.
+NO_FLOAT64 = ("mps",)
+
+
+def float64_home(device: torch.device) -> torch.device:
+    """Where a float64 total of values computed on `device` is kept: there, when it can be."""
+    return torch.device("cpu") if device.type in NO_FLOAT64 else device
+
+
 def pick_dtype(name: str, device: torch.device) -> torch.dtype:
     if name == "float32":
         return torch.float32
@@ -34,6 +43,8 @@ def pick_dtype(name: str, device: torch.device) -> torch.dtype:
         return torch.bfloat16
     if device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
+    if device.type == "mps":  # Apple GPUs: bf16 needs macOS 14 and is not known to pay; opt in
+        return torch.float32
     return torch.bfloat16 if cpu_has_native_bf16() else torch.float32
 
 

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 
 from data.batches import sequential_windows
 from training.attention_maps import future_weight
+from training.device import float64_home
 from training.runtime import World, all_sum
 
 
@@ -21,11 +22,12 @@ def mean_loss(model, batches: list, amp, world: World = World()) -> float:
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
-    total, count = torch.zeros((), device=device, dtype=torch.float64), 0
+    home = float64_home(device)  # the device (one sync at the end), or the CPU on mps
+    total, count = torch.zeros((), device=home, dtype=torch.float64), 0
     for x, y in batches[world.rank::world.size]:
         with amp:
             _, loss = model(x.to(device), y.to(device))
-        total += loss.double() * y.numel()
+        total += loss.to(home).double() * y.numel()
         count += y.numel()
     model.train(was_training)
     total, count = all_sum([total.item(), float(count)], world)  # one host sync
@@ -39,7 +41,8 @@ def full_split_loss(model, tokens: np.ndarray, block_size: int, batch_size: int,
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
-    total, count = torch.zeros((), device=device, dtype=torch.float64), 0
+    home = float64_home(device)
+    total, count = torch.zeros((), device=home, dtype=torch.float64), 0
     for i, (x, y) in enumerate(sequential_windows(tokens, block_size, batch_size)):
         if i % world.size != world.rank:
             continue
@@ -47,7 +50,7 @@ def full_split_loss(model, tokens: np.ndarray, block_size: int, batch_size: int,
             logits, _ = model(x.to(device))
         nll = F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.to(device).reshape(-1),
                               reduction="sum")
-        total += nll.double()
+        total += nll.to(home).double()
         count += y.numel()
     model.train(was_training)
     total, count = all_sum([total.item(), float(count)], world)  # one host sync

@@ -62,11 +62,12 @@ def make_optimizer(model: torch.nn.Module, cfg: OptimConfig) -> Optimizers:
     rest = [p for _, p in named if id(p) not in chosen]
     groups = [{"params": [p for p in rest if p.dim() >= 2], "weight_decay": cfg.weight_decay},
               {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0}]
-    # On CUDA, the fused kernel updates every parameter in a few launches instead of several
-    # per tensor; elsewhere PyTorch's default (foreach) implementation.
-    on_cuda = named[0][1].is_cuda
+    # On CUDA and MPS, the fused kernel updates every parameter in a few launches instead of
+    # several per tensor (MPS has no foreach kernels, so its default is one tensor at a time);
+    # elsewhere PyTorch's default (foreach) implementation.
+    fused = named[0][1].device.type in ("cuda", "mps")
     adamw = torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
-                              fused=True if on_cuda else None)
+                              fused=True if fused else None)
     if not hidden:
         return Optimizers(adamw)
     hidden_group = {"params": hidden, "lr_scale": cfg.muon_lr_scale}

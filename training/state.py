@@ -1,5 +1,6 @@
 """What a checkpoint holds besides weights and optimizer: the loop's counters (`Progress`) and
-every random-number generator's state, so that a resumed run continues bit-exactly."""
+every random-number generator's state (CPU, and CUDA or MPS where there is one), so that a resumed
+run continues bit-exactly."""
 from __future__ import annotations
 
 import math
@@ -49,6 +50,8 @@ def rng_state() -> dict:
              "numpy_gauss": [int(has_gauss), float(cached_gaussian)]}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
+    if torch.backends.mps.is_available():  # dropout on mps draws from its own generator
+        state["mps"] = torch.mps.get_rng_state()
     return state
 
 
@@ -61,3 +64,5 @@ def set_rng_state(state: dict) -> None:
                          int(state["numpy_pos"]), int(has_gauss), float(cached_gaussian)))
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+    if "mps" in state and torch.backends.mps.is_available():
+        torch.mps.set_rng_state(state["mps"])
