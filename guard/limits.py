@@ -23,7 +23,7 @@ from data.tokenizer import unknown_characters
 from guard.cli import UserError
 from model.attention import fused_refusal
 from model.config import Activation, AttentionConfig, AttentionImpl, ModelConfig
-from training.config import COMPILE_MODES, DTYPE_CHOICES, Config, OptimConfig, OptimizerName
+from training.config import COMPILE_MODES, DTYPE_CHOICES, Config, OptimConfig
 
 MAX_SEED = 2**63 - 1
 MAX_COUNT = 2**62
@@ -270,7 +270,8 @@ def _check_device_name(name: str, key: str) -> None:
 def check_mps(cfg: Config) -> None:
     """What a run cannot do on Apple's MPS (the fused kernel's refusal is `fused_refusal`'s):
     several processes, as torch.distributed has no MPS backend; CUDA graphs; bf16 before
-    macOS 14, where MPS has no bf16 (optim=muon orthogonalises in bf16). torch.compile in
+    macOS 14, where MPS has no bf16 (our Muon orthogonalises in float32, so it is not affected).
+    torch.compile in
     its other modes is left to the user who asks for it (Inductor has an MPS backend)."""
     t = cfg.train
     world = os.environ.get("WORLD_SIZE", "1")
@@ -287,13 +288,9 @@ def check_mps(cfg: Config) -> None:
         has_bf16 = torch.backends.mps.is_macos_or_newer(14, 0)
     except RuntimeError:  # no MPS in this torch (parse_device refuses mps there)
         has_bf16 = True
-    if not has_bf16:
-        if t.dtype == "bfloat16":
-            raise UserError("train.dtype=bfloat16 on mps needs macOS 14 or newer: use "
-                            "train.dtype=float32")
-        if cfg.optim.name is OptimizerName.muon:
-            raise UserError("optim=muon orthogonalises in bf16, which mps supports from macOS 14 "
-                            "on: use optim=adamw, or train.device=cpu")
+    if not has_bf16 and t.dtype == "bfloat16":
+        raise UserError("train.dtype=bfloat16 on mps needs macOS 14 or newer: use "
+                        "train.dtype=float32")
 
 
 # ----------------------------------------------------------------------------- will it fit?
