@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from helpers import REPO_ROOT, SCRIPT_ENV
-from training.config import compose
+from guard.preflight import compose
 
 SCRIPT = REPO_ROOT / "scripts" / "gpu_checks.sh"
 
