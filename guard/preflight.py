@@ -144,11 +144,10 @@ def merge_saved(run_dir: Path, cfg: DictConfig, task_overrides: list[str]) -> Di
         if key == "resume" or key.startswith("hydra.") or ("." not in key and key not in cfg):
             continue
         value = OmegaConf.select(cfg, key)
-        if isinstance(value, DictConfig):
+        group = isinstance(value, DictConfig)  # a whole group: every key of it, merged in
+        if isinstance(value, (DictConfig, ListConfig)):
             value = OmegaConf.to_container(value, resolve=True, enum_to_str=True)
-        elif isinstance(value, ListConfig):
-            value = OmegaConf.to_container(value, resolve=True)
-        OmegaConf.update(merged, key, literal(value), merge=False)
+        OmegaConf.update(merged, key, literal(value), merge=group)
     merged.resume = str(run_dir)
     return merged
 
