@@ -37,7 +37,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 
 from data.batches import RandomWindows, fixed_windows
 from data.prepare import PreparedCorpus, prepare_corpus
-from guard.cli import UserError, mistakes_exit, run_cli
+from guard.cli import UserError, exit_with, mistakes_exit, run_cli
 from guard.corpus import check_split_lengths
 from guard.limits import parse_device
 from guard.preflight import preflight, release_run, resolve_run, undo_failed_run
@@ -519,7 +519,7 @@ def cli() -> None:
     code = run_cli(_start, undo=undo_failed_run, trace=trace,
                    interrupted="interrupted; the last complete checkpoint, if any, is kept")
     release_locks()
-    sys.exit(code)
+    exit_with(code)
 
 
 def _start() -> None:
