@@ -315,8 +315,12 @@ def _options(argv: list[str]) -> tuple[set, list[str]]:
         raise UserError(f"{unsupported[0]} is not supported: train.py composes conf/config.yaml "
                         f"(choose configs with overrides such as +experiment=..., or add a config "
                         f"directory with hydra.searchpath=[file:///path/to/conf])")
-    if args.run and args.multirun:
-        raise UserError("--run and --multirun exclude each other")
+    modes = [name for name, given in (("--run", args.run), ("--multirun", args.multirun),
+                                      ("--cfg", args.cfg), ("--info", args.info),
+                                      ("--shell-completion", args.shell_completion)) if given]
+    if len(modes) > 1:
+        raise UserError(f"{' and '.join(modes)} exclude each other: give one of --run, "
+                        f"--multirun, --cfg, --info and --shell-completion")
     if (args.resolve or args.package) and not args.cfg:
         raise UserError("--resolve and --package only go with --cfg (job, hydra or all)")
     return flags, list(args.overrides)

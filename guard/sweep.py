@@ -26,6 +26,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import sys
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -183,6 +184,9 @@ def plan_sweep(argv: list[str], settle: Callable, check_dir: Callable, create_di
             arms = BasicSweeper.split_arguments(parsed, None)[0]
             HydraConfig.instance().set_config(master)
             sweep_dir = _resolve(master, "hydra.sweep.dir")
+            if len(arms) > 4:
+                print(f"checking the {len(arms)} arms of this sweep before the first one "
+                      f"starts ...", file=sys.stderr)
             jobs = []
             for idx, arm in enumerate(arms):
                 job = loader.load_sweep_config(master, list(arm))

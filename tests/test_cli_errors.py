@@ -1090,6 +1090,7 @@ SWEEPS = [
     Case("unknown_option", V, lambda c: ["--bogus"], "unrecognized"),
     Case("config_name_option", V, lambda c: ["-cn", "other"], "not supported"),
     Case("resolve_without_cfg", V, lambda c: ["--resolve"], "--cfg"),
+    Case("multirun_and_cfg", V, lambda c: ["-m", "--cfg", "job", "seed=1,2"], "exclude each other"),
 ]
 
 IN_USE = [
