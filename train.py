@@ -22,7 +22,7 @@ import os
 import signal
 import sys
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
@@ -30,19 +30,20 @@ import hydra
 import numpy as np
 import torch
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from data.batches import RandomWindows, fixed_windows
-from data.config import TokenizerConfig, TokenizerKind
 from data.prepare import PreparedCorpus, prepare_corpus
-from guard.cli import UserError, mistakes_exit, run_cli
+from guard.cli import UserError, exit_with, mistakes_exit, run_cli
 from guard.corpus import check_split_lengths
 from guard.limits import parse_device
-from guard.preflight import preflight, resolve_run, undo_failed_run
-from guard.run_dir import read_gpt2_folder
+from guard.preflight import preflight, release_run, resolve_run, undo_failed_run
+from guard.files import dump_run_config
+from guard.run_dir import load_folder_weights
+from guard.run_lock import release_locks, remember_command
 from model.attention import causal_variant
 from model.gpt import GPT
 from model.sampling import seeded_generator
@@ -56,7 +57,7 @@ from training.evaluate import (attention_diagnostics, bits_per_char, full_split_
 from training.optim import Optimizers, lr_at, make_optimizer
 from training.runtime import (StopFlag, World, all_mean, all_sum, barrier, broadcast_from_main,
                               init_world, launch_rank, shutdown)
-from training.state import Progress, rng_state, seed_everything
+from training.state import Progress, rng_state, seed_everything, set_rng_state
 from training.tb import HPARAM_METRICS, open_writer, write_hparams
 
 register_configs()
@@ -112,10 +113,14 @@ def train(cfg: Config, run_dir: Path, resuming: bool, world: World) -> dict:
     started = time.perf_counter() - p.elapsed
     bar = tqdm(total=t.max_steps, initial=p.step, dynamic_ncols=True, unit="step", file=sys.stderr,
                disable=True if not (t.progress and world.is_main) else None)
+    stop_asked = False
     with StopFlag() as stop, logging_redirect_tqdm():
         while p.step < t.max_steps:
             tick = time.perf_counter()
-            result = optimizer_step(run)
+            result = optimizer_step(run, stop)
+            if result is None:  # a signal between micro-batches: the step was taken back
+                stop_asked = True
+                break
             meter.add(run.tokens_per_step, time.perf_counter() - tick)
             if p.step % t.log_interval == 0 and p.loss_window:
                 tokens_per_sec = meter.window_rate()
@@ -160,9 +165,6 @@ def train(cfg: Config, run_dir: Path, resuming: bool, world: World) -> dict:
 def build_run(cfg: Config, run_dir: Path, resuming: bool, world: World) -> Optional[Run]:
     """Data, model, optimizer, sampler and logging for a new run, or all of them restored from
     the run's latest checkpoint. None when a resumed run has already finished."""
-    pretrained = None
-    if cfg.init_from and not resuming:  # (a resumed run has its own weights and saved config)
-        cfg, pretrained = start_from(cfg)
     t, m = cfg.train, cfg.model
     if t.threads:
         torch.set_num_threads(t.threads)
@@ -181,12 +183,11 @@ def build_run(cfg: Config, run_dir: Path, resuming: bool, world: World) -> Optio
         run_dir.mkdir(parents=True, exist_ok=True)
         if not resuming:
             atomic_write(run_dir / "tokenizer.json", corpus.tokenizer.to_str().encode())
-            atomic_write(run_dir / "config.yaml",
-                         OmegaConf.to_yaml(OmegaConf.structured(cfg)).encode())
+            atomic_write(run_dir / "config.yaml", dump_run_config(cfg).encode())
 
     model = GPT(m, corpus.vocab_size, cfg.attention)
-    if pretrained is not None:
-        model.load_state_dict(pretrained, strict=False)  # all but the tied head, stored once
+    if cfg.init_from and not resuming:  # preflight gave cfg the folder's shape and tokenizer
+        load_folder_weights(model, Path(cfg.init_from))
     model = model.to(device)
     optimizer = make_optimizer(model, cfg.optim)
     sampler = RandomWindows(corpus.train, m.block_size, t.batch_size, cfg.seed, device)
@@ -213,8 +214,11 @@ def build_run(cfg: Config, run_dir: Path, resuming: bool, world: World) -> Optio
     # purges from 0: the curves of an attempt killed before its first checkpoint do not show.
     writer = open_writer(run_dir, purge_step=progress.step + 1 if resuming else 0,
                          enabled=world.is_main)
+    for warning in corpus.warnings if world.is_main else ():  # e.g. data.allow_overlap=true
+        log.warning(warning)
+        writer.add_text("warnings", warning, progress.step)
     if not resuming:
-        writer.add_text("config", "```\n" + OmegaConf.to_yaml(OmegaConf.structured(cfg)) + "\n```", 0)
+        writer.add_text("config", "```\n" + dump_run_config(cfg) + "\n```", 0)
     run = Run(cfg, run_dir, world, corpus, model, step_model, optimizer, sampler, eval_batches,
               autocast(device, dtype), writer, progress, ddp=ddp,
               saved_at=progress.step if resuming else None)
@@ -226,31 +230,29 @@ def build_run(cfg: Config, run_dir: Path, resuming: bool, world: World) -> Optio
     return run
 
 
-def start_from(cfg: Config) -> tuple[Config, dict]:
-    """init_from=<GPT-2 folder>: the folder's weights, with its model shape and tokenizer in
-    place of the config's (dropout and the attention variant stay the run's)."""
-    folder = Path(cfg.init_from)
-    shape, weights, _ = read_gpt2_folder(folder)
-    model = replace(shape, dropout=cfg.model.dropout, attn_dropout=cfg.model.attn_dropout)
-    tokenizer = TokenizerConfig(kind=TokenizerKind.file,
-                                path=str((folder / "tokenizer.json").resolve()))
-    return replace(cfg, model=model, tokenizer=tokenizer), weights
-
-
-def optimizer_step(run: Run) -> StepResult:
+def optimizer_step(run: Run, stop: Optional[StopFlag] = None) -> Optional[StepResult]:
     """One optimizer step: forward and backward over this process's micro-batches, clip, and
     update unless the loss or the gradient is not finite.
 
     The host waits for the device once per step, to read the loss and the gradient norm
-    together; everything else stays queued on the device.
+    together; everything else stays queued on the device. With several micro-batches, a stop
+    request (`stop`) is honoured between them: the step is taken back (gradients, the batch
+    sampler and the random generators as they were before it) and None returned, so that the
+    checkpoint saved next is the one an uninterrupted run had at this step.
     """
     cfg, p, world = run.cfg, run.progress, run.world
     t = cfg.train
     lr = lr_at(p.step, cfg.optim, t.max_steps)
     run.optimizer.set_lr(lr)
+    before = (run.sampler.state_dict(), rng_state()) if stop and t.grad_accum > 1 else None
     micro_batches = run.sampler.next_step(t.grad_accum, world.rank, world.size)
     loss_sum = torch.zeros((), device=world.device)
     for i, (x, y) in enumerate(micro_batches):
+        if i and before and all_sum([float(stop.signal is not None)], world)[0] > 0:
+            run.optimizer.zero_grad(set_to_none=True)
+            run.sampler.load_state_dict(before[0])
+            set_rng_state(before[1])
+            return None
         last = i == len(micro_batches) - 1
         # under DDP, gradients are averaged across processes on the last micro-batch only
         sync = contextlib.nullcontext() if last or run.ddp is None else run.ddp.no_sync()
@@ -487,17 +489,19 @@ def report(metrics: dict, run_dir: Path) -> None:
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
 def main(cfg: DictConfig) -> float:
-    world = None
+    world = run = None
     # A mistake ends the process here: in a sweep, at the first job that fails.
     with mistakes_exit():
         try:
-            run = resolve_run(cfg)  # preflight's, or (a sweep's job, a rank > 0) settled now
+            run = resolve_run(cfg)  # preflight's (a run, a sweep's arm), or a rank > 0's
             world = init_world(parse_device(run.cfg.train.device, "train.device"))
             run_dir = Path(broadcast_from_main(str(run.run_dir), world))  # rank 0's for all
             metrics = train(run.cfg, run_dir, run.resuming, world)
         finally:
             if world is not None:
                 shutdown(world)
+            if run is not None:
+                release_run(run)
     if world.is_main and metrics:
         report(metrics, run_dir)
         if HydraConfig.get().mode.name == "RUN":
@@ -511,8 +515,11 @@ def cli() -> None:
     line, Hydra's own too (HYDRA_FULL_ERROR=1 set by the user still shows its traceback), and a
     new run that fails before it trained leaves nothing behind."""
     trace = os.environ.get("HYDRA_FULL_ERROR") == "1"
-    sys.exit(run_cli(_start, undo=undo_failed_run, trace=trace,
-                     interrupted="interrupted; the last complete checkpoint, if any, is kept"))
+    remember_command(sys.argv)  # the lock's holder, as the user typed it
+    code = run_cli(_start, undo=undo_failed_run, trace=trace,
+                   interrupted="interrupted; the last complete checkpoint, if any, is kept")
+    release_locks()
+    exit_with(code)
 
 
 def _start() -> None:

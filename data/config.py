@@ -41,6 +41,10 @@ class DataConfig:
     # --- text_files (files or directories; directories contribute their *.txt files)
     train_files: List[str] = field(default_factory=list)
     val_files: List[str] = field(default_factory=list)
+    # Validation text that is also training text (the same file by any path, a file inside the
+    # training folder, the same content; a hub dataset's split used for both) is refused; true
+    # trains anyway, with a warning on the console, in train.log and in TensorBoard.
+    allow_overlap: bool = False
 
     # --- hub
     hub_name: Optional[str] = None

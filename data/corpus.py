@@ -8,12 +8,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 from pathlib import Path
+from typing import Optional
 
 from data.config import DataConfig, Source
 from data.shakespeare import shakespeare_works, split_works
 from guard.cli import CorpusError
-from guard.corpus import text_files
+from guard.corpus import overlap_refusal, overlap_warning, split_overlap, text_files
 
 
 def local_splits(cfg: DataConfig) -> dict[str, list[Path]]:
@@ -50,9 +52,40 @@ def corpus_key(cfg: DataConfig) -> str:
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
 
 
+_hashes: dict[tuple, str] = {}  # (path, device, inode, size, mtime) -> sha256: read once a run
+
+
 def content_hash(path: Path) -> str:
     with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
+        st = os.fstat(f.fileno())
+        key = (os.path.realpath(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        if key not in _hashes:
+            _hashes[key] = hashlib.file_digest(f, "sha256").hexdigest()
+        return _hashes[key]
+
+
+_warned: set = set()
+
+
+def check_split_overlap(cfg: DataConfig) -> Optional[str]:
+    """The validation text must not overlap the training text (guard.corpus.split_overlap; a hub
+    dataset's splits by name). With data.allow_overlap=true, a warning to give instead (printed
+    here once), else a CorpusError."""
+    if cfg.source is Source.hub:
+        problem = (f"data.val_split={cfg.val_split!r} is data.train_split"
+                   if cfg.val_split == cfg.train_split else None)
+    else:
+        files = local_splits(cfg)
+        problem = split_overlap(files["train"], files["validation"], content_hash)
+    if problem is None:
+        return None
+    if not cfg.allow_overlap:
+        raise overlap_refusal(problem)
+    warning = overlap_warning(problem)
+    if warning not in _warned:
+        _warned.add(warning)
+        print(warning, file=sys.stderr)
+    return warning
 
 
 def load_documents(cfg: DataConfig) -> dict:

@@ -19,7 +19,7 @@ import os
 import shutil
 import sys
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterator
 from pathlib import Path
 
@@ -28,10 +28,11 @@ from tokenizers import Tokenizer
 
 from data.cache_lock import cache_lock
 from data.config import DataConfig, TokenizerConfig
-from data.corpus import corpus_key, load_documents
+from data.corpus import check_split_overlap, corpus_key, load_documents
 from data.tokenizer import build_tokenizer, encode, token_dtype
 from guard.cli import CorpusError, UserError, first_line
-from guard.corpus import read_cache_entry
+from guard.corpus import MAX_TOKENIZER_BYTES, read_cache_entry
+from guard.files import read_bytes
 
 SPLITS = ("train", "validation")
 # Below this many documents a split is tokenized in this process (starting workers costs more).
@@ -46,6 +47,7 @@ class PreparedCorpus:
     validation: np.ndarray
     tokenizer: Tokenizer
     n_chars: dict  # characters per split, to turn nats/token into bits/character
+    warnings: list = field(default_factory=list)  # what the run should say about its data
 
     @property
     def vocab_size(self) -> int:
@@ -57,10 +59,10 @@ def tokenizer_key(cfg: TokenizerConfig) -> str:
     if cfg.kind.value == "bpe":
         ident.update(vocab_size=cfg.vocab_size, min_frequency=cfg.min_frequency)
     if cfg.kind.value == "file":  # the file's content: an edited tokenizer re-tokenizes
-        try:
-            ident.update(content=hashlib.sha256(Path(cfg.path).read_bytes()).hexdigest())
-        except (OSError, TypeError) as exc:
-            raise CorpusError(f"cannot read tokenizer.path {cfg.path}: {exc}") from exc
+        if not cfg.path:
+            raise CorpusError("tokenizer.kind=file needs tokenizer.path (a tokenizer.json)")
+        content = read_bytes(Path(cfg.path), "tokenizer.path", MAX_TOKENIZER_BYTES)
+        ident.update(content=hashlib.sha256(content).hexdigest())
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:8]
 
 
@@ -73,13 +75,15 @@ def prepare_corpus(data: DataConfig, tok_cfg: TokenizerConfig) -> PreparedCorpus
     """The tokenized corpus, from the cache or built into it. Every failure below (undecodable
     text, an unreadable file, a tokenizer that cannot be built) comes out as a CorpusError."""
     try:
+        overlap = check_split_overlap(data)
         directory = cache_entry(data, tok_cfg)
         if not os.path.lexists(directory / "meta.json"):
             with cache_lock(Path(data.cache_dir), "the token cache"):
                 if not os.path.lexists(directory / "meta.json"):  # not built while we waited
                     _build(data, tok_cfg, directory)
         meta, splits, tokenizer = read_cache_entry(directory, SPLITS)
-        return PreparedCorpus(splits["train"], splits["validation"], tokenizer, meta["n_chars"])
+        return PreparedCorpus(splits["train"], splits["validation"], tokenizer, meta["n_chars"],
+                              [overlap] if overlap else [])
     except UserError:
         raise
     except (OSError, ValueError, OverflowError) as exc:  # includes UnicodeDecodeError

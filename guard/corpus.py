@@ -9,6 +9,7 @@ of these is named here with what to do, as a CorpusError or a FormatError.
 from __future__ import annotations
 
 import json
+import os
 import stat
 import tarfile
 import zlib
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 import numpy as np
+import torch
 from tokenizers import Tokenizer
 
 from guard.cli import CorpusError, FileRefused, FormatError, UserError, first_line
@@ -25,6 +27,9 @@ from guard.files import MIB, check_regular, kind_of, read_json, read_text
 def text_files(paths: list[str], what: str) -> list[Path]:
     """Files as given; directories contribute their *.txt files (recursively, sorted). Each must
     be a regular file: reading a FIFO or a device would block or never end."""
+    from guard.limits import available_bytes  # (guard.limits needs data.tokenizer, which needs us)
+
+    memory = available_bytes(torch.device("cpu"))
     out = []
     for raw in paths:
         p = Path(raw).expanduser()
@@ -37,11 +42,45 @@ def text_files(paths: list[str], what: str) -> list[Path]:
         else:
             raise CorpusError(f"{what}: no such file or directory: {p}")
         for f in found:
-            mode = f.stat().st_mode
-            if not stat.S_ISREG(mode):
-                raise CorpusError(f"{what}: {f} is {kind_of(mode)}, not a regular file")
+            st = f.stat()
+            if not stat.S_ISREG(st.st_mode):
+                raise CorpusError(f"{what}: {f} is {kind_of(st.st_mode)}, not a regular file")
+            if memory is not None and st.st_size > memory:  # a file is read whole (one document)
+                raise CorpusError(f"{what}: {f} is {st.st_size:,} bytes, more than the memory "
+                                  f"there is to read it ({memory:,} bytes); split it into files")
         out.extend(found)
     return out
+
+
+def split_overlap(train: list[Path], validation: list[Path], digest: Callable[[Path], str]
+                  ) -> Optional[str]:
+    """How the validation files overlap the training files, or None: the same file (by any
+    spelling: a link, `..`, a held-out folder inside the training folder), or one with the same
+    content."""
+    by_path = {os.path.realpath(p): p for p in train}
+    by_content = {}
+    for p in train:
+        by_content.setdefault(digest(p), p)
+    for v in validation:
+        same = by_path.get(os.path.realpath(v))
+        if same is not None:
+            return f"{v} is also a training file" + (f" ({same})" if str(same) != str(v) else "")
+        same = by_content.get(digest(v))
+        if same is not None:
+            return f"{v} holds the same text as the training file {same}"
+    return None
+
+
+def overlap_refusal(problem: str) -> CorpusError:
+    return CorpusError(f"the validation text overlaps the training text: {problem}; a validation "
+                       f"loss on text the model trained on says nothing of how it generalises "
+                       f"(hold other text out, or set data.allow_overlap=true to train anyway)")
+
+
+def overlap_warning(problem: str) -> str:
+    return (f"WARNING: data.allow_overlap=true and the validation text overlaps the training "
+            f"text ({problem}): every validation loss of this run is measured on text it "
+            f"trained on, and will look better than the model is")
 
 
 def archive_texts(archive: Path, name_of: Callable[[str], Optional[str]], max_text: int,

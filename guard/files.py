@@ -7,19 +7,22 @@ blocking, so that what is checked is what is read. JSON must hold an object. A r
 must be plain keys and values: a few hundred bytes of YAML anchors and aliases expand to
 gigabytes (an "alias bomb"), deep nesting exhausts the parser's recursion, a tag asks for a Python
 object, an OmegaConf interpolation can expand exponentially or read the environment. train.py
-writes none of these, so the tokens are read first and anything else is refused before a node is
-built.
+writes none of these (a `${` in a value is written escaped: `dump_run_config`), so the tokens are
+read first and anything else is refused before a node is built.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import re
 import stat
+from enum import Enum
 from pathlib import Path
 
 import yaml
 from omegaconf import DictConfig, OmegaConf
-from omegaconf._utils import get_yaml_loader
+from omegaconf._utils import OmegaConfDumper, get_yaml_loader
 
 from guard.cli import FileRefused, FormatError, first_line
 
@@ -82,6 +85,19 @@ def read_bytes(path: Path, what: str, limit: int) -> bytes:
         os.close(fd)
 
 
+def check_output_file(path: Path, what: str) -> None:
+    """A file about to be written (created or replaced) must not be something else already:
+    writing to a FIFO blocks until someone reads it, to a device writes into the device."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise FileRefused(f"cannot write {what} {path}: {exc.strerror}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise FileRefused(f"{what} {path} is {kind_of(st.st_mode)}, not a file to write")
+
+
 def read_text(path: Path, what: str, limit: int) -> str:
     """read_bytes as UTF-8 text."""
     try:
@@ -106,8 +122,12 @@ def read_json(path: Path, what: str, limit: int) -> dict:
 # ----------------------------------------------------------------------------- a run's config.yaml
 
 
-# A saved config is about 2 KiB; anything this big was not written by train.py.
-MAX_CONFIG_BYTES = 64 * KIB
+# A saved config is about 2 KiB, and a corpus listed file by file makes it grow. train.py refuses
+# to start a run whose config would exceed these (guard/preflight.py checks that what it will
+# write reads back), so a bigger one was not written by train.py; reading one this big through
+# OmegaConf takes a few seconds.
+MAX_CONFIG_BYTES = 1 * MIB
+MAX_CONFIG_VALUES = 20_000
 MAX_DEPTH = 16
 
 _OPENING = (yaml.BlockMappingStartToken, yaml.BlockSequenceStartToken,
@@ -119,7 +139,11 @@ _REFUSED = {yaml.AnchorToken: "an anchor (&)", yaml.AliasToken: "an alias (*)",
 
 def load_run_config(path: Path) -> DictConfig:
     """The mapping in path, a run's config.yaml, refusing anything train.py would not write."""
-    text = read_text(path, "run config", MAX_CONFIG_BYTES)
+    return parse_run_config(read_text(path, "run config", MAX_CONFIG_BYTES), path)
+
+
+def parse_run_config(text: str, path: Path) -> DictConfig:
+    """load_run_config's parsing of a config's text (train.py checks what it writes with it)."""
     problem = _plain_yaml_problem(text)
     if problem:
         raise FormatError(f"{path} is not a config that train.py wrote: it holds {problem}")
@@ -132,11 +156,58 @@ def load_run_config(path: Path) -> DictConfig:
     return cfg
 
 
+def dump_run_config(cfg) -> str:
+    """A run's config (a dataclass of */config.py) as the YAML train.py writes to config.yaml:
+    OmegaConf's YAML, with strings written so that they read back as they are. A `${` in one (a
+    prompt, a path) is escaped, or OmegaConf would read it as an interpolation; one holding a
+    character that is not printable (a control character, or U+0085 and U+2028, which YAML reads
+    as line breaks) is double-quoted, where YAML escapes it."""
+    return yaml.dump(literal(cfg), default_flow_style=False, allow_unicode=True, sort_keys=False,
+                     Dumper=_RunConfigDumper)
+
+
+class _RunConfigDumper(OmegaConfDumper):
+    pass
+
+
+def _represent_str(dumper: yaml.Dumper, text: str) -> yaml.ScalarNode:
+    if not text.isprintable():
+        return dumper.represent_scalar(yaml.resolver.BaseResolver.DEFAULT_SCALAR_TAG, text,
+                                       style='"')
+    return OmegaConfDumper.str_representer(dumper, text)
+
+
+_RunConfigDumper.add_representer(str, _represent_str)
+
+
+def literal(value):
+    r"""value as plain containers, every string escaped for OmegaConf: k backslashes before a
+    `${` become 2k + 1 (OmegaConf reads `\${` as a literal `${`, and `\\` before one as a
+    backslash)."""
+    if dataclasses.is_dataclass(value):
+        return {f.name: literal(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, Enum):
+        return value.value
+    if isinstance(value, (list, tuple)):
+        return [literal(v) for v in value]
+    if isinstance(value, dict):
+        return {k: literal(v) for k, v in value.items()}
+    if isinstance(value, str):
+        return re.sub(r"(\\*)\$\{", lambda m: m.group(1) * 2 + "\\${", value)
+    return value
+
+
+# an interpolation that is not escaped: `${` after an even number of backslashes
+_INTERPOLATION = re.compile(r"(?<!\\)(?:\\\\)*\$\{")
+# libyaml's scanner when PyYAML has it (30x faster); the tokens are the same
+_SCANNER = getattr(yaml, "CSafeLoader", None) or get_yaml_loader()
+
+
 def _plain_yaml_problem(text: str) -> str:
     """What in text is not plain YAML keys and values, or '' if nothing."""
-    depth = 0
+    depth = values = 0
     try:
-        for token in yaml.scan(text, Loader=get_yaml_loader()):
+        for token in yaml.scan(text, Loader=_SCANNER):
             refused = _REFUSED.get(type(token))
             if refused:
                 return f"{refused} at line {token.start_mark.line + 1}"
@@ -146,9 +217,13 @@ def _plain_yaml_problem(text: str) -> str:
                     return f"nesting deeper than {MAX_DEPTH} levels"
             elif isinstance(token, _CLOSING):
                 depth -= 1
-            elif isinstance(token, yaml.ScalarToken) and "${" in token.value:
-                return (f"an interpolation ({token.value[:40]!r}) at line "
-                        f"{token.start_mark.line + 1}")
+            elif isinstance(token, yaml.ScalarToken):
+                values += 1
+                if values > MAX_CONFIG_VALUES:
+                    return f"more than {MAX_CONFIG_VALUES:,} values"
+                if _INTERPOLATION.search(token.value):
+                    return (f"an interpolation ({token.value[:40]!r}) at line "
+                            f"{token.start_mark.line + 1}")
     except yaml.YAMLError as exc:
         return f"invalid YAML ({_reason(exc)})"
     return ""

@@ -9,6 +9,7 @@ evaluation's sample), so they stay well inside them.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import sys
@@ -178,9 +179,34 @@ def check_attention(a: AttentionConfig) -> None:
         raise UserError(f"{refusal} (use attention.impl=auto)")
 
 
+def check_text(value: str, key: str) -> None:
+    """Text from the command line is Unicode: bytes that are not UTF-8 arrive as lone surrogates
+    (Python's surrogateescape), which no tokenizer encodes and no file can hold."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise UserError(f"{key} holds {value[exc.start:exc.end]!r} at character {exc.start}, "
+                        f"which is not text (bytes that are not UTF-8?); give it as UTF-8 "
+                        f"text") from None
+
+
+def check_texts(node, key: str = "") -> None:
+    """check_text on every string of a config (a dataclass of */config.py)."""
+    if dataclasses.is_dataclass(node):
+        for f in dataclasses.fields(node):
+            value = getattr(node, f.name)
+            check_texts(value, f"{key}{f.name}" + ("." if dataclasses.is_dataclass(value) else ""))
+    elif isinstance(node, (list, tuple)):
+        for i, item in enumerate(node):
+            check_texts(item, f"{key}[{i}]")
+    elif isinstance(node, str):
+        check_text(node, key)
+
+
 def check_config(cfg: Config, device: Optional[torch.device] = None) -> None:
     """Every value of a run's config, and what ties them together; with the device it is to run
     on (train.device, parsed), also what depends on the device."""
+    check_texts(cfg)
     check_model(cfg.model)
     check_attention(cfg.attention)
     _check(cfg, [row for row in TRAIN if not row.key.startswith(("model.", "attention."))])
@@ -228,6 +254,7 @@ def check_top_k(top_k: Optional[int], vocab_size: int) -> None:
 def prompt_ids(tokenizer, prompt: str, block_size: int) -> list[int]:
     """A prompt's token ids: at least one, no character a char tokenizer never saw, and at most
     the context's worth (the last block_size, with a warning)."""
+    check_text(prompt, "the prompt")
     unknown = unknown_characters(tokenizer, prompt)
     if unknown:
         raise UserError(f"the prompt contains characters this char tokenizer never saw in "
@@ -291,6 +318,63 @@ def check_mps(cfg: Config) -> None:
     if not has_bf16 and t.dtype == "bfloat16":
         raise UserError("train.dtype=bfloat16 on mps needs macOS 14 or newer: use "
                         "train.dtype=float32")
+
+
+# ----------------------------------------------------------------------------- torchrun's variables
+
+
+@dataclass(frozen=True)
+class Launch:
+    """This process's place in a torchrun job: a world of one without torchrun."""
+
+    rank: int = 0
+    size: int = 1
+    local_rank: int = 0
+
+
+def parse_launch(environ) -> Launch:
+    """RANK, WORLD_SIZE and LOCAL_RANK as torchrun sets them, checked: set by hand, or left over
+    from another shell, they must still describe a job (a stray RANK=1 would make this process a
+    rank without a rank 0, writing its run nowhere it should), and a world of several processes
+    needs the rendezvous address torchrun sets (MASTER_ADDR, MASTER_PORT)."""
+    values = {}
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        raw = environ.get(name)
+        if raw is None:
+            continue
+        text = raw.strip()
+        if not (text.isascii() and text.isdigit() and len(text) <= 9):
+            raise UserError(f"the environment variable {name}={raw[:40]!r} must be a "
+                            f"non-negative integer (torchrun sets it; unset it to train in one "
+                            f"process)")
+        values[name] = int(text)
+    size, rank, local = values.get("WORLD_SIZE"), values.get("RANK"), values.get("LOCAL_RANK", 0)
+    if size is None:
+        if rank or local:
+            name = "RANK" if rank else "LOCAL_RANK"
+            raise UserError(f"{name}={values[name]} is set but WORLD_SIZE is not: torchrun sets "
+                            f"both (left over from another shell?); unset {name} to train in one "
+                            f"process, or start the job with torchrun")
+        return Launch()
+    if size < 1:
+        raise UserError(f"WORLD_SIZE must be at least 1, got {size}")
+    if rank is None and size > 1:
+        raise UserError(f"WORLD_SIZE={size} is set but RANK is not: torchrun sets both; start "
+                        f"the job with torchrun")
+    rank = rank or 0
+    if rank >= size or local >= size:
+        name, value = ("RANK", rank) if rank >= size else ("LOCAL_RANK", local)
+        raise UserError(f"{name}={value} must be below WORLD_SIZE={size}")
+    if size > 1:
+        for name in ("MASTER_ADDR", "MASTER_PORT"):
+            if not environ.get(name):
+                raise UserError(f"WORLD_SIZE={size} needs {name}, which torchrun sets; start the "
+                                f"job with torchrun")
+        port = environ["MASTER_PORT"].strip()
+        if not (port.isascii() and port.isdigit() and 0 < int(port) < 65536):
+            raise UserError(f"MASTER_PORT must be a port number (1 to 65535), got "
+                            f"{environ['MASTER_PORT'][:20]!r}")
+    return Launch(rank, size, local)
 
 
 # ----------------------------------------------------------------------------- will it fit?
@@ -422,8 +506,9 @@ def check_fits(parts: dict, device: torch.device, what: str, m: ModelConfig, voc
         f"{have / GB:,.1f} GB available; {advice}")
 
 
-def check_training_fits(cfg: Config, device: torch.device) -> None:
-    vocab = cfg.tokenizer.planned_vocab_size
+def check_training_fits(cfg: Config, device: torch.device, vocab: Optional[int] = None) -> None:
+    """vocab: the vocabulary size when known (a tokenizer file's), else the planned one."""
+    vocab = vocab or cfg.tokenizer.planned_vocab_size
     sizes = model_sizes(cfg.model, vocab, cfg.attention, cfg.optim)
     check_fits(training_bytes(cfg, vocab, device, sizes), device, "training", cfg.model, vocab,
                sizes.params, "lower model.n_embd, model.n_layer, model.block_size, "

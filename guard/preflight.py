@@ -20,17 +20,25 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Optional, Sequence
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
+from omegaconf.errors import OmegaConfBaseException
 
+from data.config import Source, TokenizerConfig, TokenizerKind
+from data.corpus import check_split_overlap
 from guard.cli import UserError, first_line, hydra_string, one_line
-from guard.limits import check_config, check_training_fits, parse_device
-from guard.run_dir import is_run, resolved, resume_target, check_resumable, saved_config
+from guard.corpus import load_tokenizer
+from guard.files import MAX_CONFIG_BYTES, dump_run_config, literal, parse_run_config
+from guard.limits import check_config, check_text, check_training_fits, parse_device
+from guard.run_dir import (check_resumable, is_model_folder, is_run, read_source, resolved,
+                           resume_target, saved_config)
+from guard.run_lock import lock_run, unlock_run
+from guard.sweep import SweepPlan, plan_sweep
 from training.checkpoint import holds_checkpoints
 from training.config import CONF_DIR, Config, register_configs
 
@@ -54,7 +62,9 @@ class Settled:
 def settle(cfg: DictConfig, task_overrides: list[str], output_dir: Path) -> Settled:
     """The run a composed config and its task overrides describe: for `resume=DIR`, the saved
     config of DIR with this command's other overrides on top (e.g. a larger train.max_steps),
-    checked in full, with the memory it needs."""
+    checked in full, with the memory it needs. A new run's config must also read back as it will
+    be written (config.yaml), its init_from folder and tokenizer file are read and checked, and
+    its training and validation texts must not overlap."""
     if cfg.resume:
         run_dir = resume_target(cfg.resume)
         cfg = merge_saved(run_dir, cfg, task_overrides)
@@ -64,22 +74,80 @@ def settle(cfg: DictConfig, task_overrides: list[str], output_dir: Path) -> Sett
     if run_dir.exists() and not os.access(run_dir, os.W_OK):
         raise UserError(f"run directory {run_dir} is not writable")
     conf: Config = OmegaConf.to_object(cfg)
+    if conf.init_from and not cfg.resume:
+        conf = start_from_folder(conf)
     device = parse_device(conf.train.device, "train.device")
     check_config(conf, device)
-    check_training_fits(conf, device)
+    vocab = None
+    if conf.tokenizer.kind is TokenizerKind.file:
+        vocab = load_tokenizer(Path(conf.tokenizer.path)).get_vocab_size()
+    if conf.data.source is not Source.shakespeare:  # (whose works are split by name)
+        check_split_overlap(conf.data)  # the files exist, are texts, and do not overlap
+    check_training_fits(conf, device, vocab)
+    if not cfg.resume:
+        check_saved_config(conf)
     return Settled(conf, run_dir, bool(cfg.resume))
+
+
+def start_from_folder(conf: Config) -> Config:
+    """init_from=<model folder>: the folder's model shape and tokenizer in place of the config's
+    (dropout and the attention variant stay the run's); train.py loads its weights."""
+    folder = resolved(Path(conf.init_from))
+    if not is_model_folder(folder):
+        raise UserError(f"init_from={conf.init_from} is not a model folder (config.json, "
+                        f"model.safetensors, tokenizer.json); to continue a run of train.py, "
+                        f"use resume=")
+    source = read_source(folder)
+    model = replace(source.cfg.model, dropout=conf.model.dropout,
+                    attn_dropout=conf.model.attn_dropout)
+    tokenizer = TokenizerConfig(kind=TokenizerKind.file, path=str(folder / "tokenizer.json"))
+    return replace(conf, model=model, tokenizer=tokenizer, init_from=str(folder))
+
+
+def check_saved_config(conf: Config) -> None:
+    """What train.py will write as the run's config.yaml must read back as this config, within
+    the limits generate.py and the scripts read it with (guard/files.py)."""
+    text = dump_run_config(conf)
+    size = len(text.encode("utf-8"))
+    if size > MAX_CONFIG_BYTES:
+        raise UserError(f"this run's config.yaml would be {size:,} bytes, more than the "
+                        f"{MAX_CONFIG_BYTES:,} a run's config may hold (a corpus listed file by "
+                        f"file? give data.train_files a folder instead)")
+    try:
+        back = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config),
+                                                   parse_run_config(text, Path("config.yaml"))))
+    except (UserError, OmegaConfBaseException) as exc:
+        raise UserError(f"this run's config could not be read back from its config.yaml: "
+                        f"{first_line(exc)}") from None
+    if back != conf:
+        key = _first_difference(dataclasses.asdict(back), dataclasses.asdict(conf))
+        raise UserError(f"{key} would not read back from config.yaml as given; choose another "
+                        f"value")
+
+
+def _first_difference(a, b, prefix: str = "") -> str:
+    if isinstance(a, dict) and isinstance(b, dict):
+        for key in b:
+            if a.get(key) != b[key]:
+                return _first_difference(a.get(key), b[key], f"{prefix}{key}.")
+    return prefix.rstrip(".") or "the config"
 
 
 def merge_saved(run_dir: Path, cfg: DictConfig, task_overrides: list[str]) -> DictConfig:
     """The run's saved config with what this command overrode on top, taken from the config Hydra
     has composed (so values are parsed as usual): a key (train.max_steps=...) or a whole group
-    (data=...). Packages such as +experiment=... only select values and are not replayed."""
+    (data=...). Packages such as +experiment=... only select values and are not replayed. The
+    values are resolved, and set as literals (a `${` in one is text)."""
     merged = saved_config(run_dir / "config.yaml")
     for override in task_overrides:
         key = override.lstrip("+~").split("=", 1)[0]
         if key == "resume" or key.startswith("hydra.") or ("." not in key and key not in cfg):
             continue
-        OmegaConf.update(merged, key, OmegaConf.select(cfg, key), merge=False)
+        value = OmegaConf.select(cfg, key)
+        group = isinstance(value, DictConfig)  # a whole group: every key of it, merged in
+        if isinstance(value, (DictConfig, ListConfig)):
+            value = OmegaConf.to_container(value, resolve=True, enum_to_str=True)
+        OmegaConf.update(merged, key, literal(value), merge=group)
     merged.resume = str(run_dir)
     return merged
 
@@ -88,12 +156,27 @@ _this_process: Optional["Preflight"] = None  # what preflight decided, for main 
 
 
 def resolve_run(cfg: DictConfig) -> Settled:
-    """The run main is to train: settled by preflight in this process, or (a job of a `-m`
-    sweep, a rank > 0 of torchrun) settled here from the config Hydra composed."""
+    """The run main is to train: settled by preflight in this process (a single run, or the arm
+    of a `-m` sweep that Hydra is running), or (a rank > 0 of torchrun) settled here from the
+    config Hydra composed. Rank 0 holds the run's lock from here on (release_run)."""
+    hydra_cfg = HydraConfig.get()
+    if _this_process is not None and _this_process.sweep is not None:
+        arm = _this_process.sweep.arm_at(resolved(Path(hydra_cfg.runtime.output_dir)))
+        if arm is None:
+            raise UserError(f"Hydra runs the sweep job {hydra_cfg.runtime.output_dir}, which "
+                            f"train.py did not plan")
+        lock_run(arm.settled.run_dir)
+        return arm.settled
     if _this_process is not None and _this_process.settled is not None:
         return _this_process.settled
-    hydra_cfg = HydraConfig.get()
     return settle(cfg, list(hydra_cfg.overrides.task), Path(hydra_cfg.runtime.output_dir))
+
+
+def release_run(settled: Settled) -> None:
+    """A sweep's arm is done: its directory is free for others (a single run's lock is held to
+    the end of the process)."""
+    if _this_process is not None and _this_process.sweep is not None:
+        unlock_run(settled.run_dir)
 
 
 def compose(overrides: Sequence[str] = ()) -> Config:
@@ -149,21 +232,23 @@ def _added_keys(node, prefix: str) -> list[str]:
 
 @dataclass
 class Preflight:
-    """What preflight decided: the command line Hydra gets, the run it settled, and what to undo
-    if the run fails."""
+    """What preflight decided: the command line Hydra gets, the run it settled (or the sweep it
+    planned), and what to undo if the run fails."""
 
     argv: list[str]
     settled: Optional[Settled] = None
     run_dir: Optional[Path] = None        # a new run's directory
     created: list = field(default_factory=list)  # directories it created, innermost first
     names_before: Optional[set] = None    # entries of run_dir before, if it existed
+    sweep: Optional[SweepPlan] = None     # a -m sweep's arms
 
     def undo(self) -> None:
-        """A new run failed: if it never started training (no checkpoint, no TensorBoard
-        events), remove what this command wrote."""
+        """A new run (or a sweep) failed: remove what this command wrote for any run that never
+        started training (no checkpoint, no TensorBoard events)."""
+        if self.sweep is not None:
+            self.sweep.undo(trained)
         path = self.run_dir
-        if path is None or not path.is_dir() or holds_checkpoints(path) \
-                or any(path.glob("events.out.tfevents.*")):
+        if path is None or not path.is_dir() or trained(path):
             return
         if self.names_before is not None:
             for name in set(os.listdir(path)) - self.names_before:
@@ -181,10 +266,15 @@ class Preflight:
                 break
 
 
+def trained(path: Path) -> bool:
+    """Whether a run has started training: a checkpoint, or TensorBoard events."""
+    return holds_checkpoints(path) or any(path.glob("events.out.tfevents.*"))
+
+
 def preflight(argv: list[str]) -> list[str]:
     """Checks that must come before Hydra, which creates hydra.run.dir and writes .hydra/ into it
     before main runs. Returns the command line to give Hydra: the run directory spelt out (a
-    resume's is the run itself, without a new .hydra/ record)."""
+    resume's is the run itself, without a new .hydra/ record), or a sweep's directories."""
     global _this_process
     _this_process = _preflight(argv)
     return _this_process.argv
@@ -196,9 +286,61 @@ def undo_failed_run() -> None:
         _this_process.undo()
 
 
+# Hydra's options (hydra/_internal/utils.py): those that only show something, and those that
+# would make Hydra compose another config than the one preflight checks.
+SHOWING = {"--help", "-h", "--hydra-help", "--version", "--cfg", "-c", "--info", "-i",
+           "--shell-completion", "-sc"}
+UNSUPPORTED = {"--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd",
+               "--experimental-rerun"}
+
+
+def _options(argv: list[str]) -> tuple[set, list[str]]:
+    """(the options given, the overrides) of a command line, parsed by Hydra's own parser; a
+    mistake in them as a UserError (argparse would print its usage and several lines)."""
+    from hydra._internal.utils import get_args_parser
+
+    parser = get_args_parser()
+
+    def refuse(message: str):
+        raise UserError(f"{message} (python train.py --help lists the options)")
+
+    parser.error = refuse
+    parser.exit = lambda status=0, message=None: refuse((message or "").strip() or "bad option")
+    flags = {a.split("=", 1)[0] for a in argv if a.startswith("-")}
+    if "--version" in flags:
+        return flags, argv  # argparse prints and exits: Hydra's own, untouched
+    args = parser.parse_intermixed_args(argv)  # (flags anywhere: Hydra gets them first)
+    unsupported = sorted(flags & UNSUPPORTED)
+    if unsupported and not flags & SHOWING:
+        raise UserError(f"{unsupported[0]} is not supported: train.py composes conf/config.yaml "
+                        f"(choose configs with overrides such as +experiment=..., or add a config "
+                        f"directory with hydra.searchpath=[file:///path/to/conf])")
+    modes = [name for name, given in (("--run", args.run), ("--multirun", args.multirun),
+                                      ("--cfg", args.cfg), ("--info", args.info),
+                                      ("--shell-completion", args.shell_completion)) if given]
+    if len(modes) > 1:
+        raise UserError(f"{' and '.join(modes)} exclude each other: give one of --run, "
+                        f"--multirun, --cfg, --info and --shell-completion")
+    if (args.resolve or args.package) and not args.cfg:
+        raise UserError("--resolve and --package only go with --cfg (job, hydra or all)")
+    return flags, list(args.overrides)
+
+
 def _preflight(argv: list[str]) -> Preflight:
-    if any(a.startswith("-") for a in argv):  # -m, --cfg, --help ...: Hydra's own modes
+    for arg in argv:  # (Hydra's parser would say "token recognition error")
+        check_text(arg, f"the argument {arg[:40]!r}")
+    flags, overrides = _options(argv)
+    if flags & SHOWING:  # Hydra prints a config or its help, and runs nothing
         return Preflight(argv)
+    if flags & {"--multirun", "-m"}:
+        hydra_argv, plan = plan_sweep(overrides, settle, check_new_run_dir, create_run_dir)
+        try:
+            lock_run(plan.sweep_dir)
+        except BaseException:
+            plan.undo(trained)
+            raise
+        return Preflight(hydra_argv, sweep=plan)
+    argv = overrides
     parser = OverridesParser.create()
     parsed = []
     for arg in argv:
@@ -221,6 +363,7 @@ def _preflight(argv: list[str]) -> Preflight:
                 raise UserError(f"resume={options['resume']} continues {run} in place; leave "
                                 f"hydra.run.dir out (it names {given})")
         settled = settle(_task_config(composed), list(composed.hydra.overrides.task), run)
+        lock_run(run)  # after every check, before anything is written
         return Preflight(rest + [f"hydra.run.dir={_quoted(run)}", "hydra.output_subdir=null"],
                          settled)
     composed = _compose(argv)
@@ -231,6 +374,11 @@ def _preflight(argv: list[str]) -> Preflight:
     check_new_run_dir(path, composed.hydra.output_subdir)
     settled = settle(_task_config(composed), list(composed.hydra.overrides.task), path)
     plan = create_run_dir(path, unique="hydra.run.dir" not in options)
+    try:
+        lock_run(plan.run_dir)
+    except BaseException:
+        plan.undo()
+        raise
     plan.settled = dataclasses.replace(settled, run_dir=plan.run_dir)
     plan.argv = rest + [f"hydra.run.dir={_quoted(plan.run_dir)}"] \
         + [o.input_line for o in parsed if o.key_or_group == "hydra.output_subdir"]

@@ -4,12 +4,16 @@ a run may be resumed, and the model, tokenizer and config a run (or a GPT-2 fold
 Everything comes from the directory alone: config.yaml (model shape), tokenizer.json and a
 checkpoint's model.safetensors (no pickle is loaded). Each file is checked before use (kind,
 size, content: plain YAML, a tokenizer without custom regular expressions, finite weights of the
-right shapes), and the model's size against the memory there is.
+right shapes), and the model's size against the memory there is. A model folder from elsewhere
+(a GPT-2 folder: config.json instead of config.yaml) goes through the same checks, by the same
+code (`read_source`, `load_run`); only the reading of its config.json and weights is its
+architecture's (FOLDER_FORMATS).
 """
 from __future__ import annotations
 
 import os
 import stat
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -17,15 +21,18 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from tokenizers import Tokenizer
 
-from guard.cli import FormatError, UserError, first_line
+from guard.cli import CorpusError, FormatError, UserError, first_line
 from guard.corpus import load_tokenizer
 from guard.files import kind_of, load_run_config, read_text
+from guard.hf import CONFIG, open_folder
 from guard.limits import check_choice, check_config, check_sampling_fits
-from model.config import ModelConfig
+from model.attention import fused_refusal
+from model.config import AttentionConfig, AttentionImpl, ModelConfig
 from model.gpt import GPT
-from model.hf import TOKENIZER, load_folder_tokenizer, load_gpt2_folder
 from training.checkpoint import find_weights, load_weights
 from training.config import Config
+
+TOKENIZER = "tokenizer.json"
 
 # A run directory holds a few dozen entries; walking one with more is not worth the time.
 MAX_RUN_ENTRIES = 10_000
@@ -81,11 +88,16 @@ def resume_target(resume: str) -> Path:
 def check_resumable(run: Path) -> None:
     """A resumed run writes into its directory: checkpoints, TensorBoard events, train.log. So
     nothing in it may be a symbolic link (the writes would land elsewhere), a hard-linked log
-    (the appends would change another file) or a FIFO or device (opening it would block)."""
+    (the appends would change another file) or a FIFO or device (opening it would block), and
+    every directory of it, and the files it appends to, must be writable: a resume that could
+    not save would fail at its first checkpoint, after it had replaced `best/`."""
     seen = 0
     stack = [(run, 0)]
     while stack:
         directory, depth = stack.pop()
+        if not os.access(directory, os.W_OK | os.X_OK):
+            raise UserError(f"cannot resume: {directory} is not writable (read-only file system "
+                            f"or permissions); a resumed run saves its checkpoints there")
         try:
             entries = list(os.scandir(directory))
         except OSError as exc:
@@ -114,47 +126,134 @@ def check_resumable(run: Path) -> None:
     if log.exists() and log.stat().st_nlink > 1:
         raise UserError(f"cannot resume: {log} is a hard link to another file, which the "
                         f"resumed run would append to")
+    for appended in (log, run / ".lock"):
+        if appended.exists() and not os.access(appended, os.W_OK):
+            raise UserError(f"cannot resume: {appended} is not writable; the resumed run "
+                            f"writes to it")
 
 
-# ----------------------------------------------------------------------------- sampling from a run
+# ----------------------------------------------------------------------------- reading a model
+
+
+def is_model_folder(path: Path) -> bool:
+    """A Hugging Face model folder (config.json, model.safetensors), not a run of train.py."""
+    return not os.path.lexists(path / "config.yaml") and os.path.lexists(path / "config.json")
+
+
+# The architectures whose folders are read: model_type -> (its config.json as (ModelConfig,
+# vocab_size), its weights as our state dict). model/hf.py knows GPT-2's names and shapes.
+def _gpt2():
+    from model.hf import gpt2_model_config, load_gpt2_folder
+    return gpt2_model_config, lambda folder: load_gpt2_folder(folder)[1]
+
+
+FOLDER_FORMATS = {"gpt2": _gpt2}
+
+
+@dataclass
+class ModelSource:
+    """What a run directory or a model folder holds, checked, before any weight is read."""
+
+    path: Path
+    cfg: Config             # a folder's: its model shape, the rest the defaults
+    tokenizer: Tokenizer
+    folder: bool            # a model folder (no data, no training state of its own)
+    config_file: Path
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tokenizer.get_vocab_size()
+
+
+def read_source(path: Path) -> ModelSource:
+    """The model shape, attention and tokenizer of a run directory of train.py or of a model
+    folder (config.json, model.safetensors, tokenizer.json; e.g. one written by
+    scripts/export_hf.py), each checked by the same code whichever it is: the config's values
+    (guard/limits.py), the tokenizer (guard/corpus.py), and that they belong together."""
+    if not path.is_dir():
+        raise UserError(f"run directory {path} does not exist" if not path.exists()
+                        else f"run directory {path} is not a directory")
+    if is_model_folder(path):
+        config, config_path, _ = open_folder(path)
+        model_type = config.get("model_type")
+        if model_type not in FOLDER_FORMATS:
+            raise FormatError(f"{config_path}: model_type must be one of "
+                              f"{', '.join(map(repr, FOLDER_FORMATS))}, got {model_type!r}")
+        shape, vocab = FOLDER_FORMATS[model_type]()[0](config, config_path)
+        cfg = Config(model=shape)
+        if not os.path.lexists(path / TOKENIZER):
+            raise FormatError(f"{path} has no {TOKENIZER}: the weights need the tokenizer they "
+                              f"were trained with")
+        tokenizer = load_tokenizer(path / TOKENIZER)
+        if tokenizer.get_vocab_size() != vocab:
+            raise FormatError(f"{path}: its {TOKENIZER} has {tokenizer.get_vocab_size():,} "
+                              f"tokens, its {CONFIG} says vocab_size {vocab:,}: they do not "
+                              f"belong together")
+        return ModelSource(path, cfg, tokenizer, True, config_path)
+    if not (path / "config.yaml").exists():
+        raise UserError(f"{path} has no config.yaml: is it a run directory of train.py (or a "
+                        f"model folder with config.json)?")
+    cfg: Config = OmegaConf.to_object(saved_config(path / "config.yaml"))
+    return ModelSource(path, cfg, load_tokenizer(path / TOKENIZER), False, path / "config.yaml")
+
+
+def runnable_attention(attn: AttentionConfig, m: ModelConfig, device: torch.device
+                       ) -> AttentionConfig:
+    """The run's attention as it can run on device: a run trained with attention.impl=fused (our
+    Triton kernel, on a GPU) samples with the reference layer where the kernel cannot run; both
+    compute the same function."""
+    if attn.impl is AttentionImpl.fused and fused_refusal(
+            attn, m.head_dim, 0.0, device) is not None:
+        return replace(attn, impl=AttentionImpl.auto)
+    return attn
 
 
 def load_run(run_dir: Path, which: str, device: torch.device) -> tuple[GPT, Tokenizer, Config]:
-    """(model in eval mode on device, tokenizer, run config) of a run directory of train.py, with
-    its `best` or `latest` weights, or of a GPT-2 folder (config.json, model.safetensors,
-    tokenizer.json; e.g. one written by scripts/export_hf.py)."""
+    """(model in eval mode on device, tokenizer, run config) of a run directory of train.py with
+    its `best` or `latest` weights, or of a model folder (read_source). Whichever it is, its
+    values are checked, and the model's size against the memory of the device, before any
+    weight is read."""
     check_choice("weights", which)
-    if not run_dir.is_dir():
-        raise UserError(f"run directory {run_dir} does not exist" if not run_dir.exists()
-                        else f"run directory {run_dir} is not a directory")
-    if not (run_dir / "config.yaml").exists() and (run_dir / "config.json").exists():
-        cfg, state, tokenizer = read_gpt2_folder(run_dir)
-        model = GPT(cfg, tokenizer.get_vocab_size())
-        model.load_state_dict(state, strict=False)  # all but the tied head, stored once
-        return model.to(device).eval(), tokenizer, Config(model=cfg)
-    if not (run_dir / "config.yaml").exists():
-        raise UserError(f"{run_dir} has no config.yaml: is it a run directory of train.py (or a "
-                        f"GPT-2 folder with config.json)?")
-    run_cfg: Config = OmegaConf.to_object(saved_config(run_dir / "config.yaml"))
-    check_config(run_cfg)
-    tokenizer = load_tokenizer(run_dir / "tokenizer.json")
-    vocab = tokenizer.get_vocab_size()
-    check_sampling_fits(run_cfg.model, vocab, run_cfg.attention, device,
-                        f"{run_dir / 'config.yaml'} describes a model too big for this machine")
-    model = GPT(run_cfg.model, vocab, run_cfg.attention)
-    load_weights(model, find_weights(run_dir, which))
-    return model.to(device).eval(), tokenizer, run_cfg
+    source = read_source(run_dir)
+    cfg = source.cfg
+    check_config(cfg)
+    check_sampling_fits(cfg.model, source.vocab_size, cfg.attention, device,
+                        f"{source.config_file} describes a model too big for this machine")
+    cfg = replace(cfg, attention=runnable_attention(cfg.attention, cfg.model, device))
+    model = GPT(cfg.model, source.vocab_size, cfg.attention)
+    if source.folder:
+        load_folder_weights(model, run_dir)
+    else:
+        load_weights(model, find_weights(run_dir, which))
+    return model.to(device).eval(), source.tokenizer, cfg
 
 
-def read_gpt2_folder(folder: Path) -> tuple[ModelConfig, dict, Tokenizer]:
-    """A GPT-2 folder's model shape, weights (without the tied head) and tokenizer, which must
-    belong together."""
-    cfg, state = load_gpt2_folder(folder)
-    tokenizer = load_folder_tokenizer(folder)
-    if tokenizer is None:
-        raise FormatError(f"{folder} has no {TOKENIZER}: the weights need the tokenizer they "
-                          f"were trained with")
-    if tokenizer.get_vocab_size() != state["tok_emb.weight"].size(0):
+def load_folder_weights(model: GPT, folder: Path) -> None:
+    """A model folder's weights into model (all but the tied head, stored once)."""
+    config, config_path, _ = open_folder(folder)
+    state = FOLDER_FORMATS[config.get("model_type")]()[1](folder)
+    emb = state["tok_emb.weight"]
+    if emb.shape[0] != model.vocab_size:
         raise FormatError(f"{folder}: its {TOKENIZER} and its weights have different vocabulary "
                           f"sizes")
-    return cfg, state, tokenizer
+    model.load_state_dict(state, strict=False)
+
+
+def validation_window(run_dir: Path, cfg: Config, tokenizer: Tokenizer, n: int) -> list[int]:
+    """The run's fixed validation window (the text of its TensorBoard maps): its corpus, from the
+    token cache or tokenized again, which must still give the run's own tokenizer."""
+    from data.prepare import prepare_corpus
+    from training.attention_maps import map_window
+
+    if is_model_folder(run_dir):
+        raise UserError(f"{run_dir} is a model folder: it has no validation text of its own; "
+                        f"give prompt=")
+    try:
+        corpus = prepare_corpus(cfg.data, cfg.tokenizer)
+    except CorpusError as exc:
+        raise UserError(f"the run's validation text is not available ({exc}); give a prompt= "
+                        f"instead") from exc
+    if corpus.tokenizer.get_vocab() != tokenizer.get_vocab():
+        raise UserError(f"the run's corpus no longer gives its tokenizer ({run_dir / TOKENIZER}): "
+                        f"the data changed since it trained; give a prompt= instead")
+    return map_window(corpus.validation, tokenizer, n)

@@ -22,17 +22,17 @@ user without transformers can still produce a folder that transformers loads.
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 from typing import Iterator, Optional
 
 import torch
 
 from guard.cli import FormatError as GPT2FormatError  # a folder or model GPT-2's format cannot hold
-from guard.cli import UserError, first_line
-from guard.files import check_regular
+from guard.cli import UserError
 from guard.hf import CONFIG, WEIGHTS, Fields, PathLike, open_folder, read_tensors, size_limit, \
     tensor_names  # CONFIG, WEIGHTS: the folder's file names, which the export writes too
-from guard.limits import check_model
+from guard.limits import check_model, check_sampling_fits
 from model.config import Activation, AttentionConfig, MaskMode, ModelConfig, Scale
 from model.gpt import GPT
 
@@ -239,6 +239,9 @@ def load_gpt2_folder(path: PathLike) -> tuple[ModelConfig, dict[str, torch.Tenso
     config, config_path, weights_path = open_folder(path)
     cfg, vocab_size = gpt2_model_config(config, config_path)
     config_tied = Fields(config, config_path).option("tie_word_embeddings", True)
+    # before any shape is computed: a 300-byte config.json can claim 10**9 layers
+    check_sampling_fits(cfg, vocab_size, AttentionConfig(), torch.device("cpu"),
+                        f"{config_path} describes a model too big for this machine")
     expected = _gpt2_shapes(cfg, vocab_size)
     # besides the model's tensors, old checkpoints' [n, n] mask buffers may come along
     names = tensor_names(weights_path, size_limit(expected, cfg.n_layer * (cfg.block_size ** 2 + 1)))
@@ -280,14 +283,12 @@ def gpt_from_gpt2_folder(path: PathLike) -> GPT:
 def load_folder_tokenizer(path: PathLike):
     """The folder's tokenizer.json as a `tokenizers.Tokenizer`, or None when it has none.
 
-    GPT2FormatError for one that is not a regular file or that `tokenizers` cannot read."""
-    from tokenizers import Tokenizer
+    Checked as a run directory's is (guard.corpus.load_tokenizer: a regular file of bounded
+    size, no custom regular expression, every id inside the vocabulary): GPT2FormatError (or
+    FileRefused) otherwise."""
+    from guard.corpus import load_tokenizer
 
     file = Path(path) / TOKENIZER
-    if not file.exists():
+    if not os.path.lexists(file):
         return None
-    check_regular(file, "tokenizer", 1 << 30)
-    try:
-        return Tokenizer.from_file(str(file))
-    except Exception as exc:  # tokenizers raises plain Exception
-        raise GPT2FormatError(f"cannot read {file}: {first_line(exc)}") from None
+    return load_tokenizer(file)

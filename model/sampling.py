@@ -21,6 +21,7 @@ def filter_logits(logits: torch.Tensor, top_k: Optional[int] = None,
         probs = torch.softmax(sorted_logits, dim=-1)
         mass_before = probs.cumsum(dim=-1) - probs  # probability of the tokens ranked above
         drop_sorted = mass_before >= top_p
+        drop_sorted[..., 0] = False  # the most likely token, whatever top_p's float32 value
         drop = drop_sorted.scatter(-1, order, drop_sorted)  # back to vocabulary order
         logits = logits.masked_fill(drop, float("-inf"))
     return logits

@@ -21,14 +21,13 @@ from typing import Optional
 
 import torch
 
-from data.prepare import prepare_corpus
-from guard.cli import CorpusError, UserError, parse_key_values, run_cli
+from guard.cli import UserError, parse_key_values, run_cli
+from guard.files import check_output_file
 from guard.limits import prompt_ids
-from guard.run_dir import load_run, resolve_latest
+from guard.run_dir import load_run, resolve_latest, validation_window
 from model.attention import causal_variant
 from scripts.maps import colorbar, draw_map
-from training.attention_maps import (attention_weights, future_weight, grid_image, map_window,
-                                     token_labels)
+from training.attention_maps import attention_weights, future_weight, grid_image, token_labels
 from training.checkpoint import LATEST
 from training.config import TrainConfig
 
@@ -63,12 +62,8 @@ def window_ids(args: MapArgs, tokenizer, run_cfg) -> list[int]:
     """The prompt's tokens (its last block_size), or the run's fixed validation window."""
     block = run_cfg.model.block_size
     if args.prompt is None:
-        try:
-            corpus = prepare_corpus(run_cfg.data, run_cfg.tokenizer)
-        except CorpusError as exc:
-            raise UserError(f"the run's validation text is not available ({exc}); "
-                            f"give a prompt= instead") from exc
-        return map_window(corpus.validation, tokenizer, min(args.tokens, block))
+        return validation_window(resolve_latest(Path(args.run)), run_cfg, tokenizer,
+                                 min(args.tokens, block))
     return prompt_ids(tokenizer, args.prompt, block)
 
 
@@ -90,6 +85,7 @@ def draw(args: MapArgs) -> Path:
     labels = token_labels(tokenizer, ids)
     name = f"{run_dir.name} ({run_cfg.attention.name}, mask {args.mask})"
     out = Path(args.out)
+    check_output_file(out, "out=")
     out.absolute().parent.mkdir(parents=True, exist_ok=True)
     if args.head == "all":
         from PIL import Image

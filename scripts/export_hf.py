@@ -21,10 +21,12 @@ from pathlib import Path
 
 import torch
 from omegaconf import MISSING
-from safetensors.torch import save_file
+from safetensors.torch import save
 
 from data.tokenizer import EOS, UNK
 from guard.cli import UserError, parse_key_values, run_cli
+from guard.corpus import MAX_TOKENIZER_BYTES
+from guard.files import read_bytes
 from guard.run_dir import load_run
 from model.hf import (CONFIG, TOKENIZER, TOKENIZER_CONFIG, WEIGHTS, check_exportable, gpt2_config,
                       to_gpt2_state_dict, tokenizer_config)
@@ -65,17 +67,30 @@ def export(run_dir: Path, out: Path, weights: str = "best") -> Path:
     }
     tensors = to_gpt2_state_dict(model)
 
-    out.absolute().parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.absolute().parent))
+    payloads = {name: (json.dumps(content, indent=2) + "\n").encode("utf-8")
+                for name, content in files.items()}
+    payloads[WEIGHTS] = save(tensors, metadata={"format": "pt"})  # as transformers writes
+    # the very file the run encoded with
+    payloads[TOKENIZER] = read_bytes(run_dir / TOKENIZER, "tokenizer", MAX_TOKENIZER_BYTES)
     try:
-        for name, content in files.items():
-            (tmp / name).write_text(json.dumps(content, indent=2) + "\n", encoding="utf-8")
-        save_file(tensors, str(tmp / WEIGHTS), metadata={"format": "pt"})  # as transformers writes
-        shutil.copyfile(run_dir / TOKENIZER, tmp / TOKENIZER)  # the very file the run encoded with
+        out.absolute().parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.absolute().parent))
+    except OSError as exc:
+        raise UserError(f"cannot write the export to {out}: {exc.strerror}") from None
+    try:
+        for name, payload in payloads.items():
+            with open(tmp / name, "wb") as f:
+                f.write(payload)
+                f.flush()
+                os.fsync(f.fileno())
         _usual_permissions(tmp)
         if out.is_dir():
             out.rmdir()  # empty (checked above)
         tmp.rename(out)
+    except OSError as exc:  # a full disk, a quota, a read-only file system
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise UserError(f"cannot write the export to {out}: {exc.strerror or exc}; nothing was "
+                        f"left there") from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -66,6 +66,11 @@ for line in sys.stdin:
     try:
         os.setpgid(0, 0)  # its own process group: a timeout kills whatever it started too
         os.chdir(req["cwd"])
+        for key, value in req.get("env", {}).items():  # None unsets
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
         os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
         for fd, suffix in ((1, ".stdout"), (2, ".stderr")):
             os.dup2(os.open(req["out"] + suffix, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
@@ -119,11 +124,13 @@ class ForkServer:
         assert line, "the fork server died"
         return json.loads(line)
 
-    def start(self, script: str, argv: list[str], cwd: Optional[Path] = None) -> int:
+    def start(self, script: str, argv: list[str], cwd: Optional[Path] = None,
+              env: Optional[dict] = None) -> int:
+        """env: variables to set (None: to unset) in the run's environment."""
         self.count += 1
         out = str(self.outdir / f"proc{self.count}")
         pid = self._ask({"cmd": "start", "script": script, "argv": [str(a) for a in argv],
-                         "cwd": str(cwd or self.outdir), "out": out})["pid"]
+                         "cwd": str(cwd or self.outdir), "out": out, "env": env or {}})["pid"]
         self.outs[pid] = out
         return pid
 
@@ -134,8 +141,8 @@ class ForkServer:
         return Result(reply["rc"], *texts, timed_out=reply["timed_out"])
 
     def run(self, script: str, argv: list[str], cwd: Optional[Path] = None,
-            timeout: Optional[float] = None) -> Result:
-        return self.wait(self.start(script, argv, cwd), timeout)
+            timeout: Optional[float] = None, env: Optional[dict] = None) -> Result:
+        return self.wait(self.start(script, argv, cwd, env), timeout)
 
     def close(self):
         self.proc.stdin.close()

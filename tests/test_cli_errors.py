@@ -14,10 +14,19 @@ The cases are grouped by kind, one table each:
     TAMPERED_RESUME   a run directory handed over by someone else, resumed with train.py
     TAMPERED_SAMPLE   the same, sampled from with generate.py
     SAMPLING_VALUES   generate.py arguments out of range
+    SWEEPS            train.py -m: an invalid arm anywhere, arms that share or escape a directory
+    IN_USE            a run another process holds, or that cannot be written
+    LEAKS             validation text that is training text
+    SAVED_CONFIG      configs train.py could not write as config.yaml and read back
+    MODEL_FOLDERS     GPT-2 folders from elsewhere, checked as strictly as run directories
+    NOT_FILES         FIFOs, devices and sparse giants wherever a path is read
+    ENVIRONMENT       torchrun's variables set by hand or left over
+    TEXT              text that is not Unicode (bytes that are not UTF-8 on the command line)
 Each case runs once, through the fork server (tests/forkserver.py), in a directory of its own.
 """
 from __future__ import annotations
 
+import fcntl
 import gzip
 import io
 import json
@@ -29,7 +38,7 @@ import time
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Optional
 
 import pytest
 import torch
@@ -63,9 +72,21 @@ def env(tmp_path_factory):
     ok(server.run("train.py", [*common, "train.max_steps=20", "train.eval_interval=10",
                                "train.sample_tokens=0", f"hydra.run.dir={reference}"], cwd=root))
     entry = next(p for p in (root / "cache" / "tokens").iterdir() if not p.name.startswith("."))
+    from scripts.export_hf import export
+    folder = export(reference, root / "gpt2")  # a GPT-2 folder, as one from elsewhere would be
     yield dict(root=root, corpus=corpus, common=common, reference=reference, server=server,
-               entry=entry.name)
+               entry=entry.name, folder=folder)
     server.close()
+
+
+_HELD: list[int] = []  # lock descriptors a case holds as "another process"
+
+
+@pytest.fixture(autouse=True)
+def _release_held_locks():
+    yield
+    while _HELD:
+        os.close(_HELD.pop())
 
 
 @dataclass
@@ -111,6 +132,11 @@ class Ctx:
     def entry(self, cache: Path) -> Path:
         return cache / "tokens" / self.env["entry"]
 
+    def folder(self, name: str = "gpt2") -> Path:
+        """A copy of the GPT-2 folder exported from the reference run, to tamper with."""
+        shutil.copytree(self.env["folder"], self.tmp / name)
+        return self.tmp / name
+
 
 @dataclass
 class Case:
@@ -118,10 +144,15 @@ class Case:
     script: str                       # train.py or generate.py
     build: Callable[[Ctx], list]      # -> the arguments (train.py new runs get the common ones)
     word: str                         # what the error line must say (case-insensitive)
+    env: Optional[dict] = None        # environment variables to set for it (None: unset)
 
 
 def _argv(case: Case, ctx: Ctx) -> list[str]:
     argv = [str(a) for a in case.build(ctx)]
+    if case.script not in ("train.py", "generate.py"):
+        return argv
+    if case.script == "train.py" and "-m" in argv:  # a sweep: its directories are its own
+        return [*ctx.env["common"], *argv]
     if case.script == "generate.py":
         return argv if any(a.startswith("max_new_tokens=") for a in argv) \
             else argv + ["max_new_tokens=5"]
@@ -144,7 +175,7 @@ def check_case(env: dict, tmp_path: Path, case: Case) -> None:
     argv = _argv(case, ctx)
     before = {root: tree(root) for root in (env["root"], tmp_path)}
     started = time.monotonic()
-    result = env["server"].run(case.script, argv, cwd=ctx.cwd, timeout=TIMEOUT_S)
+    result = env["server"].run(case.script, argv, cwd=ctx.cwd, timeout=TIMEOUT_S, env=case.env)
     seconds = time.monotonic() - started
     assert not result.timed_out, f"hung (killed after {TIMEOUT_S} s): {argv}\n{result}"
     assert result.returncode == 2, f"{argv}\n{result}"
@@ -732,7 +763,7 @@ TAMPERED_RESUME = [
          "interpolation"),
     Case("config_python_tag", V, _resume(_config_edit(
         "seed: ", "x: !!python/object/apply:os.system ['touch pwned']\nseed: ")), "tag"),
-    Case("config_huge", V, _resume(_config("# padding\n" * 20000)), "more than"),
+    Case("config_huge", V, _resume(_config("# padding\n" * 120_000)), "more than"),
     Case("config_sparse_terabyte", V, _resume(_file("config.yaml", _sparse_at(1 << 40))), "more than"),
     Case("config_fifo", V, _resume(_file("config.yaml", _fifo_at)), "FIFO"),
     Case("config_dev_zero", V, _resume(_file("config.yaml", _dev_zero_at)), "symbolic link"),
@@ -935,9 +966,278 @@ SAMPLING_VALUES = [
     Case("default_pointer_huge", G, _latest_pointer_file(b"x" * 100_000), "more than"),
 ]
 
+# -- the new surfaces (issue 18): sweeps, processes, leaks, what train.py writes, folders
+
+
+def _held(make_run):
+    """make_run(c) -> a run directory whose lock "another process" (this test) holds."""
+    def build(c: Ctx):
+        run, argv = make_run(c)
+        fd = os.open(run / ".lock", os.O_RDWR | os.O_CREAT)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.ftruncate(fd, 0)
+        os.write(fd, json.dumps({"pid": 4242, "host": "elsewhere", "since": "2026-01-01 00:00:00",
+                                 "command": "python train.py resume=runs/x"}).encode())
+        _HELD.append(fd)
+        return argv
+    return build
+
+
+def _untrained_run(c: Ctx) -> Path:
+    """A run directory that never saved a checkpoint (a new run there restarts it)."""
+    run = c.copy("untrained")
+    shutil.rmtree(run / "checkpoints")
+    for events in run.glob("events.out.tfevents.*"):
+        events.unlink()
+    return run
+
+
+def _sweep_into(where):
+    return lambda c: ["-m", "seed=1,2", f"hydra.sweep.dir={where(c)}"]
+
+
+def _in_folder(c: Ctx):
+    """A training folder holding the held-out folder."""
+    (c.tmp / "texts" / "held").mkdir(parents=True)
+    shutil.copy(c.env["corpus"] / "train.txt", c.tmp / "texts" / "a.txt")
+    shutil.copy(c.env["corpus"] / "val.txt", c.tmp / "texts" / "held" / "v.txt")
+    return [f"data.train_files=[{c.tmp / 'texts'}]", f"data.val_files=[{c.tmp / 'texts' / 'held'}]"]
+
+
+def _train_as(make):
+    return lambda c: [f"data.train_files=[{c.env['corpus'] / 'train.txt'}]",
+                      f"data.val_files=[{make(c)}]"]
+
+
+def _folder_json(name, change):
+    """A copy of the GPT-2 folder whose JSON file `name` change(spec) altered (in place, or by
+    returning the new text)."""
+    def tamper(c: Ctx) -> Path:
+        folder = c.folder()
+        spec = json.loads((folder / name).read_text())
+        text = change(spec)
+        (folder / name).write_text(text if isinstance(text, str) else json.dumps(spec))
+        return folder
+    return tamper
+
+
+def _folder_file(name, make):
+    def tamper(c: Ctx) -> Path:
+        folder = c.folder()
+        (folder / name).unlink()
+        make(c, folder / name)
+        return folder
+    return tamper
+
+
+def _from_folder(tamper, *extra, script="generate.py"):
+    """generate.py run= (or train.py init_from=, scripts/attention_map.py run=) a tampered
+    copy of the GPT-2 folder."""
+    def build(c: Ctx):
+        folder = tamper(c)
+        if script == "train.py":
+            return [f"init_from={folder}", *extra]
+        if script != "generate.py":
+            return [f"run={folder}", f"out={c.tmp / 'map.png'}", *extra]
+        return [f"run={folder}", *extra]
+    return build
+
+
+_REGEX = {"type": "Split", "pattern": {"Regex": "(a+)+$"}, "behavior": "Isolated", "invert": False}
+DEEP_JSON = '{"model_type": "gpt2", "x": ' + "[" * 100_000 + "]" * 100_000 + "}"
+
+
+def _file_tokenizer_run(make):
+    """A copy of the reference run whose config says tokenizer.kind=file at make(c)."""
+    def tamper(c: Ctx, run: Path) -> None:
+        text = (run / "config.yaml").read_text().replace("kind: char", "kind: file", 1)
+        text = text.replace("\n  path: null", f"\n  path: {make(c)}", 1)
+        (run / "config.yaml").write_text(text)
+    return tamper
+
+
+def _over_a_megabyte(c: Ctx):
+    """Ten strings of 120,000 characters (a command line takes at most 131,072 per argument)."""
+    keys = ["train.sample_prompt", "data.separator", "run_name", "data.package", "data.hub_name",
+            "data.hub_config", "data.text_column", "data.train_split", "data.val_split",
+            "data.hub_revision"]
+    return [f"{key}={'x' * 120_000}" for key in keys]
+
+
+M = "scripts/attention_map.py"
+SWEEPS = [
+    Case("invalid_middle_arm", V, lambda c: ["-m", "seed=1,-5,3"], "seed"),
+    Case("invalid_last_arm", V, lambda c: ["-m", "model.n_head=4,3"], "divisible"),
+    Case("arm_that_does_not_fit", V, lambda c: ["-m", "model.n_embd=32,1000000"], "does not fit"),
+    Case("arm_with_unknown_key", V, lambda c: ["-m", "seed=1,2", "model.n_embed=64"], "n_embed"),
+    Case("sweep_dir_is_a_run", V, _sweep_into(lambda c: c.ref), "is a run directory"),
+    Case("sweep_dir_inside_a_run", V, _sweep_into(lambda c: c.ref / "sweep"), "inside the run"),
+    Case("sweep_dir_of_another_sweep", V, _sweep_into(
+        lambda c: c.write("old/multirun.yaml", "hydra: {}\n").parent), "another sweep"),
+    Case("sweep_dir_a_file", V, _sweep_into(lambda c: c.write("f", "x")), "not a directory"),
+    Case("arm_dir_is_an_existing_run", V, lambda c: [
+        "-m", "seed=1337", f"hydra.sweep.dir={c.ref.parent}", f"hydra.sweep.subdir={c.ref.name}"],
+         "already holds a checkpoint"),
+    Case("arms_share_a_given_subdir", V, lambda c: [
+        "-m", "optim.lr=3e-3,2e-3", f"hydra.sweep.dir={c.tmp / 's'}", "hydra.sweep.subdir=one"],
+         "tells them apart"),
+    Case("arm_escapes_the_sweep_dir", V, lambda c: [
+        "-m", "seed=1,2", f"hydra.sweep.dir={c.tmp / 's'}", "hydra.sweep.subdir=../x${seed}"],
+         "outside the sweep"),
+    Case("arm_inside_another_arm", V, lambda c: [
+        "-m", "run_name=a,a/b", f"hydra.sweep.dir={c.tmp / 's'}"], "inside the arm"),
+    Case("resume_swept", V, lambda c: ["-m", f"resume={c.ref}"], "cannot be part of a -m sweep"),
+    Case("resume_in_a_sweep", V, lambda c: ["-m", f"resume={c.ref}", "seed=1,2"],
+         "cannot be part of a -m sweep"),
+    Case("sweep_over_hydra", V, lambda c: ["-m", "hydra.job.chdir=true,false"], "Hydra"),
+    Case("unknown_launcher", V, lambda c: ["-m", "hydra/launcher=joblib"], "joblib"),
+    Case("unknown_option", V, lambda c: ["--bogus"], "unrecognized"),
+    Case("config_name_option", V, lambda c: ["-cn", "other"], "not supported"),
+    Case("resolve_without_cfg", V, lambda c: ["--resolve"], "--cfg"),
+    Case("multirun_and_cfg", V, lambda c: ["-m", "--cfg", "job", "seed=1,2"], "exclude each other"),
+]
+
+IN_USE = [
+    Case("resume_while_another_trains_it", V, _held(lambda c: (lambda r: (r, [f"resume={r}"]))(
+        c.copy())), "pid 4242 on elsewhere"),
+    Case("new_run_in_a_directory_in_use", V, _held(lambda c: (lambda r: (r, [
+        f"hydra.run.dir={r}"]))(_untrained_run(c))), "in use by"),
+    Case("arm_of_a_sweep_dir_in_use", V, _held(lambda c: (lambda d: (d, [
+        "-m", "seed=1,2", f"hydra.sweep.dir={d}"]))(
+        (c.tmp / "sweep").mkdir() or c.tmp / "sweep")), "in use by"),
+    Case("lock_a_fifo", V, _resume(lambda c, r: ((r / ".lock").unlink(), os.mkfifo(r / ".lock"))),
+         "FIFO"),
+    Case("lock_a_symlink", V, _resume(lambda c, r: ((r / ".lock").unlink(), (r / ".lock").symlink_to(
+        c.write("victim", "x")))), "symbolic link"),
+]
+
+LEAKS = [
+    Case("val_is_the_training_file", V, _train_as(lambda c: c.env["corpus"] / "train.txt"),
+         "also a training file"),
+    Case("val_through_dotdot", V, _train_as(
+        lambda c: c.env["corpus"] / ".." / "corpus" / "train.txt"), "also a training file"),
+    Case("val_through_a_symlink", V, _train_as(
+        lambda c: (c.tmp / "v.txt").symlink_to(c.env["corpus"] / "train.txt") or c.tmp / "v.txt"),
+         "also a training file"),
+    Case("val_folder_inside_the_training_folder", V, _in_folder, "also a training file"),
+    Case("val_a_copy_of_a_training_file", V, _train_as(
+        lambda c: shutil.copy(c.env["corpus"] / "train.txt", c.tmp / "copy.txt")),
+         "same text"),
+    Case("hub_val_split_is_the_train_split", V, lambda c: [
+        "data=hub", "data.hub_name=tiny_shakespeare", "data.val_split=train"], "train_split"),
+]
+
+SAVED_CONFIG = [
+    Case("config_over_a_megabyte", V, _over_a_megabyte, "config.yaml would be"),
+]
+
+MODEL_FOLDERS = [
+    Case("tokenizer_id_beyond_vocabulary", G, _from_folder(_folder_json(
+        "tokenizer.json", lambda t: t["model"]["vocab"].__setitem__("a", 10**6)), "prompt=a"),
+         "beyond its vocabulary"),
+    Case("tokenizer_regex", G, _from_folder(_folder_json(
+        "tokenizer.json", lambda t: t.__setitem__("pre_tokenizer", _REGEX)), "prompt=" + "a" * 28),
+         "regular expression"),
+    Case("tokenizer_deep", G, _from_folder(_folder_json(
+        "tokenizer.json", lambda t: '{"model": ' + "[" * 100_000 + "]" * 100_000 + "}")),
+         "tokenizer"),
+    Case("tokenizer_fifo", G, _from_folder(_folder_file("tokenizer.json", _fifo_at)), "FIFO"),
+    Case("tokenizer_sparse_huge", G, _from_folder(_folder_file("tokenizer.json", _sparse_at(1 << 40))),
+         "more than"),
+    Case("tokenizer_missing", G, _from_folder(_folder_file("tokenizer.json", lambda c, p: None)),
+         "no tokenizer.json"),
+    Case("tokenizer_other_vocabulary", G, _from_folder(_folder_json(
+        "tokenizer.json", lambda t: t["model"]["vocab"].__setitem__("@@new@@", len(t["model"]["vocab"])))),
+         "belong"),
+    Case("config_deep", G, _from_folder(_folder_json("config.json", lambda t: DEEP_JSON)), "JSON"),
+    Case("config_a_billion_layers", G, _from_folder(_folder_json(
+        "config.json", lambda t: t.__setitem__("n_layer", 10**9))), "does not fit"),
+    Case("config_a_billion_positions", G, _from_folder(_folder_json(
+        "config.json", lambda t: t.__setitem__("n_positions", 10**9))), "does not fit"),
+    Case("config_huge_width", G, _from_folder(_folder_json(
+        "config.json", lambda t: t.update(n_embd=2**24, n_inner=2**26, n_head=2**18))),
+         "does not fit"),
+    Case("config_other_architecture", G, _from_folder(_folder_json(
+        "config.json", lambda t: t.__setitem__("model_type", "llama"))), "model_type"),
+    Case("config_fifo", G, _from_folder(_folder_file("config.json", _fifo_at)), "FIFO"),
+    Case("weights_sparse_huge", G, _from_folder(_folder_file("model.safetensors", _sparse_at(1 << 40))),
+         "implausibly large"),
+    Case("weights_fifo", G, _from_folder(_folder_file("model.safetensors", _fifo_at)), "FIFO"),
+    Case("weights_unknown_choice", G, _from_folder(lambda c: c.folder(), "weights=newest"),
+         "weights"),
+    Case("init_from_a_billion_layers", V, _from_folder(_folder_json(
+        "config.json", lambda t: t.__setitem__("n_layer", 10**9)), script="train.py"),
+         "does not fit"),
+    Case("init_from_tokenizer_regex", V, _from_folder(_folder_json(
+        "tokenizer.json", lambda t: t.__setitem__("pre_tokenizer", _REGEX)), script="train.py"),
+         "regular expression"),
+    Case("init_from_a_run_directory", V, lambda c: [f"init_from={c.ref}"], "not a model folder"),
+    Case("init_from_a_fifo", V, lambda c: [f"init_from={c.fifo('p')}"], "not a model folder"),
+    Case("attention_map_without_prompt", M, _from_folder(lambda c: c.folder(), script=M),
+         "give prompt="),
+    Case("attention_map_a_billion_layers", M, _from_folder(_folder_json(
+        "config.json", lambda t: t.__setitem__("n_layer", 10**9)), "prompt=a", script=M),
+         "does not fit"),
+]
+
+
+def _fifo_path(c: Ctx) -> Path:
+    return c.fifo("tok.json")
+
+
+NOT_FILES = [
+    Case("tokenizer_path_fifo", V, lambda c: ["tokenizer.kind=file", f"tokenizer.path={_fifo_path(c)}"],
+         "FIFO"),
+    Case("tokenizer_path_dev_zero", V, lambda c: ["tokenizer.kind=file", "tokenizer.path=/dev/zero"],
+         "device"),
+    Case("tokenizer_path_sparse_huge", V, lambda c: [
+        "tokenizer.kind=file", f"tokenizer.path={_sparse(c, 'tok.json', 1 << 40)}"], "more than"),
+    Case("tokenizer_path_a_directory", V, lambda c: [
+        "tokenizer.kind=file", f"tokenizer.path={c.tmp}"], "directory"),
+    Case("resume_tokenizer_path_fifo", V, _resume(_file_tokenizer_run(_fifo_path)), "FIFO"),
+    Case("attention_map_tokenizer_path_fifo", M, lambda c: [
+        f"run={_resume(_file_tokenizer_run(_fifo_path))(c)[0].split('=', 1)[1]}",
+        f"out={c.tmp / 'm.png'}"], "FIFO"),
+    Case("attention_map_out_a_fifo", M, lambda c: [f"run={c.ref}", f"out={c.fifo('m.png')}",
+                                                   "prompt=ROMEO"], "FIFO"),
+    Case("training_text_sparse_huge", V, _special_train_file(lambda c: _sparse(c, "t.txt", 1 << 40)),
+         "memory"),
+]
+
+_NO_RUN = {"WORLD_SIZE": None, "LOCAL_RANK": None, "MASTER_ADDR": None, "MASTER_PORT": None}
+ENVIRONMENT = [
+    Case("rank_not_a_number", V, lambda c: [], "RANK", env={**_NO_RUN, "RANK": "abc"}),
+    Case("stray_rank_without_world_size", V, lambda c: [DEFAULT_DIR], "WORLD_SIZE is not",
+         env={**_NO_RUN, "RANK": "1"}),
+    Case("stray_local_rank", V, lambda c: [DEFAULT_DIR], "WORLD_SIZE is not",
+         env={**_NO_RUN, "RANK": None, "LOCAL_RANK": "1"}),
+    Case("rank_beyond_world_size", V, lambda c: [], "below WORLD_SIZE",
+         env={**_NO_RUN, "RANK": "2", "WORLD_SIZE": "2", "MASTER_ADDR": "x", "MASTER_PORT": "1"}),
+    Case("world_without_rendezvous", V, lambda c: [], "MASTER_ADDR",
+         env={**_NO_RUN, "RANK": "0", "WORLD_SIZE": "2"}),
+    Case("world_size_zero", V, lambda c: [], "WORLD_SIZE", env={**_NO_RUN, "WORLD_SIZE": "0"}),
+    Case("master_port_text", V, lambda c: [], "MASTER_PORT",
+         env={**_NO_RUN, "RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "x", "MASTER_PORT": "http"}),
+]
+
+NOT_UTF8 = "\udcff"  # what Python makes of the byte 0xff in a command line
+TEXT = [
+    Case("sample_prompt_not_utf8", V, lambda c: [f"train.sample_prompt=a{NOT_UTF8}b"], "not text"),
+    Case("training_file_name_not_utf8", V, lambda c: [
+        f"data.train_files=[{c.write('t' + NOT_UTF8 + '.txt', shakespeare_like(3000))}]"],
+         "not text"),
+    Case("run_name_not_utf8", V, lambda c: [f"run_name=x{NOT_UTF8}"], "not text"),
+    Case("prompt_not_utf8", G, lambda c: [f"run={c.ref}", f"prompt=ROMEO{NOT_UTF8}"], "not text"),
+    Case("prompt_not_utf8_bpe_folder", G, lambda c: [f"run={c.env['folder']}",
+                                                     f"prompt=a{NOT_UTF8}"], "not text"),
+]
+
 TABLES = {"values": VALUES, "command_line": COMMAND_LINE, "corpus_and_cache": CORPUS_AND_CACHE,
           "placement": PLACEMENT, "tampered_resume": TAMPERED_RESUME,
-          "tampered_sample": TAMPERED_SAMPLE, "sampling_values": SAMPLING_VALUES}
+          "tampered_sample": TAMPERED_SAMPLE, "sampling_values": SAMPLING_VALUES,
+          "sweeps": SWEEPS, "in_use": IN_USE, "leaks": LEAKS, "saved_config": SAVED_CONFIG,
+          "model_folders": MODEL_FOLDERS, "not_files": NOT_FILES, "environment": ENVIRONMENT,
+          "text": TEXT}
 if not ROOT_USER:
     def _unreadable(c: Ctx):
         path = c.write("secret.txt", shakespeare_like(3000))
@@ -949,8 +1249,15 @@ if not ROOT_USER:
         (c.tmp / "ro").chmod(0o555)
         return [f"hydra.run.dir={c.tmp / 'ro' / 'run'}"]
 
+    def _read_only_checkpoints(c: Ctx, run: Path) -> None:
+        for d in (run / "checkpoints", *(run / "checkpoints").iterdir()):
+            if d.is_dir():
+                d.chmod(0o555)
+
     CORPUS_AND_CACHE.append(Case("unreadable_data_file", V, _unreadable, "permission"))
     PLACEMENT.append(Case("run_dir_not_writable", V, _read_only_dir, "not writable"))
+    IN_USE.append(Case("resume_with_read_only_checkpoints", V, _resume(_read_only_checkpoints),
+                       "not writable"))
 
 CASES = [(kind, case) for kind, table in TABLES.items() for case in table]
 

@@ -18,6 +18,9 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from guard.cli import UserError
+from guard.limits import parse_launch
+
 
 @dataclass
 class World:
@@ -36,17 +39,22 @@ class World:
 
 
 def launch_rank() -> int:
-    """This process's rank, as torchrun set it (0 without torchrun)."""
-    return int(os.environ.get("RANK", "0"))
+    """This process's rank, as torchrun set it (0 without torchrun); UserError for an environment
+    that does not describe a torchrun job (guard.limits.parse_launch)."""
+    return parse_launch(os.environ).rank
 
 
 def init_world(device: torch.device) -> World:
     """Join the process group that torchrun described in the environment, if any."""
-    size = int(os.environ.get("WORLD_SIZE", "1"))
-    if size == 1:
+    launch = parse_launch(os.environ)
+    if launch.size == 1:
         return World(device=device)
-    rank, local_rank = launch_rank(), int(os.environ.get("LOCAL_RANK", "0"))
+    rank, size, local_rank = launch.rank, launch.size, launch.local_rank
     if device.type == "cuda":
+        if local_rank >= torch.cuda.device_count():
+            raise UserError(f"LOCAL_RANK={local_rank}, but this machine has "
+                            f"{torch.cuda.device_count()} CUDA devices (torchrun "
+                            f"--nproc_per_node must not exceed them)")
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
     backend = "nccl" if device.type == "cuda" else "gloo"
