@@ -2,6 +2,8 @@
 spellings still work), `--help` with a line per key, and a wrong type refused in our words."""
 from __future__ import annotations
 
+import subprocess
+import sys
 from dataclasses import dataclass
 from typing import Optional
 
@@ -10,6 +12,7 @@ from omegaconf import MISSING
 
 from guard.cli import UserError, parse_key_values
 from guard.key_help import help_text, key_help
+from helpers import REPO_ROOT, SCRIPT_ENV
 
 
 @dataclass
@@ -63,3 +66,17 @@ def test_a_required_key_and_an_unknown_key_are_named():
         parse("layer=1")
     with pytest.raises(UserError, match="unknown key 'colour'"):
         parse("sweep=x", "colour=red")
+
+
+SCRIPTS = [["generate.py"], ["-m", "scripts.attention_map"], ["-m", "scripts.export_hf"],
+           ["-m", "scripts.summarize_ablations"], ["scripts/summarize_ablations.py"],
+           ["-m", "scripts.tensorboard_screenshots"], ["-m", "scripts.runs"]]
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=" ".join)
+def test_every_script_describes_each_of_its_keys(script):
+    proc = subprocess.run([sys.executable, *script, "--help"], cwd=REPO_ROOT, env=SCRIPT_ENV,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("  ") and "=" in line]
+    assert rows and all(len(line.split(None, 1)) == 2 for line in rows), proc.stdout
