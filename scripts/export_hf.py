@@ -99,7 +99,7 @@ def main(argv: list[str]) -> int:
         run = resolve_latest(Path(args.run))
         chosen = choose_weights(run, args.weights)
         out = export(run, Path(args.out), "best" if chosen.kind == "folder" else chosen.kind)
-        print(f"exported {run} ({chosen.describe()}) to {out}")
+        print(f"exported {run}, {chosen.describe()}, to {out}")
     return run_cli(body)
 
 

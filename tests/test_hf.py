@@ -395,7 +395,7 @@ def test_export_takes_runs_latest_and_names_the_weights(runs, tmp_path, capsys, 
     (tmp_path / "runs" / "latest").write_text(f"{runs['char']}\n")  # as train.py writes it
     monkeypatch.chdir(tmp_path)
     assert export_hf.main(["run=runs/latest", "out=exported"]) == 0
-    assert capsys.readouterr().out.startswith(f"exported {runs['char']} (best weights (step ")
+    assert capsys.readouterr().out.startswith(f"exported {runs['char']}, best weights (step ")
     assert (tmp_path / "exported" / "config.json").is_file()
 
 
