@@ -6,11 +6,14 @@
 Same key=value style as train.py. Everything comes from the run directory alone: config.yaml
 (model shape), tokenizer.json and the checkpoint's model.safetensors (no pickle is loaded); a
 run directory may come from someone else, so `load_run` checks each file before use
-(guard/run_dir.py). Every mistake ends in one `error:` line.
+(guard/run_dir.py). The text goes to stdout; stderr says which checkpoint was sampled and, at
+the end, the speed. Every mistake ends in one `error:` line.
 """
 from __future__ import annotations
 
+import os
 import sys
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Optional
@@ -24,6 +27,7 @@ from guard.run_dir import load_run, resolve_latest
 from model.gpt import GPT
 from training.checkpoint import LATEST
 from training.config import Config, TrainConfig
+from training.weights_choice import choose_weights
 
 USAGE = "usage: python generate.py [run=DIR] [prompt=TEXT] [max_new_tokens=N] [key=value ...]"
 
@@ -32,17 +36,18 @@ USAGE = "usage: python generate.py [run=DIR] [prompt=TEXT] [max_new_tokens=N] [k
 class GenerateConfig:
     """The defaults are those of the samples train.py logs."""
 
-    run: str = str(LATEST)
-    prompt: str = TrainConfig.sample_prompt
-    max_new_tokens: int = 500
-    temperature: float = TrainConfig.sample_temperature
-    top_k: Optional[int] = None
-    top_p: Optional[float] = None
+    run: str = str(LATEST)         # a run of train.py (runs/latest: the newest) or a GPT-2 folder
+    prompt: str = TrainConfig.sample_prompt  # the text to continue
+    max_new_tokens: int = 500      # tokens to generate after the prompt, per sample
+    temperature: float = TrainConfig.sample_temperature  # below 1 sharper, above 1 more random
+    top_k: Optional[int] = None    # sample among the k most likely tokens only (null: all)
+    top_p: Optional[float] = None  # sample among the most likely tokens holding this probability
     greedy: bool = False           # always the most likely token (temperature etc. ignored)
-    seed: int = Config.seed
-    num_samples: int = 1
-    weights: str = "best"          # best (lowest validation loss) | latest
-    device: str = "auto"
+    seed: int = Config.seed        # sample i uses seed + i
+    num_samples: int = 1           # samples, one after another
+    weights: str = "auto"          # auto (best; latest for a leaky run) | best | latest
+    device: str = "auto"           # auto (CUDA if there is one) | cpu | cuda | cuda:N
+    threads: Optional[int] = None  # CPU threads (null: 1; the idle cores for 50M parameters and up)
     use_cache: bool = True         # KV cache; false recomputes the whole context every token
 
 
@@ -51,25 +56,76 @@ def main(argv: list[str]) -> int:
 
 
 def sample(argv: list[str]) -> int:
-    cfg = parse_key_values(argv, GenerateConfig, USAGE)
+    cfg = parse_key_values(argv, GenerateConfig, USAGE, about=__doc__.split("\n\n")[0])
     check_sampling(cfg)  # before anything is read
     device = parse_device(cfg.device)
-    model, tokenizer, run_cfg = load_run(resolve_latest(Path(cfg.run)), cfg.weights, device)
+    run_dir = resolve_latest(Path(cfg.run))
+    chosen = choose_weights(run_dir, cfg.weights)
+    model, tokenizer, run_cfg = load_run(run_dir, chosen.kind if chosen.kind != "folder"
+                                         else "best", device)
     check_top_k(cfg.top_k, tokenizer.get_vocab_size())
     prompt = prompt_ids(tokenizer, cfg.prompt, run_cfg.model.block_size)
+    threads = decoding_threads(cfg.threads, model, device)
+    print(f"sampling {run_dir}: {chosen.describe()}" + (f"; {chosen.note}" if chosen.note else ""),
+          file=sys.stderr, flush=True)
+    meter = Meter()
     try:
         for i in range(cfg.num_samples):
             if i:
                 print("\n" + "-" * 40)
-            stream(model, tokenizer, prompt, replace(cfg, seed=cfg.seed + i))
+            stream(model, tokenizer, prompt, replace(cfg, seed=cfg.seed + i), meter=meter)
     except KeyboardInterrupt:  # the sample so far stays on screen
         print(file=sys.stderr)
+        meter.report(device, threads)
         return 130
+    meter.report(device, threads)
     return 0
 
 
-def stream(model: GPT, tokenizer, prompt_ids: list[int], cfg: GenerateConfig, out=None) -> str:
-    """Generate one sample, writing text as it appears (to stdout by default); returns it all.
+# Decoding one sequence runs every op on a single row ([1, n_embd] times [n_embd, 4 n_embd]). For a
+# small model each op takes microseconds and a second thread costs more in synchronisation than
+# it saves; when another process holds a core, every op also waits for the thread that core runs.
+# Measured (README, Sampling): one thread decodes the default model 7x faster than torch's two on
+# 2 cores that other jobs load, 6x when two more processes spin on them; a 12 x 768 model 5x and
+# 4x. Only a model past this many parameters gets more, and only the cores that are idle.
+THREADS_FROM_PARAMS = 50_000_000
+
+
+def decoding_threads(requested: Optional[int], model: GPT, device) -> int:
+    """CPU threads for decoding, set for torch: as requested; else 1 below THREADS_FROM_PARAMS
+    parameters, and above it the cores no other process is using (the cores this process may
+    run on less the 1-minute load average), at least 1. Returns the count."""
+    if device.type != "cpu":
+        return torch.get_num_threads()
+    if requested is None:
+        requested = 1
+        if model.num_params() >= THREADS_FROM_PARAMS:
+            cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
+                else (os.cpu_count() or 1)
+            requested = max(1, min(cores, round(cores - os.getloadavg()[0])))
+    torch.set_num_threads(requested)
+    return torch.get_num_threads()
+
+
+class Meter:
+    """New tokens and the seconds spent producing them, over every sample."""
+
+    def __init__(self):
+        self.tokens, self.seconds = 0, 0.0
+
+    def report(self, device, threads: int) -> None:
+        if self.tokens == 0:
+            return
+        where = f"{threads} thread{'s' if threads > 1 else ''}" if device.type == "cpu" \
+            else str(device)
+        print(f"{self.tokens:,} tokens in {self.seconds:.2f} s: "
+              f"{self.tokens / max(self.seconds, 1e-9):,.0f} tokens/s ({where})", file=sys.stderr)
+
+
+def stream(model: GPT, tokenizer, prompt_ids: list[int], cfg: GenerateConfig, out=None,
+           meter: Optional[Meter] = None) -> str:
+    """Generate one sample, writing text as it appears (to stdout by default); returns it all,
+    and adds its tokens and time to meter.
 
     Decoding is incremental (data.tokenizer.IncrementalDecoder), so each token costs the same
     however long the sample grows."""
@@ -81,6 +137,7 @@ def stream(model: GPT, tokenizer, prompt_ids: list[int], cfg: GenerateConfig, ou
     out.write(pieces[0])
     tokens = model.generate(torch.tensor([prompt_ids], device=device), cfg.max_new_tokens,
                             cfg.temperature, cfg.top_k, cfg.top_p, gen, cfg.greedy, cfg.use_cache)
+    started = time.perf_counter()
     try:
         for token in tokens:
             piece = decoder.add(int(token))
@@ -93,6 +150,10 @@ def stream(model: GPT, tokenizer, prompt_ids: list[int], cfg: GenerateConfig, ou
         out.flush()
         raise UserError(f"sampling failed after {len(decoder.ids) - len(prompt_ids)} tokens: "
                         f"{first_line(exc)} (do the weights overflow?)") from None
+    finally:  # interrupted too: the speed so far
+        if meter is not None:
+            meter.tokens += len(decoder.ids) - len(prompt_ids)
+            meter.seconds += time.perf_counter() - started
     pieces.append(decoder.finish())
     out.write(pieces[-1] + "\n")
     return "".join(pieces)

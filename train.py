@@ -58,7 +58,7 @@ from training.optim import Optimizers, lr_at, make_optimizer
 from training.runtime import (StopFlag, World, all_mean, all_sum, barrier, broadcast_from_main,
                               init_world, launch_rank, shutdown)
 from training.state import Progress, rng_state, seed_everything, set_rng_state
-from training.tb import HPARAM_METRICS, open_writer, write_hparams
+from training.tb import open_writer, write_hparams
 
 register_configs()
 log = logging.getLogger("train")  # Hydra sends it to the console and to the run's train.log
@@ -85,6 +85,7 @@ class Run:
     metrics: dict = field(default_factory=dict)  # of the latest evaluation
     last_train_loss: float = math.nan
     overfitting: bool = False       # the guard has fired (and train.early_stop asks to stop)
+    leak_reported: bool = False     # the guard has said a leaky variant's causal loss rises
 
     @property
     def tokens_per_step(self) -> int:
@@ -305,13 +306,13 @@ def log_training(run: Run, result: StepResult, tokens_per_sec: float) -> None:
     run.last_train_loss = float(np.mean(p.loss_window))
     p.loss_window = []
     w.add_scalar("train/loss", run.last_train_loss, p.step)
-    w.add_scalar("lr", result.lr, p.step)
-    w.add_scalar("grad_norm", result.grad_norm, p.step)
-    w.add_scalar("tokens_per_sec", tokens_per_sec, p.step)
+    w.add_scalar("train/lr", result.lr, p.step)
+    w.add_scalar("train/grad_norm", result.grad_norm, p.step)
+    w.add_scalar("train/tokens_per_sec", tokens_per_sec, p.step)
     w.add_scalar("train/tokens_seen", p.tokens_seen, p.step)
     for i, (q, k) in enumerate(result.qk_norms):
-        w.add_scalar(f"attn/grad_norm_q/layer{i}", q, p.step)
-        w.add_scalar(f"attn/grad_norm_k/layer{i}", k, p.step)
+        w.add_scalar(f"weights/grad_norm_q/layer{i}", q, p.step)
+        w.add_scalar(f"weights/grad_norm_k/layer{i}", k, p.step)
 
 
 def evaluate(run: Run) -> dict:
@@ -320,9 +321,9 @@ def evaluate(run: Run) -> dict:
     if run.world.is_main:
         log_evaluation(run, metrics)
     keep_best(run, metrics["causal_val_loss"])
+    run.metrics = metrics
     check_overfitting(run)
     save(run)
-    run.metrics = metrics
     log.info(f"step {run.progress.step}: train loss {run.last_train_loss:.4f}, val loss "
              f"{metrics['val_loss']:.4f}" + (f", causal val loss {metrics['causal_val_loss']:.4f}"
                                               if run.leaky else ""))
@@ -345,16 +346,20 @@ def validation_losses(run: Run) -> dict:
 
 def log_evaluation(run: Run, metrics: dict) -> None:
     """An evaluation in TensorBoard (rank 0): the losses, per character too (so runs with
-    different tokenizers share one axis), the attention diagnostics and maps, a text sample."""
+    different tokenizers share one axis), the attention diagnostics and maps, a text sample.
+
+    TensorBoard's Scalars tab sorts its sections by name and opens the first two: train/ and
+    val/, the losses; weights/ (the attention's) comes after them. Every run logs the causal
+    loss, the one comparable across attention variants (a causal variant's is its own loss)."""
     cfg, step, w, model = run.cfg, run.progress.step, run.writer, run.model
     w.add_scalar("val/loss", metrics["val_loss"], step)
     w.add_scalar("val/bpc", to_bpc(run, metrics["val_loss"]), step)
-    if run.leaky:
-        w.add_scalar("val/causal_loss", metrics["causal_val_loss"], step)
+    w.add_scalar("val/causal_loss", metrics["causal_val_loss"], step)
+    w.add_scalar("val/nats_per_char", to_nats_per_char(run, metrics["causal_val_loss"]), step)
     for i, d in enumerate(attention_diagnostics(model, run.eval_batches[0][0], run.amp)):
-        w.add_scalar(f"attn/max_weight/layer{i}", d["max_weight"], step)
-        w.add_scalar(f"attn/entropy/layer{i}", d["entropy"], step)
-        w.add_scalar(f"attn/future_weight/layer{i}", d["future_weight"], step)
+        w.add_scalar(f"weights/max_weight/layer{i}", d["max_weight"], step)
+        w.add_scalar(f"weights/entropy/layer{i}", d["entropy"], step)
+        w.add_scalar(f"weights/future_weight/layer{i}", d["future_weight"], step)
     if cfg.train.attention_maps:  # the same validation window at every evaluation, every run
         window = map_window(run.corpus.validation, run.corpus.tokenizer,
                             min(cfg.train.attention_map_tokens, cfg.model.block_size))
@@ -375,20 +380,46 @@ def keep_best(run: Run, causal_val_loss: float) -> None:
 
 def check_overfitting(run: Run) -> None:
     """Say so when validation loss has risen for train.overfit_patience evaluations in a row
-    while training loss fell, and name the best checkpoint; with train.early_stop, stop."""
+    while training loss fell, and name the best checkpoint; with train.early_stop, stop.
+
+    The loss watched is the causal one. For a leaky variant it rises for another reason: the
+    model learns to read the tokens it predicts, which lowers its training loss and its own
+    validation loss, and the same weights do worse and worse without them. That is the leak, not
+    overfitting: it is said as such (once), and it does not stop the run."""
     p, t = run.progress, run.cfg.train
     rising = rising_validation(p.history, t.overfit_patience)
-    run.writer.add_scalar("val/overfitting", float(rising), p.step)
-    if rising and not run.overfitting:
-        message = (f"warning: step {p.step}: overfitting: validation loss has risen for "
-                   f"{t.overfit_patience} evaluations ({p.history[-t.overfit_patience - 1][1]:.4f} "
-                   f"-> {p.history[-1][1]:.4f}) while training loss fell; the best weights "
-                   f"(step {p.best_step}, val loss {p.best_val:.4f}) are in "
-                   f"{run.run_dir / CHECKPOINTS / 'best'}. More data, dropout or weight decay, or "
-                   f"a smaller model would help; train.early_stop=true stops such a run.")
+    overfitting = rising and not run.leaky
+    run.writer.add_scalar("val/overfitting", float(overfitting), p.step)
+    if rising and (run.leaky and not run.leak_reported or overfitting and not run.overfitting):
+        message = leak_message(run) if run.leaky else overfitting_message(run)
         log.warning(message)
         run.writer.add_text("warnings", message, p.step)
-    run.overfitting = rising
+        run.leak_reported = run.leak_reported or run.leaky
+    run.overfitting = overfitting
+
+
+def overfitting_message(run: Run) -> str:
+    p, t = run.progress, run.cfg.train
+    return (f"warning: step {p.step}: overfitting: validation loss has risen for "
+            f"{t.overfit_patience} evaluations ({p.history[-t.overfit_patience - 1][1]:.4f} -> "
+            f"{p.history[-1][1]:.4f}) while training loss fell; the best weights (step "
+            f"{p.best_step}, val loss {p.best_val:.4f}) are in "
+            f"{run.run_dir / CHECKPOINTS / 'best'}. More data, dropout or weight decay, or a "
+            f"smaller model would help; train.early_stop=true stops such a run.")
+
+
+def leak_message(run: Run) -> str:
+    p, t = run.progress, run.cfg.train
+    before, now = p.history[-t.overfit_patience - 1][1], p.history[-1][1]
+    return (f"warning: step {p.step}: the leak, not overfitting: the causal validation loss has "
+            f"risen for {t.overfit_patience} evaluations ({before:.4f} -> {now:.4f}) while the "
+            f"training loss fell (own validation loss "
+            f"{run.metrics.get('val_loss', math.nan):.4f}): attention={run.cfg.attention.name} "
+            f"lets each position see the tokens after it, the model learns to read them, and "
+            f"without them, as when generating, it does ever worse. More data or dropout would "
+            f"not help; the correct mask would. The weights from before it learned to read ahead "
+            f"(step {p.best_step}, causal val loss {p.best_val:.4f}) are in "
+            f"{run.run_dir / CHECKPOINTS / 'best'}; the latest show what the leak learned.")
 
 
 def save(run: Run) -> None:
@@ -420,12 +451,18 @@ def to_bpc(run: Run, nats_per_token: float) -> float:
     return bits_per_char(nats_per_token, len(corpus.validation), corpus.n_chars["validation"])
 
 
+def to_nats_per_char(run: Run, nats_per_token: float) -> float:
+    """The headline unit: nats per character of the validation split, whatever the tokenizer."""
+    return to_bpc(run, nats_per_token) * math.log(2)
+
+
 def final_metrics(run: Run, meter: "Speedometer") -> dict:
     """Scores of the finished run: the whole validation split (every token once), speed, and
     the HParams summary in TensorBoard."""
     cfg, p, w, model = run.cfg, run.progress, run.writer, run.model
     metrics = {"train_time_min": p.elapsed / 60, "tokens_per_sec": meter.rate(), "steps": p.step,
-               "tokens_seen": p.tokens_seen, "best_val_loss": p.best_val, "best_step": p.best_step}
+               "tokens_seen": p.tokens_seen, "best_val_loss": p.best_val, "best_step": p.best_step,
+               "attention": cfg.attention.name, "leaky": run.leaky}
     if run.overfitting and cfg.train.early_stop:
         log.info(f"stopped early at step {p.step}: scoring the best weights (step {p.best_step})")
         load_weights(model, run.run_dir / CHECKPOINTS / "best" / WEIGHTS)
@@ -433,16 +470,17 @@ def final_metrics(run: Run, meter: "Speedometer") -> dict:
         split, block, batch = run.corpus.validation, cfg.model.block_size, cfg.train.batch_size
         full = full_split_loss(model, split, block, batch, run.amp, run.world)
         metrics.update(val_loss_full=full, val_bpc_full=to_bpc(run, full),
-                       val_nats_per_char_full=to_bpc(run, full) * math.log(2))
-        w.add_scalar("val/loss_full", full, p.step)
-        w.add_scalar("val/bpc_full", metrics["val_bpc_full"], p.step)
+                       causal_val_loss_full=full)
         if run.leaky:
             with model.attention_variant(causal_variant(cfg.attention)):
                 metrics["causal_val_loss_full"] = full_split_loss(model, split, block, batch,
                                                                   run.amp, run.world)
-            w.add_scalar("val/causal_loss_full", metrics["causal_val_loss_full"], p.step)
-    summary = run.metrics | metrics | {"val_bpc": to_bpc(run, run.metrics["causal_val_loss"])}
-    write_hparams(w, cfg, {k: v for k, v in summary.items() if k in HPARAM_METRICS})
+        metrics["val_nats_per_char_full"] = to_nats_per_char(run, metrics["causal_val_loss_full"])
+        w.add_scalar("val/loss_full", full, p.step)
+        w.add_scalar("val/bpc_full", metrics["val_bpc_full"], p.step)
+        w.add_scalar("val/causal_loss_full", metrics["causal_val_loss_full"], p.step)
+        w.add_scalar("val/nats_per_char_full", metrics["val_nats_per_char_full"], p.step)
+    write_hparams(w, cfg)  # its metrics are the last values of val/ and train/ (training/tb.py)
     return metrics
 
 
@@ -481,6 +519,12 @@ def report(metrics: dict, run_dir: Path) -> None:
     lines = [f"run: {run_dir}"] + [f"  {label:<28} {fmt.format(metrics[key])}"
                                    for key, label, fmt in rows if key in metrics]
     lines.append(f"sample: python generate.py run={run_dir} prompt='ROMEO:'")
+    if metrics.get("leaky") and metrics["best_step"] < metrics["steps"]:
+        lines.append(f"  (attention={metrics['attention']} leaks: generate.py samples its latest "
+                     f"weights, what the leak learned; generating is causal, and causally they "
+                     f"score {metrics['causal_val_loss']:.2f} nats/token: expect gibberish, the "
+                     f"pitfall's cost. weights=best is step {metrics['best_step']}, the lowest "
+                     f"causal loss, from before it learned to read ahead)")
     log.info("\n".join(lines))
 
 

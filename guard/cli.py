@@ -23,6 +23,8 @@ from hydra.errors import HydraException
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from guard.key_help import help_text, key_value_spelling, type_words, written_out
+
 
 class UserError(ValueError):
     """A mistake in what the user asked for or handed over; the message says what, and how to
@@ -232,29 +234,39 @@ def exit_with(code: int) -> None:
     sys.exit(code)
 
 
-def parse_key_values(argv: list[str], schema: type, usage: str, about: str = ""):
+def parse_key_values(argv: list[str], schema: type, usage: str, about: str = "",
+                     positional: tuple[str, ...] = ()):
     """key=value arguments as an instance of the dataclass `schema`, its defaults for the keys
     not given. Text-valued keys keep their value verbatim (prompt=ROMEO: is text, not YAML); the
-    others are parsed and type-checked by OmegaConf; a key whose default is MISSING ("???") must
-    be given. -h or --help prints `about`, the usage and every key with its default."""
+    others are parsed by OmegaConf and a value of the wrong type is refused in our words; a key
+    whose default is MISSING ("???") must be given. The older spellings still work: `--key value`
+    and `--key=value`, and bare values for the `positional` keys, in order. -h or --help prints
+    `about`, the usage and every key with its default and description (`key_help`)."""
     if any(a in ("-h", "--help") for a in argv):
-        print((about.strip() + "\n\n" if about else "") + usage + "\n\nkeys and defaults:\n"
-              + OmegaConf.to_yaml(OmegaConf.structured(schema)))
+        print(help_text(schema, usage, about))
         raise SystemExit(0)
     hints = typing.get_type_hints(schema)
     keys = [f.name for f in dataclasses.fields(schema)]
     text = {k for k in keys if hints[k] in (str, Optional[str])}
     given = {}
-    for arg in argv:
+    flags = frozenset(k for k in keys if hints[k] is bool)
+    for arg in key_value_spelling(argv, positional, keys, flags):
         key, sep, value = arg.partition("=")
         if not sep:
             raise UserError(f"arguments must be key=value, got {arg!r}. {usage}")
         if key not in keys:
             raise UserError(f"unknown key {key!r} (known: {', '.join(keys)}). {usage}")
         given[key] = value
-    typed = OmegaConf.from_dotlist([f"{k}={v}" for k, v in given.items() if k not in text])
-    cfg = OmegaConf.merge(OmegaConf.structured(schema), typed,
-                          {k: v for k, v in given.items() if k in text})
+    try:
+        typed = OmegaConf.from_dotlist([f"{k}={v}" for k, v in given.items() if k not in text])
+        cfg = OmegaConf.merge(OmegaConf.structured(schema), typed,
+                              {k: v for k, v in given.items() if k in text})
+    except OmegaConfBaseException as exc:
+        key = str(getattr(exc, "full_key", "") or "")
+        if key not in given:
+            raise
+        raise UserError(f"{key} must be {type_words(hints[key])}, got {given[key]!r}"
+                        + written_out(given[key], hints[key])) from None
     missing = [k for k in keys if OmegaConf.is_missing(cfg, k)]
     if missing:
         raise UserError(f"{missing[0]}= is required. {usage}")

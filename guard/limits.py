@@ -126,12 +126,13 @@ TRAIN = [
 ]
 SAMPLE = [
     non_negative("max_new_tokens", MAX_COUNT), positive("num_samples", MAX_SAMPLES),
+    positive("threads", MAX_WORKERS, optional=True),
     positive("top_k", optional=True, words="between 1 and the vocabulary size"),
     Limit("top_p", 0, 1, above=True, optional=True, words="in (0, 1]"),
     SEED,
 ]
 CHOICES = {"train.compile_mode": COMPILE_MODES, "train.dtype": DTYPE_CHOICES,
-           "weights": ("best", "latest")}
+           "weights": ("auto", "best", "latest")}
 
 
 def _value(root, key: str):

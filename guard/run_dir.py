@@ -241,15 +241,26 @@ def load_folder_weights(model: GPT, folder: Path) -> None:
 
 def validation_window(run_dir: Path, cfg: Config, tokenizer: Tokenizer, n: int) -> list[int]:
     """The run's fixed validation window (the text of its TensorBoard maps): its corpus, from the
-    token cache or tokenized again, which must still give the run's own tokenizer."""
+    token cache or tokenized again, which must still give the run's own tokenizer. A relative
+    data.cache_dir is relative to where train.py was started, most likely a folder the run is in
+    (runs/<date>/ in the repository): the nearest such folder whose cache holds token entries is
+    used, else the current directory's."""
+    from dataclasses import replace
+
     from data.prepare import prepare_corpus
     from training.attention_maps import map_window
 
     if is_model_folder(run_dir):
         raise UserError(f"{run_dir} is a model folder: it has no validation text of its own; "
                         f"give prompt=")
+    data = cfg.data
+    cache = Path(data.cache_dir)
+    if not cache.is_absolute():
+        bases = [*run_dir.resolve().parents, Path.cwd()]
+        base = next((b for b in bases if (b / cache / "tokens").is_dir()), Path.cwd())
+        data = replace(data, cache_dir=str(base / cache))
     try:
-        corpus = prepare_corpus(cfg.data, cfg.tokenizer)
+        corpus = prepare_corpus(data, cfg.tokenizer)
     except CorpusError as exc:
         raise UserError(f"the run's validation text is not available ({exc}); give a prompt= "
                         f"instead") from exc

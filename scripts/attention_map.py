@@ -6,11 +6,13 @@
 
 Rows are queries, columns keys, the tokens on both axes (whitespace shown as · and ↵). Without
 a prompt the map is drawn on the run's fixed validation window, the text of its TensorBoard
-Images (which needs the run's token cache, as training made it). `head=all` draws the layer's
-heads as one grid, the picture TensorBoard shows; a single head gets a larger map with a colour
-bar. `mask=own` (the default) shows the weights under the run's own attention, a leaky
-variant's leak included; `mask=causal` shows the same weights under the correct mask, as at
-generation time. Any mistake is one `error:` line on stderr and exit status 2.
+Images (which needs the run's token cache, as training made it: a relative cache_dir is looked
+for beside the run, so the command works from any directory). `head=all` draws the layer's
+heads as one grid; a single head gets a larger map with a colour bar. `mask=own` (the default)
+shows the weights under the run's own attention, a leaky variant's leak included; `mask=causal`
+shows the same weights under the correct mask, as at generation time. The weights are those
+generate.py samples (`weights=auto`: a leaky run's latest, what the leak learned), and the
+title says which. Any mistake is one `error:` line on stderr and exit status 2.
 """
 from __future__ import annotations
 
@@ -29,22 +31,25 @@ from model.attention import causal_variant
 from scripts.maps import colorbar, draw_map
 from training.attention_maps import attention_weights, future_weight, grid_image, token_labels
 from training.checkpoint import LATEST
-from training.config import TrainConfig
+from training.weights_choice import choose_weights
 
-USAGE = ("usage: python -m scripts.attention_map run=RUN_DIR [prompt=TEXT] [layer=N] "
-         "[head=all|N] [out=PNG] [weights=best|latest] [mask=own|causal] [tokens=N]")
+USAGE = ("usage: python -m scripts.attention_map [run=RUN_DIR] [prompt=TEXT] [layer=N] "
+         "[head=all|N] [out=PNG] [weights=auto|best|latest] [mask=own|causal] [tokens=N]")
 
 
 @dataclass
 class MapArgs:
-    run: str = str(LATEST)
-    prompt: Optional[str] = None    # none: the run's fixed validation window
-    layer: int = 0
-    head: str = "all"               # all | N
-    out: str = "attention_map.png"
-    weights: str = "best"           # best | latest
-    mask: str = "own"               # own | causal
-    tokens: int = TrainConfig.attention_map_tokens  # the validation window's length
+    run: str = str(LATEST)          # a run directory of train.py (runs/latest: the newest)
+    prompt: Optional[str] = None    # the text to draw (null: the run's fixed validation window)
+    layer: int = 0                  # which layer, from 0
+    head: str = "all"               # all (every head, in a grid) | N (one head, larger)
+    out: str = "attention_map.png"  # the picture to write (.png)
+    # auto: best for a causal run, latest for a leaky one (as generate.py) | best | latest
+    weights: str = "auto"
+    mask: str = "own"               # own (the run's attention, any leak included) | causal
+    # the validation window's length, 2 to the run's context (null: the run's own setting,
+    # train.attention_map_tokens, as in its TensorBoard images)
+    tokens: Optional[int] = None
 
 
 def check(args: MapArgs) -> None:
@@ -52,45 +57,58 @@ def check(args: MapArgs) -> None:
         raise UserError(f"mask must be own or causal, got {args.mask!r}")
     if args.head != "all" and not args.head.isdigit():
         raise UserError(f"head must be a non-negative integer or all, got {args.head!r}")
-    for key in ("layer", "tokens"):
-        if getattr(args, key) < (0 if key == "layer" else 1):
-            raise UserError(f"{key} must be a {'non-negative' if key == 'layer' else 'positive'} "
-                            f"integer, got {getattr(args, key)}")
+    if args.layer < 0:
+        raise UserError(f"layer must be a non-negative integer, got {args.layer}")
+    if args.tokens is not None and args.tokens < 2:
+        raise UserError(f"tokens must be at least 2 (a map of one token shows nothing), got "
+                        f"{args.tokens}")
+    if args.tokens is not None and args.prompt is not None:
+        raise UserError("tokens= sets the length of the validation window; with prompt= the "
+                        "prompt is drawn, all of it: give one or the other")
+    if Path(args.out).suffix.lower() != ".png":
+        raise UserError(f"out must name a .png file, got {args.out!r}")
 
 
-def window_ids(args: MapArgs, tokenizer, run_cfg) -> list[int]:
+def window_ids(args: MapArgs, tokenizer, run_cfg, run_dir: Path) -> list[int]:
     """The prompt's tokens (its last block_size), or the run's fixed validation window."""
     block = run_cfg.model.block_size
-    if args.prompt is None:
-        return validation_window(resolve_latest(Path(args.run)), run_cfg, tokenizer,
-                                 min(args.tokens, block))
-    return prompt_ids(tokenizer, args.prompt, block)
+    if args.prompt is not None:
+        return prompt_ids(tokenizer, args.prompt, block)
+    if args.tokens is not None and args.tokens > block:
+        raise UserError(f"tokens must be at most the run's context of {block} tokens, got "
+                        f"{args.tokens}")
+    tokens = args.tokens or min(run_cfg.train.attention_map_tokens, block)
+    return validation_window(run_dir, run_cfg, tokenizer, tokens)
 
 
 def draw(args: MapArgs) -> Path:
     check(args)
     run_dir = resolve_latest(Path(args.run))
-    model, tokenizer, run_cfg = load_run(run_dir, args.weights, torch.device("cpu"))
+    chosen = choose_weights(run_dir, args.weights)
+    model, tokenizer, run_cfg = load_run(run_dir, chosen.kind if chosen.kind != "folder" else
+                                         "best", torch.device("cpu"))
     layer, n_layer, n_head = args.layer, run_cfg.model.n_layer, run_cfg.model.n_head
     if layer >= n_layer:
         raise UserError(f"layer must be below the run's {n_layer} layers, got {layer}")
     if args.head != "all" and int(args.head) >= n_head:
         raise UserError(f"head must be all or below the run's {n_head} heads, got {args.head}")
-    ids = window_ids(args, tokenizer, run_cfg)
+    ids = window_ids(args, tokenizer, run_cfg, run_dir)
+    print(f"drawing {run_dir}: {chosen.describe()}" + (f"; note: {chosen.note}" if chosen.note
+                                                         else ""), file=sys.stderr)
     off = torch.autocast("cpu", enabled=False)
     variant = causal_variant(run_cfg.attention) if args.mask == "causal" else run_cfg.attention
     with model.attention_variant(variant):
         weights, leaks = attention_weights(model, ids, off)
     weights, leak = weights[layer], leaks[layer]  # [h, n, n], the layer's future weight
     labels = token_labels(tokenizer, ids)
-    name = f"{run_dir.name} ({run_cfg.attention.name}, mask {args.mask})"
+    name = f"{run_dir.name} ({run_cfg.attention.name}, mask {args.mask}), {chosen.describe()}"
     out = Path(args.out)
     check_output_file(out, "out=")
     out.absolute().parent.mkdir(parents=True, exist_ok=True)
     if args.head == "all":
         from PIL import Image
 
-        title = f"{name}, layer {layer}: future weight {leak:.3f}"
+        title = f"{name}\nlayer {layer}: future weight {leak:.3f}"
         Image.fromarray(grid_image(weights, labels, title)).save(out)
         return out
 
@@ -113,7 +131,8 @@ def draw(args: MapArgs) -> Path:
 
 def main(argv: list[str]) -> int:
     def body() -> None:
-        print(f"wrote {draw(parse_key_values(argv, MapArgs, USAGE, about=__doc__))}")
+        args = parse_key_values(argv, MapArgs, USAGE, about=__doc__.split("\n\n")[0])
+        print(f"wrote {draw(args)}")
     return run_cli(body)
 
 

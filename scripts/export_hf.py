@@ -1,6 +1,7 @@
 """Export a training run as a Hugging Face GPT-2 folder that transformers loads offline.
 
     python -m scripts.export_hf run=runs/<dir> out=exports/<name> [weights=best|latest]
+    python -m scripts.export_hf run=runs/latest out=exports/<name>     # the newest run
 
 The folder holds config.json (GPT2LMHeadModel), model.safetensors (GPT-2's names and Conv1D
 layout), the run's tokenizer.json unchanged and a tokenizer_config.json for
@@ -27,18 +28,19 @@ from data.tokenizer import EOS, UNK
 from guard.cli import UserError, parse_key_values, run_cli
 from guard.corpus import MAX_TOKENIZER_BYTES
 from guard.files import read_bytes
-from guard.run_dir import load_run
+from guard.run_dir import load_run, resolve_latest
 from model.hf import (CONFIG, TOKENIZER, TOKENIZER_CONFIG, WEIGHTS, check_exportable, gpt2_config,
                       to_gpt2_state_dict, tokenizer_config)
+from training.weights_choice import choose_weights
 
 USAGE = "usage: python -m scripts.export_hf run=RUN_DIR out=OUT_DIR [weights=best|latest]"
 
 
 @dataclass
 class ExportArgs:
-    run: str = MISSING
-    out: str = MISSING
-    weights: str = "best"  # best | latest
+    run: str = MISSING      # a run directory of train.py (runs/latest: the newest run)
+    out: str = MISSING      # the folder to write: new, or empty
+    weights: str = "best"   # best (lowest validation loss) | latest (the last checkpoint)
 
 
 def check_out_dir(out: Path) -> None:
@@ -108,9 +110,11 @@ def _usual_permissions(folder: Path) -> None:
 
 def main(argv: list[str]) -> int:
     def body() -> None:
-        args = parse_key_values(argv, ExportArgs, USAGE)
-        out = export(Path(args.run), Path(args.out), args.weights)
-        print(f"exported {args.run} ({args.weights} weights) to {out}")
+        args = parse_key_values(argv, ExportArgs, USAGE, about=__doc__.split("\n\n")[0])
+        run = resolve_latest(Path(args.run))
+        chosen = choose_weights(run, args.weights)
+        out = export(run, Path(args.out), "best" if chosen.kind == "folder" else chosen.kind)
+        print(f"exported {run}, {chosen.describe()}, to {out}")
     return run_cli(body)
 
 

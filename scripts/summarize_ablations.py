@@ -1,8 +1,10 @@
 """Turn an ablation sweep into a Markdown table, a PNG of curves and a PNG of attention maps.
 
-    python scripts/summarize_ablations.py runs/ablations/<date> [--out DIR] [--layer N]
+    python -m scripts.summarize_ablations sweep=runs/ablations/<date> [out=DIR] [layer=N]
+    python scripts/summarize_ablations.py runs/ablations/<date> [--out DIR]   # the same
 
-Each run directory is named `<regime>-<variant>_seed<N>` (see conf/experiment/ablations.yaml).
+Each run directory is named `<regime>-<variant>_seed<N>` (see conf/experiment/ablations.yaml),
+directly in the sweep directory or one level down (the study puts each seed in `seed<N>/`).
 For every arm: final train loss, validation loss under its own attention, and the *causal*
 validation loss (same weights, correct mask) as mean ± std over seeds. The effect of a pitfall is
 its causal validation loss minus that of the correct layer of the same regime, with the standard
@@ -20,21 +22,31 @@ pitfall's: the same validation window, the same layer, the same seed.
 """
 from __future__ import annotations
 
-import argparse
 import math
 import re
 import sys
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))  # run as a file: the repository's packages still import
+
+from omegaconf import MISSING  # noqa: E402
+
+from guard.cli import UserError, parse_key_values, run_cli  # noqa: E402
+from scripts.outputs import check_outputs  # noqa: E402
+
 RUN_NAME = re.compile(r"^(?P<regime>[^-]+)-(?P<variant>.+)_seed(?P<seed>\d+)$")
 METRICS = {"train": "train/loss", "val": "val/loss", "causal": "val/causal_loss",
-           "max_weight": "attn/max_weight/layer0", "future_weight": "attn/future_weight/layer0"}
+           "max_weight": "weights/max_weight/layer0",
+           "future_weight": "weights/future_weight/layer0"}
+# what runs of earlier versions logged the same series as
+OLD_TAGS = {"max_weight": "attn/max_weight/layer0", "future_weight": "attn/future_weight/layer0"}
 # Two-sided 95% quantiles of Student's t for 1..30 degrees of freedom.
 T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
         2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,
@@ -52,31 +64,43 @@ def t975(df: float) -> float:
 
 def read_run(run_dir: Path) -> dict:
     """Scalar series of one run: {short name: (steps, values)}."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
     acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0, "images": 1})
     acc.Reload()
     tags = set(acc.Tags()["scalars"])
     out = {}
     for short, tag in METRICS.items():
         if tag not in tags and short == "causal":
-            tag = METRICS["val"]  # a causal run's own loss is its causal loss
+            tag = METRICS["val"]  # before every run logged it: a causal run's own loss
+        tag = tag if tag in tags else OLD_TAGS.get(short, tag)
         if tag in tags:
             events = acc.Scalars(tag)
             out[short] = (np.array([e.step for e in events]), np.array([e.value for e in events]))
     return out
 
 
+def run_dirs(sweep_dir: Path) -> list[Path]:
+    """The sweep's run directories: named <regime>-<variant>_seed<N>, in the sweep directory or
+    in a folder of it (the study's seed<N>/)."""
+    found = []
+    for path in sorted(p for p in sweep_dir.iterdir() if p.is_dir()):
+        inner = [path] if RUN_NAME.match(path.name) else \
+            sorted(p for p in path.iterdir() if p.is_dir())
+        found += [p for p in inner if RUN_NAME.match(p.name)]
+    return found
+
+
 def collect(sweep_dir: Path) -> dict:
     """{(regime, variant): {seed: series}} for every run directory in the sweep."""
     arms: dict = defaultdict(dict)
-    for run_dir in sorted(p for p in sweep_dir.iterdir() if p.is_dir()):
+    for run_dir in run_dirs(sweep_dir):
         match = RUN_NAME.match(run_dir.name)
-        if not match:
-            continue
         series = read_run(run_dir)
         if "causal" in series:
             arms[(match["regime"], match["variant"])][int(match["seed"])] = series
     if not arms:
-        raise SystemExit(f"error: no runs named <regime>-<variant>_seed<N> with events in {sweep_dir}")
+        raise UserError(f"no runs named <regime>-<variant>_seed<N> with events in {sweep_dir}")
     return arms
 
 
@@ -132,9 +156,21 @@ def ordered(arms: dict) -> list:
     return sorted(arms.items(), key=lambda kv: (kv[0][0], kv[0][1] != "correct", kv[0][1]))
 
 
+LEGEND = """\
+Losses are cross-entropies in nats per token (per character for the study's char-level models),
+at each run's last evaluation on its 20 fixed validation batches. "a ± b" is the mean ± the
+standard deviation over the seeds. "causal val loss" is the same weights scored with the correct
+mask, as when generating. "effect vs correct" is the causal val loss minus that of the regime's
+`correct` arm: the mean of the per-seed differences (paired) where the arms share seeds, else
+the difference of the means (Welch); SE is its standard error, the 95% interval is effect ±
+t(0.975, n - 1) × SE, and "effect / SE" counts standard errors from zero. The attention weight columns
+are fractions of each query row's softmax mass: its largest weight, and the mass not on the keys
+the query may see (0 for a causal mask)."""
+
+
 def table(arms: dict) -> str:
     lines = ["| regime | variant | seeds | train loss | val loss (own attention) | causal val loss "
-             "| effect vs correct | SE | 95% interval | effect / SE | attn max weight (layer 0) "
+             "| effect vs correct | SE | 95% interval | effect / SE | max weight (layer 0) "
              "| future weight (layer 0) |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for (regime, variant), runs in ordered(arms):
@@ -177,9 +213,11 @@ def plot(arms: dict, path: Path) -> None:
                 line, = ax.plot(steps, values.mean(0), label=variant)
                 ax.fill_between(steps, values.min(0), values.max(0), alpha=0.2, color=line.get_color())
                 ax.set_title(f"{regime}: {title}")
-                ax.set_xlabel("step")
+                ax.set_xlabel("training step")
+                ax.set_ylabel("loss (nats per token)")
         for row in range(2):
-            axes[row][col].legend(fontsize=8)
+            axes[row][col].legend(fontsize=8, title="mean, min-max over seeds",
+                                  title_fontsize=7)
             axes[row][col].grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=80)
@@ -206,12 +244,6 @@ def load_maps(run_dir: Path, layer: int):
     return weights[min(layer, len(weights) - 1)], token_labels(tokenizer, window)
 
 
-def sharpest(weights: np.ndarray) -> int:
-    """The head whose rows put most weight on one key (largest mean row maximum): the head that
-    shows a layer's mechanism most plainly, chosen the same way in every model."""
-    return int(weights.max(-1).mean(-1).argmax())
-
-
 def plot_maps(sweep_dir: Path, arms: dict, path: Path, layer: int = 0) -> bool:
     """Each regime's correct map beside its pitfalls' (one row per regime), all of the lowest
     seed every arm has. False, and nothing written, when the sweep kept no checkpoints to draw
@@ -219,12 +251,13 @@ def plot_maps(sweep_dir: Path, arms: dict, path: Path, layer: int = 0) -> bool:
     import torch
 
     from scripts.maps import colorbar, draw_map
-    from training.attention_maps import future_weight
+    from training.attention_maps import future_weight, sharpest_head
 
     seed = min(set.intersection(*(set(runs) for runs in arms.values())), default=None)
     rows = defaultdict(list)  # regime -> [(variant, run dir)], correct first
     for (regime, variant), runs in ordered(arms):
-        run_dir = sweep_dir / f"{regime}-{variant}_seed{seed}"
+        name = f"{regime}-{variant}_seed{seed}"
+        run_dir = next((p for p in run_dirs(sweep_dir) if p.name == name), sweep_dir / name)
         if seed in runs and (run_dir / "checkpoints").is_dir():
             rows[regime].append((variant, run_dir))
     if not rows:
@@ -245,7 +278,7 @@ def plot_maps(sweep_dir: Path, arms: dict, path: Path, layer: int = 0) -> bool:
                 continue
             variant, run_dir = runs[c]
             weights, labels = load_maps(run_dir, layer)
-            head = sharpest(weights)
+            head = sharpest_head(weights)
             leak = future_weight(torch.from_numpy(weights[head])).item()
             draw_map(ax, weights[head], labels, f"{regime}: {variant}\nhead {head}, max weight "
                      f"{weights[head].max(-1).mean():.2f}, future {leak:.2f}", fontsize=6)
@@ -259,31 +292,43 @@ def plot_maps(sweep_dir: Path, arms: dict, path: Path, layer: int = 0) -> bool:
     return True
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("sweep_dir", type=Path)
-    parser.add_argument("--out", type=Path, default=None, help="where to write ablations.md, "
-                        "ablations.png and ablation_maps.png (default: the sweep directory)")
-    parser.add_argument("--layer", type=int, default=0, help="layer of the maps figure")
-    args = parser.parse_args(argv)
-    if not args.sweep_dir.is_dir():
-        print(f"error: {args.sweep_dir} is not a directory", file=sys.stderr)
-        return 2
-    out = args.out or args.sweep_dir
+@dataclass
+class SummaryArgs:
+    sweep: str = MISSING            # the study's directory (runs/ablations/<date>)
+    out: Optional[str] = None       # where the three files go (null: the study's directory)
+    layer: int = 0                  # the layer the maps figure draws
+    overwrite: bool = False         # replace files already in out= (other than the study's own)
+
+
+def summarize(args: SummaryArgs) -> list[Path]:
+    sweep = Path(args.sweep)
+    if not sweep.is_dir():
+        raise UserError(f"sweep={sweep} is not a directory (give runs/ablations/<date>)")
+    if args.layer < 0:
+        raise UserError(f"layer must be a non-negative integer, got {args.layer}")
+    out = Path(args.out) if args.out else sweep
+    files = [out / "ablations.md", out / "ablations.png", out / "ablation_maps.png"]
+    check_outputs(files, args.overwrite, own=sweep)
+    arms = collect(sweep)
     out.mkdir(parents=True, exist_ok=True)
-    arms = collect(args.sweep_dir)
     md = table(arms)
-    (out / "ablations.md").write_text(md + "\n")
-    plot(arms, out / "ablations.png")
-    written = [out / "ablations.md", out / "ablations.png"]
-    if plot_maps(args.sweep_dir, arms, out / "ablation_maps.png", args.layer):
-        written.append(out / "ablation_maps.png")
+    files[0].write_text(f"Summary of {sweep}\n\n{LEGEND}\n\n{md}\n")
+    plot(arms, files[1])
+    written = files[:2] + (files[2:] if plot_maps(sweep, arms, files[2], args.layer) else [])
     print(md)
     print(f"\nwrote {', '.join(map(str, written))}")
-    return 0
+    return written
+
+
+def main(argv: list[str]) -> int:
+    usage = ("usage: python -m scripts.summarize_ablations sweep=DIR [out=DIR] [layer=N] "
+             "[overwrite=true]")
+
+    def body() -> None:
+        summarize(parse_key_values(argv, SummaryArgs, usage, about=__doc__.split("\n\n")[0],
+                                   positional=("sweep",)))
+    return run_cli(body)
 
 
 if __name__ == "__main__":
-    if str(REPO) not in sys.path:
-        sys.path.insert(0, str(REPO))  # run as a file: the repository's packages still import
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

@@ -1,21 +1,22 @@
-"""Serve TensorBoard on an ablation study and photograph its Images and HParams tabs with a real
-browser (headless Chromium), to see what a user sees.
+"""Serve TensorBoard on an ablation study and photograph its tabs with a real browser (headless
+Chromium), to see what a user sees.
 
-    python -m scripts.tensorboard_screenshots runs/ablations/<date> [--out docs] [--seed 0]
+    python -m scripts.tensorboard_screenshots study=runs/ablations/<date> [out=DIR] [seed=N]
+    python -m scripts.tensorboard_screenshots study=runs/ablations/<date> out=docs overwrite=true
 
-Writes <out>/tensorboard_images.png (the attention maps of one seed of every arm, side by side:
-the lowest seed, or --seed)
-and <out>/tensorboard_hparams.png (the HParams table of the whole study). Needs Debian's
-`chromium` (apt-get install chromium); it is started with no network but the local TensorBoard
-and a throw-away profile. Not part of the test suite: the same data is checked through
-TensorBoard's HTTP API in tests/test_sweep.py.
+Writes, into the study's directory unless out= says otherwise, tensorboard_scalars.png and
+tensorboard_images.png (TensorBoard on one seed of every arm, `tensorboard --logdir
+<study>/seed<N>` as the README has it: the lowest seed, or seed=) and tensorboard_hparams.png
+(the HParams table of the whole study). Files already in out= are replaced only with
+overwrite=true (docs/ holds the README's). Needs Debian's `chromium` (apt-get install chromium);
+it is started with no network but the local TensorBoard and a throw-away profile. Not part of
+the test suite: the same data is checked through TensorBoard's HTTP API in tests/test_sweep.py.
 
 TensorBoard is a single-page app that fetches its data after the page loads, so each picture
 is taken by `chromium --screenshot` after a budget of virtual time in which the page settles.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import shutil
@@ -25,7 +26,14 @@ import sys
 import tempfile
 import time
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
+
+from omegaconf import MISSING
+
+from guard.cli import UserError, parse_key_values, run_cli
+from scripts.outputs import check_outputs
 
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
                   "--no-first-run", "--disable-background-networking",
@@ -61,8 +69,8 @@ class TensorBoard:
                 pass
             time.sleep(1)
         self.__exit__()
-        raise SystemExit(f"error: TensorBoard did not load {self.expected_runs} runs from "
-                         f"{self.logdir} within 3 minutes")
+        raise UserError(f"TensorBoard did not load {self.expected_runs} runs from "
+                        f"{self.logdir} within 3 minutes")
 
     def loaded(self) -> bool:
         """Whether every run is in, to its last events: its images and its HParams session
@@ -95,21 +103,24 @@ def screenshot(chromium: str, url: str, out: Path, size: tuple[int, int], budget
              f"--screenshot={out}", url],
             capture_output=True, text=True, timeout=300)
     if proc.returncode != 0 or not out.is_file():
-        raise SystemExit(f"error: chromium failed on {url}: {proc.stderr.strip()[-500:]}")
+        raise UserError(f"chromium failed on {url}: {proc.stderr.strip()[-500:]}")
 
 
-def one_seed(runs: list[Path], seed: int | None, into: Path) -> int:
-    """Links to the runs of one seed (the lowest, unless given), so that the Images tab shows
-    every arm once, side by side."""
+def one_seed(runs: list[Path], seed: Optional[int], into: Path) -> tuple[Path, int]:
+    """The TensorBoard logdir of one seed's runs (the lowest seed, unless given) and their
+    number: the study's seed<N>/ folder, or for a study of an earlier layout (every run in one
+    folder) a folder of links to them in `into`."""
     seeds = {int(m[1]) for run in runs if (m := re.search(r"_seed(\d+)$", run.name))}
     if not seeds or (seed is not None and seed not in seeds):
-        raise SystemExit(f"error: no runs named <name>_seed{'<N>' if seed is None else seed} "
-                         f"in {runs[0].parent}")
+        raise UserError(f"no runs named <name>_seed{'<N>' if seed is None else seed} in "
+                        f"{runs[0].parent}")
     seed = min(seeds) if seed is None else seed
     chosen = [run for run in runs if run.name.endswith(f"_seed{seed}")]
+    if all(run.parent.name == f"seed{seed}" for run in chosen):
+        return chosen[0].parent, len(chosen)
     for run in chosen:
         (into / run.name).symlink_to(run.resolve(), target_is_directory=True)
-    return len(chosen)
+    return into, len(chosen)
 
 
 def shrink(path: Path, max_bytes: int = 300_000) -> None:
@@ -124,39 +135,52 @@ def shrink(path: Path, max_bytes: int = 300_000) -> None:
         image = image.resize((image.width * 3 // 4, image.height * 3 // 4), Image.LANCZOS)
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("study", type=Path, help="a sweep directory (runs/ablations/<date>)")
-    parser.add_argument("--out", type=Path, default=Path("docs"))
-    parser.add_argument("--seed", type=int, default=None,
-                        help="the seed whose maps are shown (default: the lowest)")
-    parser.add_argument("--budget-ms", type=int, default=20_000,
-                        help="virtual time each page gets to load before its picture")
-    args = parser.parse_args(argv)
+@dataclass
+class ScreenshotArgs:
+    study: str = MISSING         # the study's directory (runs/ablations/<date>)
+    out: Optional[str] = None    # where the pictures go (null: the study's directory)
+    # the seed whose runs the Scalars and Images pictures show (null: the lowest)
+    seed: Optional[int] = None
+    budget_ms: int = 20_000      # virtual time each page gets to load before its picture
+    overwrite: bool = False      # replace pictures already in out= (docs/ holds the README's)
+
+
+def photograph(args: ScreenshotArgs) -> list[Path]:
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     if chromium is None:
-        print("error: no chromium on PATH (apt-get install chromium)", file=sys.stderr)
-        return 2
-    runs = sorted(p for p in args.study.iterdir() if p.is_dir() and any(p.glob("events.out.*"))) \
-        if args.study.is_dir() else []
+        raise UserError("no chromium on PATH (apt-get install chromium)")
+    study = Path(args.study)
+    runs = sorted(p.parent for p in study.rglob("events.out.*")) if study.is_dir() else []
+    runs = sorted(set(runs))
     if not runs:
-        print(f"error: no runs with TensorBoard events in {args.study}", file=sys.stderr)
-        return 2
-    args.out.mkdir(parents=True, exist_ok=True)
-
-    with tempfile.TemporaryDirectory(prefix="one-seed-") as subset:
-        n = one_seed(runs, args.seed, Path(subset))
-        with TensorBoard(Path(subset), n) as tb:
-            images = args.out / "tensorboard_images.png"
+        raise UserError(f"no runs with TensorBoard events in {study}")
+    out = Path(args.out) if args.out else study
+    names = ("tensorboard_scalars.png", "tensorboard_images.png", "tensorboard_hparams.png")
+    scalars, images, hparams = files = [out / name for name in names]
+    check_outputs(files, args.overwrite, own=study)
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="one-seed-") as links:
+        logdir, n = one_seed(runs, args.seed, Path(links))
+        with TensorBoard(logdir, n) as tb:
+            screenshot(chromium, f"{tb.url}/#scalars", scalars, (1600, 1200), args.budget_ms)
             screenshot(chromium, f"{tb.url}/#images", images, (1600, 1450), args.budget_ms)
-    with TensorBoard(args.study, len(runs)) as tb:
-        hparams = args.out / "tensorboard_hparams.png"
+    with TensorBoard(study, len(runs)) as tb:
         screenshot(chromium, f"{tb.url}/#hparams", hparams, (1600, 1000), args.budget_ms)
-    for path in (images, hparams):
+    for path in files:
         shrink(path)
         print(f"wrote {path}")
-    return 0
+    return files
+
+
+def main(argv: list[str]) -> int:
+    usage = ("usage: python -m scripts.tensorboard_screenshots study=DIR [out=DIR] [seed=N] "
+             "[overwrite=true]")
+
+    def body() -> None:
+        photograph(parse_key_values(argv, ScreenshotArgs, usage, about=__doc__.split("\n\n")[0],
+                                    positional=("study",)))
+    return run_cli(body)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

@@ -16,12 +16,13 @@ import pytest
 import torch
 
 from data.tokenizer import build_bpe_tokenizer, build_char_tokenizer
-from helpers import REPO_ROOT as REPO, TRAIN, corpus_args, shakespeare_like, write_corpus
+from helpers import REPO_ROOT as REPO, SCRIPT_ENV, TRAIN, corpus_args, shakespeare_like, write_corpus
 from model.attention import CausalSelfAttention
 from model.config import AttentionConfig, MaskMode, ModelConfig, Scale
 from model.gpt import GPT
-from training.attention_maps import (FUTURE_RGB, attention_weights, colorize, future_weight,
-                                     grid_image, log_attention_maps, map_window, token_labels)
+from training.attention_maps import (CARD_WIDTH, FUTURE_RGB, attention_weights, card_image,
+                                     colorize, future_weight, grid_image, log_attention_maps,
+                                     map_window, sharpest_head, token_labels)
 from training.evaluate import attention_diagnostics
 
 OFF = contextlib.nullcontext()
@@ -172,10 +173,31 @@ def test_log_attention_maps_logs_one_grid_per_layer(text_and_tokenizer):
     window = map_window(tokens, tok, 24)
     writer = Recorder()
     log_attention_maps(writer, model, window, tok, 7, OFF)
+    # a tag of one word per layer: TensorBoard gives each layer a section of its own
     assert [(tag, step, fmt) for tag, _, step, fmt in writer.images] == \
-        [(f"attention/layer{i}", 7, "HWC") for i in range(3)]
-    assert all(img.dtype == np.uint8 and img.shape[2] == 3 for _, img, _, _ in writer.images)
+        [(f"attention_layer{i}", 7, "HWC") for i in range(3)]
+    assert all(img.dtype == np.uint8 and img.shape[1:] == (CARD_WIDTH, 3)
+               for _, img, _, _ in writer.images)
     assert model.training  # left as it was
+
+
+@pytest.mark.parametrize("heads, n", [(1, 32), (4, 32), (16, 32), (4, 48)])
+def test_card_image_fits_a_tensorboard_card_and_draws_the_sharpest_head_large(heads, n):
+    """TensorBoard draws an image 350 pixels wide and at most 1024 high without scrolling: the
+    card is drawn at that width, the sharpest head at up to 9 pixels per token (the size the
+    labels need) and every head again as a thumbnail."""
+    rng = np.random.default_rng(0)
+    w = np.tril(rng.random((heads, n, n), dtype=np.float32) ** 4)
+    w[heads // 2] = np.tril(np.ones((n, n), dtype=np.float32)) * np.eye(n, dtype=np.float32)
+    w /= w.sum(-1, keepdims=True)
+    assert sharpest_head(w) == heads // 2  # one-hot rows: the sharpest
+    img = card_image(w, [f"t{i}" for i in range(n)], "layer 0, step 1: future weight 0.000")
+    assert img.shape[1] == CARD_WIDTH and img.shape[0] <= 1024
+    cell = min(9, (CARD_WIDTH - 30) // n)
+    grey = int((img == FUTURE_RGB).all(-1).sum())
+    main = (n * (n - 1) // 2) * cell * cell
+    thumbs = heads * (n * (n - 1) // 2) if heads > 1 else 0
+    assert main + thumbs <= grey <= main + 9 * thumbs  # the large map, then a thumbnail per head
 
 
 def test_attention_weights_follow_the_attention_variant():
@@ -196,21 +218,24 @@ def test_attention_weights_follow_the_attention_variant():
 
 @pytest.fixture(scope="module")
 def trained_run(tmp_path_factory) -> Path:
+    """A mask_zero smoke run, its token cache at the default relative path (root/.cache, as
+    `python train.py` in root makes it)."""
     root = tmp_path_factory.mktemp("map_run")
     corpus = write_corpus(root, 20_000, 4_000)
-    run = root / "run"
+    run = root / "runs" / "run"
     proc = subprocess.run(
         [sys.executable, TRAIN, "+experiment=smoke", "attention=mask_zero",
-         *corpus_args(corpus, root / "cache"), "train.max_steps=10", "train.eval_interval=10",
+         *corpus_args(corpus, Path(".cache")), "train.max_steps=10", "train.eval_interval=10",
          f"hydra.run.dir={run}"],
         cwd=root, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return run
 
 
-def attention_map(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "scripts.attention_map", *args], cwd=REPO,
-                          capture_output=True, text=True, timeout=120)
+def attention_map(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    env = {**SCRIPT_ENV, "PYTHONPATH": str(REPO)}
+    return subprocess.run([sys.executable, "-m", "scripts.attention_map", *args], cwd=cwd,
+                          env=env, capture_output=True, text=True, timeout=120)
 
 
 @pytest.mark.slow
@@ -222,10 +247,28 @@ def test_command_draws_a_head_and_a_layer_grid(trained_run, tmp_path):
                          f"out={one}")
     assert proc.returncode == 0, proc.stderr
     assert Image.open(one).size[0] > 300
-    # no prompt: the run's fixed validation window, the picture of its TensorBoard images
-    proc = attention_map(f"run={trained_run}", f"out={grid}", "mask=causal")
+    # no prompt: the run's fixed validation window, the picture of its TensorBoard images; from
+    # another directory, the run's relative token cache is still found (nothing is rebuilt)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    proc = attention_map(f"run={trained_run}", f"out={grid}", "mask=causal", cwd=elsewhere)
     assert proc.returncode == 0, proc.stderr
+    assert list(elsewhere.iterdir()) == [] and "tokenizing" not in proc.stderr
     assert (np.asarray(Image.open(grid).convert("RGB")) == FUTURE_RGB).all(-1).any()
+
+
+@pytest.mark.slow
+def test_command_names_the_weights_it_drew(trained_run, tmp_path):
+    from scripts.attention_map import MapArgs, draw
+
+    out = draw(MapArgs(run=str(trained_run), out=str(tmp_path / "m.png"), head="0",
+                       prompt="ROMEO:"))
+    assert out.is_file()
+    proc = attention_map(f"run={trained_run}", f"out={tmp_path / 'g.png'}", "weights=best")
+    assert proc.returncode == 0 and "wrote" in proc.stdout, proc.stderr
+    # mask_zero: the best causal loss is step 10 here, before any leak was learned
+    assert f"drawing {trained_run}: best weights (step 10, causal val loss" in proc.stderr
+    assert "note: attention=mask_zero leaks" in proc.stderr
 
 
 @pytest.mark.slow
@@ -236,11 +279,18 @@ def test_command_draws_a_head_and_a_layer_grid(trained_run, tmp_path):
     (["mask=maybe"], "mask must be own or causal"),
     (["colour=red"], "unknown key 'colour'"),
     (["prompt=§"], "never saw in training"),
+    (["tokens=0"], "tokens must be at least 2"),
+    (["tokens=1"], "tokens must be at least 2"),
+    (["tokens=1000"], "tokens must be at most the run's context of 32 tokens"),
+    (["tokens=8", "prompt=ROMEO:"], "give one or the other"),
+    (["out=noext"], "out must name a .png file"),
+    (["layer=1e9"], "layer must be an integer, got '1e9' (write it as 1000000000)"),
 ])
 def test_command_refuses_mistakes_in_one_line(trained_run, tmp_path, capsys, args, message):
     from scripts.attention_map import main
 
-    assert main([f"run={trained_run}", *args, f"out={tmp_path / 'x.png'}"]) == 2
+    out = [] if any(a.startswith("out=") for a in args) else [f"out={tmp_path / 'x.png'}"]
+    assert main([f"run={trained_run}", *args, *out]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and message in err
     assert len(err.strip().splitlines()) == 1 and not (tmp_path / "x.png").exists()

@@ -22,7 +22,7 @@ from guard.cli import hydra_string
 from guard.preflight import compose
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-BENCHMARKS = ("attention", "train_step", "generate", "startup")
+BENCHMARKS = ("attention", "train_step", "generate", "sampling_threads", "startup")
 HEADLINE = re.compile(r"ratio=([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)")
 # --quick takes seconds; the limit only turns a hang into a failure on a loaded machine.
 TIMEOUT_S = 180

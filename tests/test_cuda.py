@@ -77,7 +77,8 @@ def test_training_evaluates_samples_checkpoints_and_resumes(trained):
     assert [s for s, _ in ev["val/loss"]] == [20, 40, 60]
     loss = dict(ev["train/loss"])
     assert loss[60] < loss[10] - 0.3, loss
-    for tag in ("attn/max_weight/layer0", "attn/entropy/layer0", "attn/grad_norm_q/layer0"):
+    for tag in ("weights/max_weight/layer0", "weights/entropy/layer0",
+                "weights/grad_norm_q/layer0"):
         assert all(math.isfinite(v) for _, v in ev[tag]), tag
     assert load_state(latest_checkpoint(trained) / "state.pt")["step"] == 60
     assert "overfitting" not in (trained / "train.log").read_text()

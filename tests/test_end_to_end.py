@@ -8,6 +8,7 @@ next to the script), so the repository's own runs/latest link is left alone; eve
 from __future__ import annotations
 
 import math
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -25,7 +26,7 @@ from training.checkpoint import latest_checkpoint
 
 pytestmark = pytest.mark.slow
 
-LOGGED = ["train/loss", "lr", "grad_norm", "tokens_per_sec"]
+LOGGED = ["train/loss", "train/lr", "train/grad_norm", "train/tokens_per_sec"]
 
 
 def steps(events, tag) -> list[int]:
@@ -87,8 +88,8 @@ def test_first_stage_logs_expected_scalars(trained):
         assert steps(ev, tag) == [10, 20, 30, 40], tag
     assert steps(ev, "val/loss") == [20, 40]
     assert all(math.isfinite(v) for tag in LOGGED + ["val/loss"] for _, v in ev[tag])
-    assert all(v > 0 for _, v in ev["tokens_per_sec"])
-    lr = dict(ev["lr"])
+    assert all(v > 0 for _, v in ev["train/tokens_per_sec"])
+    lr = dict(ev["train/lr"])
     assert lr[10] == pytest.approx(3e-3, rel=1e-3)  # warmup of 10 steps reached the peak
     assert lr[40] < lr[20] < lr[10]  # then cosine decay
     loss = dict(ev["train/loss"])
@@ -129,6 +130,21 @@ def test_generate_cli_prints_text_starting_with_the_prompt(trained):
                     cwd=trained["run_dir"].parent))
     assert result.stdout.startswith("ROMEO:")
     assert len(result.stdout) >= len("ROMEO:") + 50  # one character per token (char tokenizer)
+    # stderr: which checkpoint, then the speed; the text alone is on stdout
+    first, last = result.stderr.strip().splitlines()
+    assert re.fullmatch(rf"sampling {re.escape(str(trained['run_dir']))}: best weights \(step "
+                        rf"\d+, causal val loss \d\.\d{{4}}\)", first), first
+    assert re.fullmatch(r"50 tokens in \d+\.\d\d s: [\d,]+ tokens/s \(1 thread\)", last), last
+
+
+def test_generate_takes_a_thread_count_and_runs_latest(trained):
+    runs = trained["run_dir"].parent / "runs"
+    runs.mkdir(exist_ok=True)
+    (runs / "latest").write_text(f"{trained['run_dir']}\n")
+    result = ok(run([GENERATE, "max_new_tokens=5", "threads=2", "weights=latest"],
+                    cwd=trained["run_dir"].parent))
+    assert "sampling" in result.stderr and "latest weights (step 60)" in result.stderr
+    assert result.stderr.strip().endswith("tokens/s (2 threads)")
 
 
 def test_generate_greedy_is_the_same_with_and_without_cache(trained, capsys, monkeypatch):

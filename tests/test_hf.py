@@ -390,6 +390,16 @@ def test_export_user_mistakes_are_one_error_line(runs, tmp_path, capsys):
 
 
 @pytest.mark.slow
+def test_export_takes_runs_latest_and_names_the_weights(runs, tmp_path, capsys, monkeypatch):
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "latest").write_text(f"{runs['char']}\n")  # as train.py writes it
+    monkeypatch.chdir(tmp_path)
+    assert export_hf.main(["run=runs/latest", "out=exported"]) == 0
+    assert capsys.readouterr().out.startswith(f"exported {runs['char']}, best weights (step ")
+    assert (tmp_path / "exported" / "config.json").is_file()
+
+
+@pytest.mark.slow
 def test_export_into_an_existing_empty_directory(runs, tmp_path):
     out = tmp_path / "empty"
     out.mkdir()

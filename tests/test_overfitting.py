@@ -6,12 +6,17 @@ import os
 import random
 import subprocess
 import sys
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from helpers import REPO_ROOT
+from model.config import AttentionConfig
+from training.config import Config
 from training.evaluate import rising_validation
+from training.state import Progress
 
 
 def history(vals, trains):
@@ -56,3 +61,49 @@ def test_a_run_that_memorises_its_data_is_warned_and_stopped_early(tmp_path):
     stopped_at = acc.Scalars("val/loss")[-1].step
     assert stopped_at < 400, "early_stop did not stop the run"
     assert "overfitting" in (run_dir / "train.log").read_text()
+
+
+class Recorder:
+    def __init__(self):
+        self.scalars, self.texts = [], []
+
+    def add_scalar(self, tag, value, step):
+        self.scalars.append((tag, value, step))
+
+    def add_text(self, tag, text, step):
+        self.texts.append((tag, text))
+
+
+def guarded_run(attention: AttentionConfig):
+    """What check_overfitting reads of a run, after four evaluations whose causal validation
+    loss rose while the training loss fell."""
+    history = [[50 * (i + 1), v, t] for i, (v, t) in
+               enumerate(zip([2.78, 3.1, 4.2, 6.0], [2.5, 1.9, 0.9, 0.2]))]
+    progress = Progress(step=200, best_val=2.78, best_step=50, history=history)
+    return SimpleNamespace(progress=progress, cfg=Config(attention=attention), writer=Recorder(),
+                           leaky=not attention.is_causal(), overfitting=False, leak_reported=False,
+                           metrics={"val_loss": 0.17}, run_dir=Path("runs/x"))
+
+
+def test_a_leak_is_not_called_overfitting(caplog):
+    import train
+
+    run = guarded_run(AttentionConfig(name="mask_zero", mask_value=0.0))
+    for _ in range(2):  # said once
+        train.check_overfitting(run)
+    [(_, message)] = run.writer.texts
+    assert "the leak, not overfitting" in message and "attention=mask_zero" in message
+    assert "More data or dropout would not help" in message and "step 50" in message
+    assert "weight decay, or a smaller model would help" not in message
+    assert not run.overfitting  # train.early_stop does not stop a leaky run for it
+    assert [v for tag, v, _ in run.writer.scalars if tag == "val/overfitting"] == [0.0, 0.0]
+
+
+def test_the_same_curves_with_the_correct_mask_are_overfitting():
+    import train
+
+    run = guarded_run(AttentionConfig())
+    train.check_overfitting(run)
+    [(_, message)] = run.writer.texts
+    assert "overfitting: validation loss has risen" in message and "More data, dropout" in message
+    assert run.overfitting and run.writer.scalars == [("val/overfitting", 1.0, 200)]

@@ -167,7 +167,7 @@ def test_kills_at_any_moment_and_sigint_resume_bit_exactly(env, reference):
     expected = [(s, v) for s, v in ev_a["train/loss"]]
     assert [s for s, _ in expected] == list(range(EVERY, STEPS + 1, EVERY))
     assert ev_b["train/loss"] == expected  # no duplicates, no gaps, same values
-    for tag in ("val/loss", "lr", "grad_norm"):
+    for tag in ("val/loss", "train/lr", "train/grad_norm"):
         assert ev_b[tag] == ev_a[tag], tag
     # Keep the newest 2 + best, and no leftovers of interrupted writes. A caught signal saves
     # where it stopped (say step 51), and that checkpoint is newer than the periodic one before

@@ -83,10 +83,16 @@ def test_tensorboard_serves_runs_scalars_and_hparams(sweep_dir):
         tags = get_json(f"{base}/data/plugin/scalars/tags")
         for v in VARIANTS:
             run_tags = set(tags[f"smoke-{v}_seed0"])
-            assert {"train/loss", "val/loss", "lr", "grad_norm", "tokens_per_sec",
-                    "attn/max_weight/layer0", "attn/entropy/layer0"} <= run_tags
-        assert "val/causal_loss" in tags["smoke-mask_zero_seed0"]
-        assert "val/causal_loss" not in tags["smoke-correct_seed0"]
+            assert {"train/loss", "val/loss", "val/causal_loss", "val/nats_per_char",
+                    "train/lr", "train/grad_norm", "train/tokens_per_sec",
+                    "weights/max_weight/layer0", "weights/entropy/layer0"} <= run_tags
+            # Scalars sorts its sections by name and opens the first two: the losses'
+            assert sorted({t.split("/")[0] for t in run_tags}) == ["train", "val", "weights"]
+        causal = get_json(f"{base}/data/plugin/scalars/scalars?run=smoke-correct_seed0"
+                          f"&tag=val%2Fcausal_loss")
+        own = get_json(f"{base}/data/plugin/scalars/scalars?run=smoke-correct_seed0"
+                       f"&tag=val%2Floss")
+        assert [r[1:] for r in causal] == [r[1:] for r in own]  # a causal run's own loss
 
         scalars = get_json(f"{base}/data/plugin/scalars/scalars?run=smoke-correct_seed0&tag=train%2Floss")
         assert [row[1] for row in scalars] == [10, 20]  # [wall_time, step, value] rows
@@ -95,7 +101,7 @@ def test_tensorboard_serves_runs_scalars_and_hparams(sweep_dir):
         for v, check in (("correct", lambda x: x == 0.0), ("mask_zero", lambda x: x > 0.2)):
             for layer in (0, 1):
                 rows = get_json(f"{base}/data/plugin/scalars/scalars?run=smoke-{v}_seed0"
-                                f"&tag=attn%2Ffuture_weight%2Flayer{layer}")
+                                f"&tag=weights%2Ffuture_weight%2Flayer{layer}")
                 assert [r[1] for r in rows] == [10, 20] and all(check(r[2]) for r in rows), rows
 
         check_attention_images(base)
@@ -103,12 +109,17 @@ def test_tensorboard_serves_runs_scalars_and_hparams(sweep_dir):
         experiment = get_json(f"{base}/data/plugin/hparams/experiment", {"experimentName": ""})
         hparams = [h["name"] for h in experiment["hparamInfos"]]
         metrics = [m["name"]["tag"] for m in experiment["metricInfos"]]
-        assert {"variant", "seed", "n_head", "mask_value"} <= set(hparams)
-        # what tells runs apart leads the table, and the causal loss leads the metrics
-        assert hparams[:3] == ["regime", "seed", "variant"]
-        assert all(h["differs"] for h in experiment["hparamInfos"][:3])
-        assert not any(h["differs"] for h in experiment["hparamInfos"][3:])
-        assert metrics[:2] == ["hparam/causal_val_loss", "hparam/val_loss"]
+        assert {"variant", "regime", "seed", "n_head", "mask_value"} <= set(hparams)
+        # the five TensorBoard shows: what tells runs apart; the causal losses lead the metrics,
+        # which are the runs' own series (no hparam/* chart repeats them)
+        assert hparams[:5] == ["arm", "lr", "n_layer", "seed", "tokenizer"]
+        assert all(h["differs"] for h in experiment["hparamInfos"][:5])
+        assert not any(h["differs"] for h in experiment["hparamInfos"][5:])
+        assert metrics[:4] == ["val/causal_loss", "val/nats_per_char", "val/loss", "train/loss"]
+        assert not any(t.startswith("hparam/") for run in tags.values() for t in run)
+        types = {h["name"]: h["type"] for h in experiment["hparamInfos"]}
+        assert types["n_layer"] == types["seed"] == "DATA_TYPE_STRING"  # shown as 2, not 2.0000
+        assert types["lr"] == "DATA_TYPE_FLOAT64"
 
         groups = get_json(f"{base}/data/plugin/hparams/session_groups",
                           {"experimentName": "", "allowedStatuses": ["STATUS_UNKNOWN", "STATUS_SUCCESS",
@@ -119,6 +130,9 @@ def test_tensorboard_serves_runs_scalars_and_hparams(sweep_dir):
         assert {g["hparams"]["run"] for g in groups["sessionGroups"]} == \
             {f"smoke-{v}_seed0" for v in VARIANTS}
         assert {g["hparams"]["regime"] for g in groups["sessionGroups"]} == {"-"}  # no conf/regime
+        assert {g["hparams"]["n_layer"] for g in groups["sessionGroups"]} == {"2"}
+        values = {m["name"]["tag"]: m["value"] for m in groups["sessionGroups"][0]["metricValues"]}
+        assert values["val/causal_loss"] > 0 and values["val/nats_per_char"] > 0
     finally:
         tb.terminate()
         tb.wait(timeout=20)
@@ -135,10 +149,10 @@ def check_attention_images(base: str) -> None:
     grey = {}
     for v in VARIANTS:
         run = f"smoke-{v}_seed0"
-        assert set(tags[run]) == {"attention/layer0", "attention/layer1"}, tags
+        assert set(tags[run]) == {"attention_layer0", "attention_layer1"}, tags
         for layer in (0, 1):
             images = get_json(f"{base}/data/plugin/images/images?run={run}"
-                              f"&tag=attention%2Flayer{layer}")
+                              f"&tag=attention_layer{layer}")
             assert [im["step"] for im in images] == [10, 20]
             with urllib.request.urlopen(f"{base}/data/plugin/images/individualImage?"
                                         f"{images[-1]['query']}", timeout=10) as resp:
@@ -147,8 +161,10 @@ def check_attention_images(base: str) -> None:
             grey[v, layer] = int((picture == FUTURE_RGB).all(-1).sum())
             sizes = grey.setdefault(("size", layer), picture.shape)
             assert picture.shape == sizes  # the same window, so the same picture size
-    # smoke model: 4 heads, a 32-token window, 9 x 9 pixels per weight
-    assert grey["correct", 0] == grey["correct", 1] == 4 * (32 * 31 // 2) * 81
+            assert picture.shape[1] == 350  # TensorBoard's card: drawn at the size it is shown
+    # smoke model: 4 heads, a 32-token window: the sharpest head at 9 x 9 pixels per weight,
+    # then every head as a thumbnail of 2 x 2 pixels per weight
+    assert grey["correct", 0] == grey["correct", 1] == (32 * 31 // 2) * (81 + 4 * 4)
     assert grey["mask_zero", 0] == grey["mask_zero", 1] == 0
 
 
@@ -158,6 +174,7 @@ def test_summary_script_writes_table_and_png(sweep_dir, tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     table = (tmp_path / "ablations.md").read_text()
+    assert "nats per token" in table and '"a ± b" is the mean ± the' in table  # units, legend
     rows = [line for line in table.splitlines() if line.startswith("| smoke |")]
     assert [r.split("|")[2].strip() for r in rows] == VARIANTS  # correct first, then the pitfall
     effect = rows[1].split("|")[7].strip()
@@ -170,5 +187,58 @@ def test_summary_script_writes_table_and_png(sweep_dir, tmp_path):
 def test_summary_script_rejects_a_directory_without_runs(tmp_path):
     proc = subprocess.run([sys.executable, str(REPO / "scripts" / "summarize_ablations.py"),
                            str(tmp_path)], capture_output=True, text=True, timeout=60)
-    assert proc.returncode != 0
+    assert proc.returncode == 2
     assert "no runs" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_summary_script_keeps_files_it_did_not_write_unless_told(sweep_dir, tmp_path):
+    """`out=docs` must not overwrite the README's pictures unasked; the study's own folder and
+    overwrite=true are written."""
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "ablations.png").write_bytes(b"committed")
+    proc = subprocess.run([sys.executable, "-m", "scripts.summarize_ablations",
+                           f"sweep={sweep_dir}", f"out={docs}"],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "overwrite=true" in proc.stderr, proc.stderr
+    assert (docs / "ablations.png").read_bytes() == b"committed"
+    assert not (docs / "ablations.md").exists()
+    proc = subprocess.run([sys.executable, "-m", "scripts.summarize_ablations",
+                           f"sweep={sweep_dir}", f"out={docs}", "overwrite=true"],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and (docs / "ablations.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_runs_command_lists_and_compares_the_sweep(sweep_dir):
+    proc = subprocess.run([sys.executable, "-m", "scripts.runs", f"root={sweep_dir}"],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    rows = {line.split()[0]: line.split() for line in proc.stdout.splitlines()
+            if line.startswith("smoke-")}
+    assert set(rows) == {f"smoke-{v}_seed0" for v in VARIANTS}
+    assert rows["smoke-correct_seed0"][1:4] == ["correct", "char", "20"]  # variant, tokenizer, steps
+    a, b = (sweep_dir / f"smoke-{v}_seed0" for v in VARIANTS)
+    proc = subprocess.run([sys.executable, "-m", "scripts.runs", f"a={a}", f"b={b}"],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert any(line.split() == ["attention.name", "correct", "mask_zero"]
+               for line in out.splitlines()), out
+    assert "causal val (nats/token)" in out and "along training" in out
+    # the same seed and steps: only the attention and the run's name differ
+    differ = out.split("config values that differ:")[1].split("final scores:")[0]
+    keys = {line.split()[0] for line in differ.strip().splitlines()[2:]}
+    assert {k.split(".")[0] for k in keys} == {"attention", "run_name"}, keys
+
+
+def test_the_summary_finds_runs_in_the_study_s_seed_folders(tmp_path):
+    """The study puts each seed's runs in seed<N>/ (TensorBoard draws a logdir of 9 runs, not
+    one of 72); flat sweeps (a sweep of one's own) keep working."""
+    from scripts.summarize_ablations import run_dirs
+
+    for path in ("seed10/leak-correct_seed10", "seed10/leak-mask_zero_seed10",
+                 "seed11/leak-correct_seed11", "smoke-correct_seed0", "seed11/notes"):
+        (tmp_path / path).mkdir(parents=True)
+    assert [str(p.relative_to(tmp_path)) for p in run_dirs(tmp_path)] == [
+        "seed10/leak-correct_seed10", "seed10/leak-mask_zero_seed10",
+        "seed11/leak-correct_seed11", "smoke-correct_seed0"]

@@ -5,8 +5,12 @@
   and its tokens as axis labels.
 - `attention_weights`: one forward pass over a window, every layer's weights (and future
   weight) on the host.
-- `grid_image`: one layer's heads as a grid of heatmaps, tokens on the axes, as an RGB array;
-  `log_attention_maps` puts one per layer in TensorBoard's Images tab at each evaluation.
+- `grid_image`: one layer's heads as a grid of heatmaps, tokens on the axes, as an RGB array
+  (scripts/attention_map.py's picture of a layer).
+- `card_image`: one layer as TensorBoard's Images tab shows it, in a card CARD_WIDTH pixels wide:
+  the sharpest head at a size whose tokens can be read, and every head as a thumbnail beneath;
+  `log_attention_maps` logs one per layer (tag `attention_layer<i>`, a section of its own per
+  layer) at each evaluation.
 
 Every renderer (this one, and scripts/maps.py's matplotlib figures for the command line and the
 ablation figure) shares `colorize`, so a map looks the same in TensorBoard, in a PNG and in the
@@ -105,14 +109,23 @@ def attention_weights(model, ids: list[int], amp) -> tuple[np.ndarray, np.ndarra
 
 
 def log_attention_maps(writer, model, window: list[int], tokenizer, step: int, amp) -> None:
-    """One image per layer in TensorBoard (tag attention/layer<i>): its heads' maps on the window,
-    titled with the layer's future weight on it."""
+    """One image per layer in TensorBoard (tag attention_layer<i>: TensorBoard groups the Images
+    tab by a tag's first word, so each layer gets its own section and the runs' maps of one layer
+    sit side by side): `card_image` of its heads on the window, titled with the layer's future
+    weight on it."""
     weights, leaks = attention_weights(model, window, amp)  # [L, h, n, n], [L]
     labels = token_labels(tokenizer, window)
     for layer, (w, leak) in enumerate(zip(weights, leaks)):
         title = f"layer {layer}, step {step}: future weight {leak:.3f}"
-        writer.add_image(f"attention/layer{layer}", grid_image(w, labels, title), step,
+        writer.add_image(f"attention_layer{layer}", card_image(w, labels, title), step,
                          dataformats="HWC")
+
+
+def sharpest_head(weights: np.ndarray) -> int:
+    """The head whose rows put most weight on one key (largest mean row maximum) of a layer's
+    [h, n, n] weights: the head that shows the layer's mechanism most plainly, chosen the same
+    way in every model."""
+    return int(weights.max(-1).mean(-1).argmax())
 
 
 # ----------------------------------------------------------------------------- pictures
@@ -157,26 +170,28 @@ def grid_image(weights: np.ndarray, labels: list[str], title: str = "", cell: in
     panel, gap = n * cell, 2 * cell
     label = max(int(font.getlength(s)) for s in labels) + 4  # room for the token labels
     line = cell + 6                                           # one line of title text
+    top = (title.count("\n") + 2) * line                     # the title's lines and the bar's
     width = label + cols * panel + (cols - 1) * gap + gap
-    height = 2 * line + rows * (line + panel) + (rows - 1) * gap + label + gap
+    height = top + rows * (line + panel) + (rows - 1) * gap + label + gap
     canvas = np.full((height, width, 3), 255, dtype=np.uint8)
 
     tiles = colorize(weights).repeat(cell, axis=1).repeat(cell, axis=2)  # [h, n*cell, n*cell, 3]
     corners = []
     for head in range(h):
         r, c = divmod(head, cols)
-        x, y = label + c * (panel + gap), 2 * line + r * (line + panel + gap) + line
+        x, y = label + c * (panel + gap), top + r * (line + panel + gap) + line
         canvas[y:y + panel, x:x + panel] = tiles[head]
         corners.append((x, y))
     # a colour bar: 0 to 1, under the title
     bar = colorize(np.linspace(0, 1, panel // 2)[None, None, :])[0].repeat(line // 2, axis=0)
-    canvas[line + 2:line + 2 + bar.shape[0], width - gap - bar.shape[1]:width - gap] = bar
+    bar_y, bar_x = top - line + 2, width - gap - bar.shape[1]
+    canvas[bar_y:bar_y + bar.shape[0], bar_x:bar_x + bar.shape[1]] = bar
 
     image = Image.fromarray(canvas)
     draw = ImageDraw.Draw(image)
-    draw.text((label, 2), title, fill=(0, 0, 0), font=font)
-    draw.text((width - gap - bar.shape[1] - 4, line), "0", fill=(0, 0, 0), font=small, anchor="rt")
-    draw.text((width - gap + 2, line), "1", fill=(0, 0, 0), font=small, anchor="lt")
+    draw.multiline_text((label, 2), title, fill=(0, 0, 0), font=font, spacing=6)
+    draw.text((bar_x - 4, top - line), "0", fill=(0, 0, 0), font=small, anchor="rt")
+    draw.text((width - gap + 2, top - line), "1", fill=(0, 0, 0), font=small, anchor="lt")
     # x labels: drawn as rows of a strip, then turned to run upwards under the panel
     strip = Image.new("RGB", (label, panel), (255, 255, 255))
     strip_draw = ImageDraw.Draw(strip)
@@ -192,4 +207,73 @@ def grid_image(weights: np.ndarray, labels: list[str], title: str = "", cell: in
                           anchor="rm")
         if head + cols >= h:  # the lowest panel of its column
             image.paste(under, (x, y + panel + 2))
+    return np.asarray(image)
+
+
+# TensorBoard's Images tab draws every image 350 pixels wide (its card), scaled and pixelated;
+# drawn at that width, text stays as sharp as it was drawn.
+CARD_WIDTH = 350
+MAX_LABEL_CHARS = 8
+
+
+def card_image(weights: np.ndarray, labels: list[str], title: str = "",
+               width: int = CARD_WIDTH) -> np.ndarray:
+    """[h, n, n] weights of one layer -> [H, width, 3] uint8, for a TensorBoard card: the
+    sharpest head (`sharpest_head`) with the tokens on both axes, at up to 9 pixels per weight,
+    then a thumbnail of every head, the drawn one framed."""
+    from PIL import Image, ImageDraw
+
+    h, n, _ = weights.shape
+    pad, gap = 4, 6
+    shown = [s if len(s) <= MAX_LABEL_CHARS else s[:MAX_LABEL_CHARS - 1] + "…" for s in labels]
+    label = 0
+    cell = 9
+    for _ in range(2):  # the label font follows the cell, the cell the labels' room
+        font = _font(max(min(cell, 9), 5))
+        label = max(int(font.getlength(s)) for s in shown) + 4
+        cell = max(2, min(9, (width - label - 2 * pad) // n))
+    font, small = _font(max(min(cell, 9), 5)), _font(8)
+    panel = n * cell
+    line = 12
+    head = sharpest_head(weights)
+    thumb = max(1, min(3, (width - 2 * pad) // (4 * n + 3 * gap)))  # at least 4 to a row
+    per_row = max(1, (width - 2 * pad + gap) // (n * thumb + gap))
+    rows = math.ceil(h / per_row) if h > 1 else 0
+    top = pad + 2 * line
+    y = top + panel + label + gap  # "every head:", then rows of a number over a thumbnail
+    height = y + (line + rows * (line + n * thumb + gap) if rows else 0) + pad
+    canvas = np.full((height, width, 3), 255, dtype=np.uint8)
+    x0 = label + pad
+    canvas[top:top + panel, x0:x0 + panel] = colorize(weights[head]).repeat(cell, 0).repeat(cell, 1)
+    bar = colorize(np.linspace(0, 1, 60)[None, None, :])[0].repeat(6, axis=0)
+    canvas[pad + line + 3:pad + line + 9, width - pad - 70:width - pad - 10] = bar
+    thumbs = []
+    for i in range(h if rows else 0):
+        r, c = divmod(i, per_row)
+        tx, ty = pad + c * (n * thumb + gap), y + line + r * (line + n * thumb + gap) + line
+        canvas[ty:ty + n * thumb, tx:tx + n * thumb] = \
+            colorize(weights[i]).repeat(thumb, 0).repeat(thumb, 1)
+        thumbs.append((tx, ty))
+
+    image = Image.fromarray(canvas)
+    draw = ImageDraw.Draw(image)
+    draw.text((pad, pad), title, fill=(0, 0, 0), font=small)
+    draw.text((pad, pad + line), f"head {head} of {h} (the sharpest)", fill=(0, 0, 0), font=small)
+    draw.text((width - pad - 72, pad + line), "0", fill=(0, 0, 0), font=small, anchor="rt")
+    draw.text((width - pad - 8, pad + line), "1", fill=(0, 0, 0), font=small, anchor="lt")
+    for i, text in enumerate(shown):  # queries down the left
+        draw.text((x0 - 2, top + i * cell + cell / 2), text, fill=(0, 0, 0), font=font, anchor="rm")
+    strip = Image.new("RGB", (label, panel), (255, 255, 255))  # keys along the bottom, upwards
+    strip_draw = ImageDraw.Draw(strip)
+    for i, text in enumerate(shown):
+        strip_draw.text((label - 2, i * cell + cell / 2), text, fill=(0, 0, 0), font=font,
+                        anchor="rm")
+    image.paste(strip.rotate(90, expand=True), (x0, top + panel + 2))
+    if thumbs:
+        draw.text((pad, y), "every head:", fill=(0, 0, 0), font=small)
+    for i, (tx, ty) in enumerate(thumbs):
+        draw.text((tx, ty - 1), f"{i}", fill=(0, 0, 0), font=small, anchor="lb")
+        if i == head:
+            draw.rectangle((tx - 2, ty - 2, tx + n * thumb + 1, ty + n * thumb + 1),
+                           outline=(0, 120, 255), width=1)
     return np.asarray(image)

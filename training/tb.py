@@ -27,27 +27,33 @@ def open_writer(run_dir: Path, purge_step: Optional[int], enabled: bool = True):
     return SummaryWriter(log_dir=str(run_dir), purge_step=purge_step, flush_secs=10)
 
 
-# The hyper-parameters that tell runs apart, which the HParams table must show first. TensorBoard
-# sorts the ones an experiment marks as differing first, each group by name, and shows the first
-# five; these are marked, the rest are not (any of them can be ticked on in its left pane). The
-# run's name is one of the rest: the table's first column (Trial ID) shows it already.
-LEADING = ("regime", "seed", "variant")
+# TensorBoard's HParams table shows five hyper-parameters at first (any other is ticked on in
+# its left pane): those an experiment marks as differing, in order of their names. These five
+# are marked. `arm` is what tells the study's runs apart (conf/arm/: regime-variant, or the
+# variant alone outside the study); lr, n_layer and tokenizer tell most other runs apart. The
+# run's name is the table's first column (Trial ID) already.
+LEADING = ("arm", "lr", "n_layer", "seed", "tokenizer")
 
-# The final metrics of the HParams table, in the order its columns are shown: the causal
-# validation loss first, since it is the one comparable across attention variants.
-HPARAM_METRICS = ("causal_val_loss", "val_loss", "train_loss", "val_bpc", "causal_val_loss_full",
-                  "val_loss_full", "val_bpc_full")
+# The table's metrics, in the order of its columns (the first five are shown): the last value of
+# each series. The causal losses lead: they are the ones comparable across attention variants,
+# and nats/char across tokenizers.
+HPARAM_METRICS = ("val/causal_loss", "val/nats_per_char", "val/loss", "train/loss",
+                  "val/nats_per_char_full", "val/bpc", "val/causal_loss_full", "val/loss_full",
+                  "val/bpc_full")
 
 
 def hparams_of(cfg: Config, regime: str = "-") -> dict:
-    """The knobs that distinguish runs, flattened for the HParams dashboard (the seed as text:
-    TensorBoard shows numbers with four decimals, and lists a text's values as filters)."""
+    """The knobs that distinguish runs, flattened for the HParams dashboard. Integers are given
+    as text: TensorBoard writes every number with five digits (4 as 4.0000), and lists a text's
+    values as filters; lr and dropout stay numbers."""
     m, a, o, t = cfg.model, cfg.attention, cfg.optim, cfg.train
     return {
-        "regime": regime, "variant": a.name, "seed": str(cfg.seed), "run": cfg.run_name,
-        "n_layer": m.n_layer, "n_head": m.n_head, "n_embd": m.n_embd, "block_size": m.block_size,
-        "dropout": m.dropout, "tokenizer": cfg.tokenizer.kind.value, "optimizer": o.name.value,
-        "lr": o.lr, "batch_size": t.batch_size, "max_steps": t.max_steps, "scale": a.scale.value,
+        "arm": a.name if regime == "-" else f"{regime}-{a.name}", "regime": regime,
+        "variant": a.name, "seed": str(cfg.seed), "run": cfg.run_name,
+        "n_layer": str(m.n_layer), "n_head": str(m.n_head), "n_embd": str(m.n_embd),
+        "block_size": str(m.block_size), "dropout": m.dropout,
+        "tokenizer": cfg.tokenizer.kind.value, "optimizer": o.name.value, "lr": o.lr,
+        "batch_size": str(t.batch_size), "max_steps": str(t.max_steps), "scale": a.scale.value,
         "mask_mode": a.mask_mode.value, "mask_value": str(a.mask_value), "out_proj": a.out_proj,
     }
 
@@ -62,9 +68,10 @@ def hydra_regime() -> str:
     return HydraConfig.get().runtime.choices.get("regime") or "-"
 
 
-def write_hparams(writer: SummaryWriter, cfg: Config, metrics: dict) -> None:
-    """The run's hyper-parameters and final metrics for the HParams dashboard, written into the
-    run itself, so the HParams table and the scalar dashboard show the same run.
+def write_hparams(writer: SummaryWriter, cfg: Config) -> None:
+    """The run's hyper-parameters for the HParams dashboard, written into the run itself, so the
+    HParams table and the scalar dashboard show the same run; its metrics are the last values of
+    the run's own series (HPARAM_METRICS), so no chart repeats them.
 
     Every run writes the same experiment (all of HPARAM_METRICS, LEADING marked), because
     TensorBoard builds the table from whichever run's experiment it reads first.
@@ -76,8 +83,7 @@ def write_hparams(writer: SummaryWriter, cfg: Config, metrics: dict) -> None:
     hparams = hparams_of(cfg, hydra_regime())
     infos = [api_pb2.HParamInfo(name=name, type=_data_type(value), differs=name in LEADING)
              for name, value in hparams.items()]
-    metric_infos = [api_pb2.MetricInfo(name=api_pb2.MetricName(tag=f"hparam/{k}"))
-                    for k in HPARAM_METRICS]
+    metric_infos = [api_pb2.MetricInfo(name=api_pb2.MetricName(tag=tag)) for tag in HPARAM_METRICS]
     start = plugin_data_pb2.SessionStartInfo(start_time_secs=time.time())
     for name, value in hparams.items():
         field = {bool: "bool_value", str: "string_value"}.get(type(value), "number_value")
@@ -91,9 +97,6 @@ def write_hparams(writer: SummaryWriter, cfg: Config, metrics: dict) -> None:
     file_writer.add_summary(_hparams_summary("_hparams_/session_start_info",
                                              session_start_info=start))
     file_writer.add_summary(_hparams_summary("_hparams_/session_end_info", session_end_info=end))
-    for name in HPARAM_METRICS:
-        if name in metrics:
-            writer.add_scalar(f"hparam/{name}", metrics[name])
 
 
 def _data_type(value):

@@ -1,0 +1,21 @@
+"""Where a script writes its files: never over a file that is there already (a picture committed
+in docs/, say) unless the user asks with overwrite=true. A script's own folder (the study it
+summarises) is its to rewrite."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+from guard.cli import UserError
+
+
+def check_outputs(files: list[Path], overwrite: bool, own: Optional[Path] = None) -> None:
+    """Refuse, naming the first, files that exist outside `own` when overwrite is false; refuse
+    outputs that are not files (a directory of that name)."""
+    for path in files:
+        if path.is_dir():
+            raise UserError(f"{path} is a directory; give another out=")
+        inside = own is not None and path.resolve().parent == own.resolve()
+        if path.exists() and not inside and not overwrite:
+            raise UserError(f"{path} exists (a committed picture?); add overwrite=true to replace "
+                            f"it, or give another out=")

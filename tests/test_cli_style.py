@@ -1,0 +1,82 @@
+"""One command style for every script: key=value (the older `--key value` and positional
+spellings still work), `--help` with a line per key, and a wrong type refused in our words."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from dataclasses import dataclass
+from typing import Optional
+
+import pytest
+from omegaconf import MISSING
+
+from guard.cli import UserError, parse_key_values
+from guard.key_help import help_text, key_help
+from helpers import REPO_ROOT, SCRIPT_ENV
+
+
+@dataclass
+class Example:
+    sweep: str = MISSING           # the study's directory
+    # where the files go
+    # (null: beside the study)
+    out: Optional[str] = None
+    layer: int = 0                 # a layer, from 0
+    rate: float = 0.5
+    quick: bool = False            # a flag
+
+
+def parse(*argv: str) -> Example:
+    return parse_key_values(list(argv), Example, "usage: x", positional=("sweep",))
+
+
+def test_help_has_a_line_per_key_with_its_default_and_the_comment_that_describes_it():
+    assert key_help(Example) == {"sweep": "the study's directory",
+                                 "out": "where the files go (null: beside the study)",
+                                 "layer": "a layer, from 0", "rate": "", "quick": "a flag"}
+    lines = help_text(Example, "usage: x").splitlines()
+    keys = [line.split()[0] for line in lines if line.startswith("  ")]
+    assert keys == ["sweep=(required)", "out=null", "layer=0", "rate=0.5", "quick=false"]
+    assert any(line.startswith("  layer=0") and line.endswith("a layer, from 0") for line in lines)
+
+
+def test_the_older_spellings_mean_the_same_as_key_value():
+    want = Example(sweep="runs/s", out="docs", layer=2, quick=True)
+    assert parse("sweep=runs/s", "out=docs", "layer=2", "quick=true") == want
+    assert parse("runs/s", "--out", "docs", "--layer=2", "--quick") == want
+    assert parse("--quick", "runs/s", "--out", "docs", "layer=2") == want  # a flag before a value
+    assert parse("runs/s", "--quick", "out=docs", "layer=2") == want  # a flag before a key=value
+
+
+@pytest.mark.parametrize("arg, message", [
+    ("layer=1e9", "layer must be an integer, got '1e9' (write it as 1000000000)"),
+    ("layer=abc", "layer must be an integer, got 'abc'"),
+    ("layer=1.5", "layer must be an integer, got '1.5'"),
+    ("rate=fast", "rate must be a number, got 'fast'"),
+    ("quick=maybe", "quick must be true or false, got 'maybe'"),
+])
+def test_a_value_of_the_wrong_type_is_refused_in_our_words(arg, message):
+    with pytest.raises(UserError) as err:
+        parse("sweep=x", arg)
+    assert str(err.value) == message
+
+
+def test_a_required_key_and_an_unknown_key_are_named():
+    with pytest.raises(UserError, match="sweep= is required"):
+        parse("layer=1")
+    with pytest.raises(UserError, match="unknown key 'colour'"):
+        parse("sweep=x", "colour=red")
+
+
+SCRIPTS = [["generate.py"], ["-m", "scripts.attention_map"], ["-m", "scripts.export_hf"],
+           ["-m", "scripts.summarize_ablations"], ["scripts/summarize_ablations.py"],
+           ["-m", "scripts.tensorboard_screenshots"], ["-m", "scripts.runs"]]
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=" ".join)
+def test_every_script_describes_each_of_its_keys(script):
+    proc = subprocess.run([sys.executable, *script, "--help"], cwd=REPO_ROOT, env=SCRIPT_ENV,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("  ") and "=" in line]
+    assert rows and all(len(line.split(None, 1)) == 2 for line in rows), proc.stdout
