@@ -30,7 +30,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from model.config import (Activation, AttentionConfig, MaskMode, ModelConfig, Scale,
-                          validate_model)
+                          gpt2_problems, validate_model)
 from model.gpt import GPT
 
 CONFIG = "config.json"
@@ -122,6 +122,10 @@ def check_exportable(model_cfg: ModelConfig, attn_cfg: AttentionConfig) -> None:
     if problems:
         raise GPT2FormatError(f"attention variant {attn_cfg.name!r} cannot be expressed in GPT-2's "
                               f"format: {'; '.join(problems)}")
+    switches = gpt2_problems(model_cfg)
+    if switches:
+        raise GPT2FormatError(f"the model cannot be expressed in GPT-2's format: "
+                              f"{'; '.join(switches)}")
     validate_model(model_cfg)
 
 
@@ -158,7 +162,7 @@ def gpt2_config(model_cfg: ModelConfig, vocab_size: int,
 
     Every option transformers would otherwise fill from GPT-2's defaults is written out, since
     several of those defaults (vocabulary 50257, token id 50256, dropout 0.1) are not ours."""
-    activation = EXPORT_ACTIVATION[Activation(model_cfg.activation)]
+    activation = EXPORT_ACTIVATION[Activation(model_cfg.mlp)]
     return {
         "architectures": ["GPT2LMHeadModel"],
         "model_type": "gpt2",

@@ -12,7 +12,7 @@ import pytest
 from training.config import CONF_DIR, Config, compose
 
 GROUPS = ("model", "attention", "data", "tokenizer", "optim", "train")
-PACKAGES = ("arm", "regime", "experiment", "budget", "gpu")  # added with +name=option
+PACKAGES = ("arm", "regime", "experiment", "budget", "gpu", "arch")  # added with +name=option
 
 
 def options(group: str) -> list[str]:

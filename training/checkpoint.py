@@ -39,7 +39,7 @@ from training.state_check import StateMismatch, check_state
 CHECKPOINTS = "checkpoints"
 WEIGHTS = "model.safetensors"
 STATE = "state.pt"
-TIED = ("lm_head.weight",)  # shares storage with tok_emb.weight; stored once
+TIED = ("lm_head.weight",)  # shares storage with tok_emb.weight when tied; then stored once
 
 
 class CheckpointError(RuntimeError):
@@ -68,9 +68,15 @@ def atomic_write(path: Path, payload: bytes) -> None:
     _fsync_dir(path.parent)
 
 
+def stored_state(model: torch.nn.Module) -> dict:
+    """The model's state dict without a TIED tensor that is another's storage (a tied head)."""
+    state = model.state_dict()
+    others = {v.data_ptr() for k, v in state.items() if k not in TIED}
+    return {k: v for k, v in state.items() if k not in TIED or v.data_ptr() not in others}
+
+
 def weights_bytes(model: torch.nn.Module) -> bytes:
-    tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()
-               if k not in TIED}
+    tensors = {k: v.detach().cpu().contiguous() for k, v in stored_state(model).items()}
     return save(tensors)
 
 
@@ -174,7 +180,7 @@ def load_weights(model: torch.nn.Module, path: Path) -> None:
     """Load safetensors weights into model, saying which part (vocabulary or model shape)
     disagrees when they do not fit. The file must be a regular file no bigger than the model's
     float32 weights (plus the header), and every weight a finite float."""
-    expected = {k: v for k, v in model.state_dict().items() if k not in TIED}
+    expected = stored_state(model)
     limit = sum(4 * v.numel() for v in expected.values()) + 16 * MIB
     try:
         check_regular(path, "weights file", limit)
