@@ -34,7 +34,8 @@ import torch.nn.functional as F
 from model.config import AttentionConfig, AttentionImpl, MaskMode, Scale
 from model.rotary import apply_rotary
 
-# Query rows per block on a CPU when attention.query_block is null (by device).
+# Query rows per block on a CPU when attention.query_block is null (by device); twice that from
+# 1,024 queries on.
 CPU_QUERY_BLOCK = 64
 
 
@@ -222,16 +223,25 @@ class CausalSelfAttention(nn.Module):
         So each block of query rows attends over its visible prefix of keys and nothing after,
         an exact result with about half the score / softmax / blend work when T is long
         (T^2 / 2 + T * block / 2 entries instead of T^2). Only valid when the mask is exact.
+
+        The keys and values are cut into chunks at the blocks' ends, and block i reads chunks
+        0..i joined: autograd then hands each chunk its share of the gradient, where taking a
+        slice k[:, :, :end] per block would make a zero-filled gradient of the whole of k for
+        every block (at T = 1024, more memory traffic than the scores themselves).
         q [B, h, T, d_k], k, v [B, h_kv, m, d_k] -> [B, h, T, d_k].
         """
         T, m = q.size(2), k.size(2)
+        starts = range(0, T, block)
+        ends = [m - T + min(r0 + block, T) for r0 in starts]  # keys visible to each block
+        sizes = [ends[0]] + [b - a for a, b in zip(ends, ends[1:])]
+        k_chunks, v_chunks = k.split(sizes, dim=2), v.split(sizes, dim=2)
         outputs = []
-        for r0 in range(0, T, block):
-            r1 = min(r0 + block, T)
-            end = m - T + r1  # keys visible to this block's last query
-            y, _ = self._attend(q[:, :, r0:r1], k[:, :, :end], v[:, :, :end],
-                                visible[r0:r1, :end])  # [B, h, r1 - r0, d_k]
-            outputs.append(y.transpose(1, 2))  # [B, r1 - r0, h, d_k]
+        for i, (r0, q_block) in enumerate(zip(starts, q.split(block, dim=2))):
+            keys = torch.cat(k_chunks[:i + 1], dim=2)  # [B, h_kv, ends[i], d_k]
+            values = torch.cat(v_chunks[:i + 1], dim=2)
+            y, _ = self._attend(q_block, keys, values,
+                                visible[r0:r0 + q_block.size(2), :ends[i]])  # [B, h, rows, d_k]
+            outputs.append(y.transpose(1, 2))  # [B, rows, h, d_k]
         # joined in the layout the heads are concatenated in, so that the caller's
         # transpose back and reshape copy nothing
         return torch.cat(outputs, dim=1).transpose(1, 2)  # [B, h, T, d_k]
@@ -240,8 +250,9 @@ class CausalSelfAttention(nn.Module):
         """Rows per query block, 0 for one pass: blocks only with the exact mask, and by
         default only on a CPU."""
         block = self.attn.query_block
-        if block is None:
-            block = CPU_QUERY_BLOCK if q.device.type == "cpu" else 0
+        if block is None:  # by device: rows per block measured on a CPU (docs/model.md)
+            block = (CPU_QUERY_BLOCK if T < 1024 else 2 * CPU_QUERY_BLOCK) \
+                if q.device.type == "cpu" else 0
         return block if block and T > block and self.attn.is_causal() else 0
 
     # ------------------------------------------------------------------ optimisation 3: the kernel
