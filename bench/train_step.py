@@ -185,7 +185,7 @@ def model_cases(device: torch.device, quick: bool, base: list[str]) -> list[Case
 def flops_per_token(model: GPT) -> int:
     """6 N + 12 n_layer n_embd T, N excluding position embeddings (see the module docstring)."""
     cfg = model.cfg
-    n = model.num_params() - model.pos_emb.weight.numel()
+    n = model.num_params() - (model.pos_emb.weight.numel() if model.pos_emb is not None else 0)
     return 6 * n + 12 * cfg.n_layer * cfg.n_embd * cfg.block_size
 
 
@@ -316,7 +316,8 @@ def main() -> int:
         probe = GPT(m, vocab_size(cfg), cfg.attention)
         fpt = flops_per_token(probe)
         row = [run.case.name, f"{m.n_layer}x{m.n_head}x{m.n_embd}",
-               fmt((probe.num_params() - probe.pos_emb.weight.numel()) / 1e6, ".2f"), m.block_size,
+               fmt((probe.num_params() - (probe.pos_emb.weight.numel() if probe.pos_emb is not None
+                                          else 0)) / 1e6, ".2f"), m.block_size,
                cfg.train.batch_size, fmt(fpt / 1e6, ".1f"), run.dtype, run.label]
         if run.seconds is None:
             rows.append(row + ["n/a"] * 4)
