@@ -23,7 +23,7 @@ from data.config import TokenizerKind
 from data.tokenizer import unknown_characters
 from guard.cli import UserError
 from model.attention import fused_refusal
-from model.config import Activation, AttentionConfig, AttentionImpl, ModelConfig
+from model.config import AttentionConfig, AttentionImpl, MLPKind, ModelConfig, Norm, Positions
 from training.config import COMPILE_MODES, DTYPE_CHOICES, Config, OptimConfig
 
 MAX_SEED = 2**63 - 1
@@ -99,6 +99,10 @@ TRAIN = [
     positive("model.block_size"), positive("model.mlp_ratio"),
     fraction("model.dropout"), fraction("model.attn_dropout", optional=True),
     positive("model.init_std", words="a positive number"),
+    Limit("model.rope_theta", 1, above=True, words="a finite number above 1"),
+    Limit("model.norm_eps", 0, 1, above=True, below=True, words="in (0, 1)"),
+    positive("model.mlp_hidden", optional=True, words="a positive integer or null"),
+    positive("model.n_kv_head", optional=True, words="a positive integer or null"),
     Limit("attention.mask_value", high=0, infinite=True, words="0, negative or -inf"),
     non_negative("attention.query_block", optional=True,
                  words="0 (off), a positive number of rows or null (by device)"),
@@ -168,9 +172,17 @@ def check_model(m: ModelConfig, prefix: str = "model.") -> None:
     if m.n_embd % m.n_head:
         raise UserError(f"{prefix}n_embd ({m.n_embd}) must be divisible by {prefix}n_head "
                         f"({m.n_head}): each head gets d_k = n_embd / n_head dimensions")
-    if m.activation not in list(Activation):  # Hydra checks YAML values; this, ones from code
-        raise UserError(f"{prefix}activation must be one of {[a.value for a in Activation]}, "
-                        f"got {m.activation!r}")
+    for key, kind in (("positions", Positions), ("norm", Norm), ("mlp", MLPKind)):
+        if getattr(m, key) not in list(kind):  # Hydra checks YAML values; this, ones from code
+            raise UserError(f"{prefix}{key} must be one of {[a.value for a in kind]}, "
+                            f"got {getattr(m, key)!r}")
+    if m.n_kv_head is not None and m.n_head % m.n_kv_head:
+        raise UserError(f"{prefix}n_kv_head must divide {prefix}n_head ({m.n_head}): each "
+                        f"key/value head serves n_head / n_kv_head query heads; got {m.n_kv_head} "
+                        f"(null = n_head, 1 = multi-query)")
+    if m.positions == Positions.rope and m.head_dim % 2:
+        raise UserError(f"{prefix}positions=rope rotates pairs of dimensions: the head size "
+                        f"n_embd / n_head = {m.head_dim} must be even")
 
 
 def check_attention(a: AttentionConfig) -> None:

@@ -26,11 +26,32 @@ class MaskMode(str, Enum):
     after_softmax = "after_softmax"  # softmax over all keys, then weights[future] = 0
 
 
-class Activation(str, Enum):
-    """The MLP's nonlinearity."""
+class Positions(str, Enum):
+    """How a token's position enters the network."""
+
+    learned = "learned"  # GPT-2: a learned vector per position, added to the token embedding
+    rope = "rope"        # rotary (RoPE): q and k of each head rotated by position-dependent angles
+
+
+class Norm(str, Enum):
+    """The normalisation before each sub-layer and before the head."""
+
+    layernorm = "layernorm"  # GPT-2: subtract the mean, divide by the std, gain (and bias)
+    rmsnorm = "rmsnorm"      # Llama: divide by the root mean square, gain; no mean, no bias
+
+
+class MLPKind(str, Enum):
+    """The feed-forward sub-layer: its nonlinearity, and whether it is gated."""
 
     gelu = "gelu"            # exact GELU, x * Phi(x) with erf
     gelu_tanh = "gelu_tanh"  # the tanh approximation that OpenAI's GPT-2 was trained with
+    relu2 = "relu2"          # ReLU(x)^2 (Primer; modded-nanogpt)
+    swiglu = "swiglu"        # SiLU(x W_gate) * (x W_up), then W_down (Llama): three matrices
+
+
+# The name of MLPKind before it had the non-GELU kinds (model/hf.py imports it so).
+Activation = MLPKind
+GPT2_ACTIVATIONS = (MLPKind.gelu, MLPKind.gelu_tanh)
 
 
 class AttentionImpl(str, Enum):
@@ -88,12 +109,100 @@ class ModelConfig:
     # GPT-2's init: N(0, init_std) for every weight, residual output projections scaled down by
     # 1/sqrt(2 * n_layer) so the residual stream's variance does not grow with depth.
     init_std: float = 0.02
+    # The MLP's hidden width is mlp_ratio * n_embd (see mlp_hidden).
     mlp_ratio: int = 4
-    activation: Activation = Activation.gelu
+    # --- the architecture's switches (docs/model.md). GPT-2's values: learned, layernorm, gelu
+    # or gelu_tanh, n_kv_head null, qk_norm false, tie_embeddings true (conf/arch/gpt2.yaml).
+    positions: Positions = Positions.learned
+    # RoPE's base: pair j of a head turns by position * rope_theta^(-2j / d_k) radians.
+    rope_theta: float = 10000.0
+    norm: Norm = Norm.layernorm
+    # Epsilon of every norm (LayerNorm's 1e-5 by default; Llama's rms_norm_eps).
+    norm_eps: float = 1e-5
+    mlp: MLPKind = MLPKind.gelu
+    # Hidden width of the MLP; null = mlp_ratio * n_embd, and for swiglu (three matrices instead
+    # of two) 2/3 of that, rounded up to a multiple of 8, so that its parameters match.
+    mlp_hidden: Optional[int] = None
+    # Key/value heads (grouped-query attention): query head i reads key/value head
+    # i // (n_head / n_kv_head). null = n_head (ordinary multi-head), 1 = multi-query.
+    n_kv_head: Optional[int] = None
+    # RMSNorm of each head's q and k (over d_k, one gain per dimension shared by the heads),
+    # before the rotation: bounds the scores' size (Qwen3; modded-nanogpt).
+    qk_norm: bool = False
+    # The LM head is the token embedding (one matrix) or a matrix of its own.
+    tie_embeddings: bool = True
+    # Start the projections that write into the residual stream (W_O, the MLP's output) at 0, so
+    # each block starts as the identity (modded-nanogpt); false = GPT-2's scaled normal init.
+    zero_init_residual: bool = False
+    # The old name of `mlp` (gelu | gelu_tanh), as in run directories written before the
+    # architecture had switches: such a config describes GPT-2's architecture, so giving it sets
+    # every switch above to GPT-2's value and `mlp` to it. New configs use `mlp`.
+    activation: Optional[str] = None
+
+    def __post_init__(self):
+        if self.activation is None:
+            return
+        if self.activation not in [a.value for a in GPT2_ACTIVATIONS]:
+            raise ValueError(f"model.activation must be one of "
+                             f"{[a.value for a in GPT2_ACTIVATIONS]} (the old name of model.mlp), "
+                             f"got {self.activation!r}")
+        defaults = ModelConfig()
+        for key, gpt2 in GPT2_SWITCHES.items():
+            if getattr(self, key) not in (gpt2, getattr(defaults, key)):  # set by hand
+                value = getattr(self, key)
+                raise ValueError(f"model.activation (the old name of model.mlp) describes GPT-2's "
+                                 f"architecture, so it cannot go with model.{key}="
+                                 f"{getattr(value, 'value', value)}; use model.mlp instead")
+            setattr(self, key, gpt2)
+        self.mlp, self.activation = MLPKind(self.activation), None
 
     @property
     def head_dim(self) -> int:
         return self.n_embd // self.n_head
+
+    @property
+    def kv_heads(self) -> int:
+        """Key/value heads: n_kv_head, or n_head when it is null."""
+        return self.n_head if self.n_kv_head is None else self.n_kv_head
+
+    @property
+    def hidden(self) -> int:
+        """The MLP's hidden width (see mlp_hidden)."""
+        if self.mlp_hidden is not None:
+            return self.mlp_hidden
+        if MLPKind(self.mlp) is MLPKind.swiglu:
+            return -(-2 * self.mlp_ratio * self.n_embd // 3 // 8) * 8
+        return self.mlp_ratio * self.n_embd
+
+
+# GPT-2's value of each switch that it has no choice of (conf/arch/gpt2.yaml writes them out).
+GPT2_SWITCHES = {"positions": Positions.learned, "norm": Norm.layernorm, "mlp_hidden": None,
+                 "n_kv_head": None, "qk_norm": False, "tie_embeddings": True,
+                 "zero_init_residual": False}
+
+
+def gpt2_problems(cfg: ModelConfig) -> list[str]:
+    """The switches of cfg that GPT-2's architecture does not have ([] for a GPT-2 model)."""
+    problems = []
+    positions, norm, mlp = Positions(cfg.positions), Norm(cfg.norm), MLPKind(cfg.mlp)
+    if positions is not Positions.learned:
+        problems.append(f"model.positions={positions.value} (GPT-2 learns positions)")
+    if norm is not Norm.layernorm:
+        problems.append(f"model.norm={norm.value} (GPT-2 has LayerNorm)")
+    if mlp not in GPT2_ACTIVATIONS:
+        problems.append(f"model.mlp={mlp.value} (GPT-2's MLP is gelu or gelu_tanh)")
+    if cfg.mlp_hidden is not None and cfg.mlp_hidden != cfg.mlp_ratio * cfg.n_embd:
+        problems.append(f"model.mlp_hidden={cfg.mlp_hidden} (GPT-2's is a multiple of n_embd)")
+    if cfg.kv_heads != cfg.n_head:
+        problems.append(f"model.n_kv_head={cfg.n_kv_head} (GPT-2 has a key/value head per "
+                        f"query head)")
+    if cfg.qk_norm:
+        problems.append("model.qk_norm=true (GPT-2 does not normalise q and k)")
+    if not cfg.tie_embeddings:
+        problems.append("model.tie_embeddings=false (GPT-2's head is the token embedding)")
+    if cfg.norm_eps != 1e-5:
+        problems.append(f"model.norm_eps={cfg.norm_eps} (GPT-2's LayerNorm has 1e-5)")
+    return problems
 
 
 def validate_attention(cfg: AttentionConfig) -> None:

@@ -1,4 +1,9 @@
-"""A decoder-only transformer (GPT): embeddings, pre-LayerNorm blocks, tied LM head."""
+"""A decoder-only transformer (GPT): embeddings, pre-norm blocks, LM head.
+
+Each part is a switch of ModelConfig (docs/model.md): learned or rotary positions, LayerNorm or
+RMSNorm, a GELU, ReLU^2 or SwiGLU MLP, grouped key/value heads, QK-norm, a head tied to the
+token embedding or not. GPT-2's architecture is one setting of them (conf/arch/gpt2.yaml).
+"""
 from __future__ import annotations
 
 import contextlib
@@ -10,41 +15,66 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from model.attention import CausalSelfAttention, KVCache
-from model.config import Activation, AttentionConfig, ModelConfig
+from model.config import AttentionConfig, MLPKind, ModelConfig, Norm, Positions
 from model.decoding import Decoder
+from model.rotary import rotary_tables
 from model.sampling import sample_next
 
 
+def make_norm(cfg: ModelConfig) -> nn.Module:
+    """LayerNorm (GPT-2: centre, scale to unit variance, gain and bias) or RMSNorm (Llama:
+    scale to unit root mean square, gain only) over the model width."""
+    if Norm(cfg.norm) is Norm.rmsnorm:
+        return nn.RMSNorm(cfg.n_embd, eps=cfg.norm_eps)
+    return nn.LayerNorm(cfg.n_embd, eps=cfg.norm_eps, bias=cfg.bias)
+
+
 class MLP(nn.Module):
-    """Position-wise feed-forward: d_model -> mlp_ratio * d_model -> d_model."""
+    """Position-wise feed-forward: d_model -> hidden -> d_model.
+
+    gelu, gelu_tanh, relu2: proj(act(fc(x))). swiglu: proj(silu(x W_gate) * (x W_up)), with
+    W_gate and W_up stacked in `fc` (rows [gate | up], one matmul), as Llama's gate_proj,
+    up_proj and down_proj (= proj)."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.fc = nn.Linear(cfg.n_embd, cfg.mlp_ratio * cfg.n_embd, bias=cfg.bias)
-        self.proj = nn.Linear(cfg.mlp_ratio * cfg.n_embd, cfg.n_embd, bias=cfg.bias)
+        self.kind = MLPKind(cfg.mlp)
+        hidden = cfg.hidden
+        gated = self.kind is MLPKind.swiglu
+        self.fc = nn.Linear(cfg.n_embd, (2 if gated else 1) * hidden, bias=cfg.bias)
+        self.proj = nn.Linear(hidden, cfg.n_embd, bias=cfg.bias)
         self.dropout = nn.Dropout(cfg.dropout)
-        # exact erf GELU, or GPT-2's tanh approximation (for weights trained with it)
-        tanh = Activation(cfg.activation) is Activation.gelu_tanh
-        self.approximate = "tanh" if tanh else "none"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.dropout(self.proj(F.gelu(self.fc(x), approximate=self.approximate)))
+        h = self.fc(x)  # [B, T, hidden] (swiglu: [B, T, 2 * hidden])
+        if self.kind is MLPKind.gelu:
+            h = F.gelu(h)  # exact erf GELU
+        elif self.kind is MLPKind.gelu_tanh:
+            h = F.gelu(h, approximate="tanh")  # GPT-2's approximation (for weights trained with it)
+        elif self.kind is MLPKind.relu2:
+            h = F.relu(h).square()
+        else:
+            gate, up = h.chunk(2, dim=-1)
+            h = F.silu(gate) * up
+        return self.dropout(self.proj(h))
 
 
 class Block(nn.Module):
-    """x + attn(ln(x)), then x + mlp(ln(x)): pre-LN keeps the residual path an identity."""
+    """x + attn(norm(x)), then x + mlp(norm(x)): pre-norm keeps the residual path an identity."""
 
     def __init__(self, cfg: ModelConfig, attn: AttentionConfig):
         super().__init__()
-        self.ln_1 = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
+        self.ln_1 = make_norm(cfg)
         self.attn = CausalSelfAttention(cfg.n_embd, cfg.n_head, cfg.block_size, attn,
                                         dropout=cfg.dropout, bias=cfg.bias,
-                                        attn_dropout=cfg.attn_dropout)
-        self.ln_2 = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
+                                        attn_dropout=cfg.attn_dropout, n_kv_head=cfg.n_kv_head,
+                                        qk_norm=cfg.qk_norm, norm_eps=cfg.norm_eps)
+        self.ln_2 = make_norm(cfg)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, cache: Optional[KVCache] = None, layer: int = 0, return_weights=False):
-        a, weights = self.attn(self.ln_1(x), cache, layer, return_weights)
+    def forward(self, x, cache: Optional[KVCache] = None, layer: int = 0, return_weights=False,
+                rotary=None):
+        a, weights = self.attn(self.ln_1(x), cache, layer, return_weights, rotary)
         x = x + a
         x = x + self.mlp(self.ln_2(x))
         return x, weights
@@ -57,19 +87,23 @@ class GPT(nn.Module):
         super().__init__()
         attn = attn if attn is not None else AttentionConfig()
         self.cfg, self.attn_cfg, self.vocab_size = cfg, attn, vocab_size
+        self.rope = Positions(cfg.positions) is Positions.rope
         self.tok_emb = nn.Embedding(vocab_size, cfg.n_embd)
-        self.pos_emb = nn.Embedding(cfg.block_size, cfg.n_embd)
+        # learned positions: a vector per position added to the token's; RoPE has no table
+        self.pos_emb = None if self.rope else nn.Embedding(cfg.block_size, cfg.n_embd)
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(Block(cfg, attn) for _ in range(cfg.n_layer))
-        self.ln_f = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
+        self.ln_f = make_norm(cfg)
         self.lm_head = nn.Linear(cfg.n_embd, vocab_size, bias=False)
-        self.lm_head.weight = self.tok_emb.weight  # tied: one matrix reads and writes tokens
+        if cfg.tie_embeddings:
+            self.lm_head.weight = self.tok_emb.weight  # tied: one matrix reads and writes tokens
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        """GPT-2 init: weights N(0, init_std), biases 0, LayerNorm (1, 0); the projections that
-        write into the residual stream use init_std / sqrt(2 * n_layer), since each layer adds two
-        such terms to it. W_Q and W_K may get their own std (attention.qk_init_std)."""
+        """GPT-2 init: weights N(0, init_std), biases 0, norms' gains 1 (and biases 0); the
+        projections that write into the residual stream use init_std / sqrt(2 * n_layer), since
+        each layer adds two such terms to it, or 0 with model.zero_init_residual. W_Q and W_K may
+        get their own std (attention.qk_init_std)."""
         std = self.cfg.init_std
         for module in self.modules():
             if isinstance(module, nn.Linear):
@@ -78,25 +112,30 @@ class GPT(nn.Module):
                     nn.init.zeros_(module.bias)
             elif isinstance(module, nn.Embedding):
                 nn.init.normal_(module.weight, 0.0, std)
-            elif isinstance(module, nn.LayerNorm):
+            elif isinstance(module, (nn.LayerNorm, nn.RMSNorm)):
                 nn.init.ones_(module.weight)
-                if module.bias is not None:
+                if getattr(module, "bias", None) is not None:
                     nn.init.zeros_(module.bias)
         resid_std = std / math.sqrt(2 * self.cfg.n_layer)
         for block in self.blocks:
-            nn.init.normal_(block.mlp.proj.weight, 0.0, resid_std)
+            outputs = [block.mlp.proj.weight]
             if block.attn.out_proj is not None:
-                nn.init.normal_(block.attn.out_proj.weight, 0.0, resid_std)
+                outputs.append(block.attn.out_proj.weight)
+            for weight in outputs:
+                if self.cfg.zero_init_residual:
+                    nn.init.zeros_(weight)
+                else:
+                    nn.init.normal_(weight, 0.0, resid_std)
             if self.attn_cfg.qk_init_std is not None:
-                d = self.cfg.n_embd
-                nn.init.normal_(block.attn.qkv.weight[: 2 * d], 0.0, self.attn_cfg.qk_init_std)
+                rows = sum(block.attn.qkv_rows[:2])  # W_Q and W_K
+                nn.init.normal_(block.attn.qkv.weight[:rows], 0.0, self.attn_cfg.qk_init_std)
 
     def num_params(self, positions: bool = True) -> int:
-        """Parameters (the tied token embedding / head counted once); with positions=False,
-        without the position embeddings: the N of 6N FLOPs per token, which counts the token
-        embedding as the head's matmul."""
+        """Parameters (a tied token embedding / head counted once); with positions=False,
+        without the learned position embeddings: the N of 6N FLOPs per token, which counts the
+        token embedding as the head's matmul."""
         n = sum(p.numel() for p in self.parameters())
-        return n if positions else n - self.pos_emb.weight.numel()
+        return n if positions or self.pos_emb is None else n - self.pos_emb.weight.numel()
 
     def forward(self, idx: torch.Tensor, targets: Optional[torch.Tensor] = None,
                 cache: Optional[KVCache] = None, return_weights: bool = False):
@@ -109,10 +148,16 @@ class GPT(nn.Module):
         pos = torch.arange(T, device=idx.device)  # [T] positions, after the cached ones
         if cache is not None:
             pos = pos + cache.position  # read on the device: a captured decode step replays it
-        x = self.drop(self.tok_emb(idx) + self.pos_emb(pos))  # [B, T, d_model]
+        x = self.tok_emb(idx)  # [B, T, d_model]
+        rotary = None
+        if self.rope:  # the (cos, sin) tables of these positions, shared by every layer
+            rotary = rotary_tables(pos, self.cfg.head_dim, self.cfg.rope_theta, x.dtype)
+        else:
+            x = x + self.pos_emb(pos)
+        x = self.drop(x)
         all_weights = []
         for layer, block in enumerate(self.blocks):
-            x, weights = block(x, cache, layer, return_weights)
+            x, weights = block(x, cache, layer, return_weights, rotary)
             all_weights.append(weights)
         if cache is not None:
             cache.advance(T)
@@ -137,7 +182,7 @@ class GPT(nn.Module):
 
     def new_cache(self, batch: int, device=None, dtype=None, static: bool = False) -> KVCache:
         p = self.tok_emb.weight
-        return KVCache(self.cfg.n_layer, batch, self.cfg.n_head, self.cfg.block_size,
+        return KVCache(self.cfg.n_layer, batch, self.cfg.kv_heads, self.cfg.block_size,
                        self.cfg.head_dim, device or p.device, dtype or p.dtype, static=static)
 
     @torch.no_grad()

@@ -33,7 +33,7 @@ from guard.cli import UserError
 from guard.hf import CONFIG, WEIGHTS, Fields, PathLike, open_folder, read_tensors, size_limit, \
     tensor_names  # CONFIG, WEIGHTS: the folder's file names, which the export writes too
 from guard.limits import check_model, check_sampling_fits
-from model.config import Activation, AttentionConfig, MaskMode, ModelConfig, Scale
+from model.config import Activation, AttentionConfig, MaskMode, ModelConfig, Scale, gpt2_problems
 from model.gpt import GPT
 
 TOKENIZER = "tokenizer.json"
@@ -101,6 +101,10 @@ def check_exportable(model_cfg: ModelConfig, attn_cfg: AttentionConfig) -> None:
     if problems:
         raise GPT2FormatError(f"attention variant {attn_cfg.name!r} cannot be expressed in GPT-2's "
                               f"format: {'; '.join(problems)}")
+    switches = gpt2_problems(model_cfg)
+    if switches:
+        raise GPT2FormatError(f"the model cannot be expressed in GPT-2's format: "
+                              f"{'; '.join(switches)}")
     check_model(model_cfg)
 
 
@@ -137,7 +141,7 @@ def gpt2_config(model_cfg: ModelConfig, vocab_size: int,
 
     Every option transformers would otherwise fill from GPT-2's defaults is written out, since
     several of those defaults (vocabulary 50257, token id 50256, dropout 0.1) are not ours."""
-    activation = EXPORT_ACTIVATION[Activation(model_cfg.activation)]
+    activation = EXPORT_ACTIVATION[Activation(model_cfg.mlp)]
     return {
         "architectures": ["GPT2LMHeadModel"],
         "model_type": "gpt2",

@@ -125,6 +125,67 @@ def test_sdpa_is_differentiable_and_matches_torch_gradients():
         torch.testing.assert_close(a, b, atol=ATOL, rtol=0)
 
 
+# ----------------------------------------------------------------------------- masks per batch and head
+
+
+def random_mask(shape, seed=0):
+    """A random boolean mask whose every row sees at least one key (an empty row is NaN in any
+    softmax, ours and torch's alike)."""
+    mask = torch.rand(shape, generator=torch.Generator().manual_seed(seed)) > 0.4
+    mask[..., 0] = True
+    return mask
+
+
+@pytest.mark.parametrize("q_shape,mask_shape", [
+    ((4, 12, 8), (4, 12, 16)),        # 3-D inputs, a mask per batch element
+    ((4, 12, 8), (12, 16)),           # 3-D inputs, one shared pattern
+    ((2, 2, 12, 8), (2, 2, 12, 16)),  # 4-D inputs, a mask per batch element and head
+    ((2, 2, 12, 8), (2, 1, 12, 16)),  # per batch element, shared by the heads
+    ((2, 3, 12, 8), (3, 12, 16)),     # per head, shared by the batch
+    ((2, 3, 12, 8), (12, 16)),        # the model's case: one pattern for all
+])
+def test_sdpa_takes_boolean_masks_broadcast_like_torchs(q_shape, mask_shape):
+    """Batched prompts of different lengths need a mask per batch element (and per head)."""
+    *batch, n, d = q_shape
+    q = torch.randn(q_shape, dtype=D, requires_grad=True)
+    k, v = torch.randn(*batch, 16, d, dtype=D), torch.randn(*batch, 16, 5, dtype=D)
+    mask = random_mask(mask_shape)
+    out, w = scaled_dot_product_attention(q, k, v, mask)
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    torch.testing.assert_close(out, expected, atol=ATOL, rtol=0)
+    assert w.shape == (*batch, n, 16) and (w[~mask.expand_as(w)] == 0).all()
+    g, = torch.autograd.grad(out.sum(), q)
+    g_torch, = torch.autograd.grad(expected.sum(), q)
+    torch.testing.assert_close(g, g_torch, atol=ATOL, rtol=0)
+
+
+def test_sdpa_masks_per_head_with_grouped_heads_match_torch():
+    q = torch.randn(2, 6, 12, 8, dtype=D)
+    k, v = torch.randn(2, 2, 16, 8, dtype=D), torch.randn(2, 2, 16, 8, dtype=D)
+    for shape in [(2, 6, 12, 16), (2, 1, 12, 16), (12, 16)]:
+        mask = random_mask(shape, seed=len(shape))
+        out, _ = scaled_dot_product_attention(q, k, v, mask)
+        expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+        torch.testing.assert_close(out, expected, atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("mode,value", [(MaskMode.add, -math.inf), (MaskMode.add, 0.0),
+                                        (MaskMode.add, -5.0), (MaskMode.fill, 0.0),
+                                        (MaskMode.after_softmax, -math.inf)])
+def test_shared_pattern_path_is_the_equation(mode, value, monkeypatch):
+    """The model's one-[n, m]-pattern path (fused baddbmm, grouped heads unrepeated) gives the
+    equation's numbers, for every mask mode, and never repeats keys and values."""
+    q = torch.randn(2, 4, 7, 8, dtype=D)
+    k, v = torch.randn(2, 2, 9, 8, dtype=D), torch.randn(2, 2, 9, 8, dtype=D)
+    visible = causal_pattern(7, 9)
+    general = scaled_dot_product_attention(q, k, v, visible[None], mask_mode=mode, mask_value=value)
+    import model.attention as attention
+    monkeypatch.setattr(attention, "repeat_kv", lambda *a: pytest.fail("keys were repeated"))
+    shared = scaled_dot_product_attention(q, k, v, visible, mask_mode=mode, mask_value=value)
+    for a, b in zip(shared, general):
+        torch.testing.assert_close(a, b, atol=ATOL, rtol=0)
+
+
 # ----------------------------------------------------------------------------- the pitfalls
 
 

@@ -13,7 +13,7 @@ from guard.preflight import compose
 from training.config import CONF_DIR, Config
 
 GROUPS = ("model", "attention", "data", "tokenizer", "optim", "train")
-PACKAGES = ("arm", "regime", "experiment", "budget", "gpu")  # added with +name=option
+PACKAGES = ("arm", "regime", "experiment", "budget", "gpu", "arch")  # added with +name=option
 
 
 def options(group: str) -> list[str]:
@@ -91,3 +91,22 @@ def test_no_yaml_file_restates_a_default():
                     continue
                 assert composed[key] != base[group][key], \
                     f"conf/{group}/{option}.yaml restates the default {key}: {composed[key]!r}"
+
+
+# What the pitfall study (README, docs/ablations.md) was measured with, besides what each regime
+# file sets itself: GPT-2's architecture and these optimizer values. Changing a default must not
+# move the study's figures, so the regimes pin them; this test says if one slips.
+STUDY_OPTIM = dict(name="adamw", lr=3e-3, schedule="constant", warmup_steps=20, weight_decay=0.1,
+                   beta1=0.9, beta2=0.99, eps=1e-8, grad_clip=1.0)
+
+
+@pytest.mark.parametrize("regime", options("regime"))
+def test_the_pitfall_regimes_keep_the_architecture_they_were_measured_with(regime):
+    cfg = compose([f"+regime={regime}"])
+    gpt2 = compose(["+arch=gpt2"]).model
+    arch = [f.name for f in fields(gpt2) if f.name not in ("n_layer", "n_head", "n_embd",
+                                                           "block_size")]
+    assert {k: getattr(cfg.model, k) for k in arch} == {k: getattr(gpt2, k) for k in arch}
+    optim = asdict(cfg.optim)
+    assert {k: getattr(optim[k], "value", optim[k]) for k in STUDY_OPTIM} == STUDY_OPTIM
+    assert cfg.tokenizer.kind.value == "char" and cfg.attention.query_block is None

@@ -113,6 +113,31 @@ def test_training_step_and_diagnostics_stay_on_the_device(name):
             assert set(layer) == {"max_weight", "entropy", "future_weight"}
 
 
+SWITCHES = {"rope": dict(positions="rope"), "gqa": dict(n_kv_head=1),
+            "all": dict(positions="rope", norm="rmsnorm", mlp="swiglu", n_kv_head=1,
+                        qk_norm=True, tie_embeddings=False)}
+
+
+@pytest.mark.parametrize("switches", list(SWITCHES))
+def test_every_switch_trains_and_generates_on_the_device(switches):
+    """Rotary tables, grouped heads and the rest are made from the device's tensors (the
+    positions a static cache reads on the device included)."""
+    model = meta_model(AttentionConfig(query_block=4), **SWITCHES[switches])
+    optimizer = make_optimizer(model, compose().optim)
+    x = torch.zeros(3, 16, dtype=torch.long, device=META)
+    prompt = torch.zeros(1, 5, dtype=torch.long, device=META)
+    with PretendValues():
+        _, loss = model(x, x)
+        loss.backward()
+        qk_grad_norms(model).tolist()
+        optimizer.step()
+        for layer in attention_diagnostics(model, x, contextlib.nullcontext()):
+            assert set(layer) == {"max_weight", "entropy", "future_weight"}
+        for static in (False, True):
+            tokens = list(model.generate(prompt, 20, greedy=True, static_cache=static))
+            assert len(tokens) == 20 and all(t.device == META for t in tokens)
+
+
 def test_the_mps_stand_in_catches_float64_on_the_device():
     with NoFloat64():
         torch.zeros(3, device=META, dtype=torch.float32).sum().item()

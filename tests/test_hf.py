@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -25,11 +26,12 @@ from transformers import (AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2L
 from guard.limits import check_model
 from guard.run_dir import load_run
 from helpers import REPO_ROOT
-from model.config import Activation, AttentionConfig, ModelConfig, Scale
+from model.config import AttentionConfig, MLPKind, ModelConfig, Scale, gpt2_problems
 from model.gpt import GPT
 from model.hf import (GPT2FormatError, check_exportable, gpt_from_gpt2_folder, load_gpt2_folder,
                       load_folder_tokenizer, to_gpt2_state_dict)
 from scripts import export_hf
+from guard.preflight import compose
 
 TOLERANCE = 1e-5  # fp32, max abs logit difference
 NEW_TOKENS = 50
@@ -79,7 +81,7 @@ def gpt2_model(gpt2_folder):
 
 def test_imported_gpt2_gives_the_same_logits_as_transformers(gpt2_folder, gpt2_model):
     ours = gpt_from_gpt2_folder(gpt2_folder)
-    assert ours.cfg.activation is Activation.gelu_tanh and ours.cfg.block_size == 64
+    assert ours.cfg.mlp is MLPKind.gelu_tanh and ours.cfg.block_size == 64
     idx = torch.randint(0, 100, (3, 64), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         diff = max_diff(ours(idx)[0], gpt2_model(idx).logits)
@@ -192,29 +194,51 @@ def test_import_refuses_odd_files(gpt2_folder, tmp_path):
     assert load_folder_tokenizer(gpt2_folder) is None  # no tokenizer.json: None, not an error
 
 
-def test_activation_option_selects_the_tanh_gelu():
+def test_mlp_option_selects_the_tanh_gelu():
     torch.manual_seed(0)
-    exact = GPT(ModelConfig(n_layer=1, n_head=2, n_embd=16, block_size=8), vocab_size=11)
+    exact = GPT(ModelConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, mlp=MLPKind.gelu),
+                vocab_size=11)
     tanh = GPT(ModelConfig(n_layer=1, n_head=2, n_embd=16, block_size=8,
-                           activation=Activation.gelu_tanh), vocab_size=11)
+                           mlp=MLPKind.gelu_tanh), vocab_size=11)
     tanh.load_state_dict(exact.state_dict())
     x = torch.randn(4, 16) * 2
     mlp = tanh.blocks[0].mlp
     assert torch.equal(mlp(x), mlp.proj(torch.nn.functional.gelu(mlp.fc(x), approximate="tanh")))
     idx = torch.randint(0, 11, (2, 8))
     assert not torch.equal(exact(idx)[0], tanh(idx)[0])  # the option reaches the MLP
+    with pytest.raises(ValueError, match="model.mlp must be one of"):
+        check_model(ModelConfig(mlp="relu"))
+    # the old name, as in run directories written before the switches: GPT-2's architecture
+    old = ModelConfig(activation="gelu_tanh")
+    assert old.mlp is MLPKind.gelu_tanh and old.activation is None
+    assert not gpt2_problems(old)
     with pytest.raises(ValueError, match="model.activation must be one of"):
-        check_model(ModelConfig(activation="relu"))
+        ModelConfig(activation="relu")
+
+
+GPT2_ARCH = compose(["+arch=gpt2"]).model  # GPT-2's switches, at the default size
 
 
 def test_pitfall_variants_are_not_exportable():
-    cfg = ModelConfig()
+    cfg = GPT2_ARCH
     check_exportable(cfg, AttentionConfig())  # the correct layer is
     for attn in (AttentionConfig(name="no_out_proj", out_proj=False),
                  AttentionConfig(name="scale_d_model", scale=Scale.d_model),
                  AttentionConfig(name="mask_zero", mask_value=0.0)):
         with pytest.raises(GPT2FormatError, match=f"'{attn.name}' cannot be expressed"):
             check_exportable(cfg, attn)
+
+
+@pytest.mark.parametrize("switch,value", [("positions", "rope"), ("norm", "rmsnorm"),
+                                          ("mlp", "swiglu"), ("mlp", "relu2"), ("n_kv_head", 2),
+                                          ("qk_norm", True), ("tie_embeddings", False)])
+def test_a_model_gpt2_has_no_switch_for_is_refused_naming_it(switch, value):
+    cfg = replace(GPT2_ARCH, **{switch: value})
+    with pytest.raises(GPT2FormatError, match=f"model.{switch}={str(value).lower()}"):
+        check_exportable(cfg, AttentionConfig())
+    model = GPT(replace(cfg, n_layer=1, n_embd=16, block_size=8), vocab_size=11)
+    with pytest.raises(GPT2FormatError, match=f"model.{switch}="):
+        to_gpt2_state_dict(model)
 
 
 # ----------------------------------------------------------------------------- export of runs
@@ -234,11 +258,12 @@ def ok(result: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
 
 # Smoke runs with a 64-token context, so that a prompt and 50 new tokens fit in it, and a high
 # learning rate, so that 60 steps learn more than "\n\n\n..." as a greedy continuation.
-COMMON = ["model.block_size=64", "optim.lr=2e-2", "train.threads=1", "train.sample_tokens=0"]
+COMMON = ["+arch=gpt2", "model.block_size=64", "optim.lr=2e-2", "train.threads=1",
+          "train.sample_tokens=0"]
 RUNS = {
     "char": [],
     "bpe": ["tokenizer=bpe", "tokenizer.vocab_size=300", "model.bias=false",
-            "model.activation=gelu_tanh"],
+            "model.mlp=gelu_tanh"],
 }
 
 
@@ -326,7 +351,7 @@ def test_import_of_an_export_is_the_run(runs, exports, name):
     weights = "best" if name == "char" else "latest"
     run_model, _, run_cfg = load_run(runs[name], weights, torch.device("cpu"))
     cfg, state = load_gpt2_folder(exports[name])
-    assert cfg.activation is run_cfg.model.activation and cfg.mlp_ratio == run_cfg.model.mlp_ratio
+    assert cfg.mlp is run_cfg.model.mlp and cfg.mlp_ratio == run_cfg.model.mlp_ratio
     original = {k: v for k, v in run_model.state_dict().items() if k != "lm_head.weight"}
     for key, tensor in state.items():
         assert torch.equal(tensor, original[key]) if key in original else not tensor.any(), key
@@ -433,7 +458,7 @@ def test_training_starts_from_a_gpt2_folder(runs, exports, fake_sdist, tmp_path)
     ok(run([*common, "tokenizer=bpe", "tokenizer.vocab_size=300", f"hydra.run.dir={tmp_path / 'fresh'}"],
            cwd=tmp_path))
     tuned, tokenizer, cfg = load_run(tmp_path / "tuned", "latest", torch.device("cpu"))
-    assert cfg.model.block_size == 64 and cfg.model.activation.value == "gelu_tanh"
+    assert cfg.model.block_size == 64 and cfg.model.mlp.value == "gelu_tanh"
     assert cfg.tokenizer.kind.value == "file"
     assert tokenizer.get_vocab() == load_folder_tokenizer(exports["bpe"]).get_vocab()
     source = load_run(runs["bpe"], "latest", torch.device("cpu"))[0].state_dict()

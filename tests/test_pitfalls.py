@@ -110,6 +110,23 @@ def test_masking_pitfalls_are_detected(variant, t):
     assert future_jacobian(model, t) > 1e-6
 
 
+MODERN = {"rope_gqa": dict(positions="rope", n_kv_head=2),
+          "all": dict(positions="rope", norm="rmsnorm", mlp="swiglu", n_kv_head=1, qk_norm=True,
+                      tie_embeddings=False)}
+
+
+@pytest.mark.parametrize("switches", list(MODERN))
+@pytest.mark.parametrize("variant", ["correct", *LEAKY])
+def test_leak_detectors_work_with_the_modern_switches(variant, switches):
+    """The same detectors, on models with rotary positions, grouped heads, QK-norm...: the
+    correct layer stays causal and every masking pitfall still leaks."""
+    model = tiny_model(VARIANTS[variant], **MODERN[switches])
+    if variant == "correct":
+        assert prefix_shift(model, 6) == 0.0 and future_jacobian(model, 6) == 0.0
+    else:
+        assert prefix_shift(model, 6) > 1e-6 and future_jacobian(model, 6) > 1e-6
+
+
 @pytest.mark.parametrize("variant", ["no_scale", "scale_d_model", "no_out_proj", "fill_inf"])
 def test_non_mask_pitfalls_stay_causal(variant):
     attn = (replace(VARIANTS["correct"], mask_mode=MaskMode.fill) if variant == "fill_inf"

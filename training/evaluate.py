@@ -100,8 +100,8 @@ def qk_grad_norms(model) -> torch.Tensor:
     for block in model.blocks:
         weight = block.attn.qkv.weight
         grad = weight.grad if weight.grad is not None else torch.zeros_like(weight)
-        d = grad.size(1)  # qkv stacks W_Q, W_K, W_V: rows [0, d), [d, 2d), [2d, 3d)
-        norms.append(torch.stack([grad[:d].norm(), grad[d:2 * d].norm()]))
+        q, k, _ = block.attn.qkv_rows  # qkv stacks W_Q, W_K, W_V: rows [0, q), [q, q + k), ...
+        norms.append(torch.stack([grad[:q].norm(), grad[q:q + k].norm()]))
     return torch.stack(norms).float()
 
 
