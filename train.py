@@ -39,7 +39,7 @@ from data.batches import RandomWindows, fixed_windows
 from data.prepare import PreparedCorpus, prepare_corpus
 from guard.cli import UserError, exit_with, mistakes_exit, run_cli
 from guard.corpus import check_split_lengths
-from guard.limits import parse_device
+from guard.limits import check_fused_kernel, parse_device
 from guard.preflight import preflight, release_run, resolve_run, undo_failed_run
 from guard.files import dump_run_config
 from guard.run_dir import load_folder_weights
@@ -190,6 +190,7 @@ def build_run(cfg: Config, run_dir: Path, resuming: bool, world: World) -> Optio
     if cfg.init_from and not resuming:  # preflight gave cfg the folder's shape and tokenizer
         load_folder_weights(model, Path(cfg.init_from))
     model = model.to(device)
+    check_fused_kernel(model, device, dtype)  # on CUDA: may impl=auto trust our kernel here?
     optimizer = make_optimizer(model, cfg.optim)
     sampler = RandomWindows(corpus.train, m.block_size, t.batch_size, cfg.seed, device)
     eval_batches = fixed_windows(corpus.validation, min(m.block_size, len(corpus.validation) - 1),

@@ -31,6 +31,7 @@ import torch
 from bench.common import (add_overrides_argument, compose_config, fmt, interleaved_medians,
                           make_parser, print_header, print_headline, print_table,
                           resolve_repetitions, setup)
+from model.attention import trust_fused_attention
 from model.gpt import GPT
 
 PROMPT_LEN = 16
@@ -45,7 +46,9 @@ def build_model(overrides: list[str], n_tokens: int, device: torch.device) -> GP
     """The configured model, random weights, with room for prompt + n_tokens (no cropping)."""
     cfg = compose_config(overrides + [f"model.block_size={PROMPT_LEN + n_tokens}"])
     torch.manual_seed(SEED)
-    return GPT(cfg.model, cfg.tokenizer.planned_vocab_size, cfg.attention).to(device).eval()
+    model = GPT(cfg.model, cfg.tokenizer.planned_vocab_size, cfg.attention).to(device).eval()
+    trust_fused_attention(model, device, torch.float32)  # as generate.py: a checked kernel
+    return model
 
 
 # generate() keywords of each path. The plain KV cache asks for the dynamic cache explicitly:

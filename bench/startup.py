@@ -39,6 +39,7 @@ from bench.common import (REPO_ROOT, add_overrides_argument, compose_config, fmt
 from data.batches import RandomWindows
 from data.prepare import prepare_corpus
 from guard.cli import hydra_string
+from model.attention import trust_fused_attention
 from model.gpt import GPT
 from training.device import autocast, pick_dtype
 from training.optim import make_optimizer
@@ -80,6 +81,7 @@ def child(overrides: list[str], device: torch.device) -> dict:
 
     start = time.perf_counter()
     model = GPT(cfg.model, prepared.vocab_size, cfg.attention).to(device)
+    trust_fused_attention(model, device, torch.float32)
     optimizer = make_optimizer(model, cfg.optim)
     times["model"] = time.perf_counter() - start
 

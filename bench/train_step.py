@@ -44,6 +44,7 @@ import torch.nn.functional as F
 from bench.common import (GPU_RECIPE, add_overrides_argument, compose_config, fmt,
                           interleaved_medians, make_parser, print_header, print_headline,
                           print_table, resolve_repetitions, setup, time_once)
+from model.attention import trust_fused_attention
 from model.gpt import GPT
 from training.config import COMPILE_MODES, Config
 from training.device import autocast, pick_dtype
@@ -201,6 +202,7 @@ def step_time(cfg: Config, dtype: torch.dtype, compile_mode: Optional[str],
     torch.manual_seed(SEED)
     vocab, batch, block = cfg.tokenizer.planned_vocab_size, cfg.train.batch_size, cfg.model.block_size
     model = GPT(cfg.model, vocab, cfg.attention).to(device)
+    trust_fused_attention(model, device, dtype)  # as train.py: impl=auto uses a checked kernel
     optimizer = make_optimizer(model, cfg.optim)
     step_model = model
     if compile_mode is not None:

@@ -22,7 +22,7 @@ import torch
 from data.config import TokenizerKind
 from data.tokenizer import unknown_characters
 from guard.cli import UserError
-from model.attention import fused_refusal
+from model.attention import fused_refusal, trust_fused_attention
 from model.config import AttentionConfig, AttentionImpl, MLPKind, ModelConfig, Norm, Positions
 from training.config import COMPILE_MODES, DTYPE_CHOICES, Config, OptimConfig
 
@@ -190,6 +190,16 @@ def check_attention(a: AttentionConfig) -> None:
     refusal = fused_refusal(a) if a.impl is AttentionImpl.fused else None
     if refusal:
         raise UserError(f"{refusal} (use attention.impl=auto)")
+
+
+def check_fused_kernel(model, device: torch.device, dtype: torch.dtype) -> None:
+    """The kernel's self-check on the run's device (model/attention.py, trust_fused_attention):
+    where it fails, impl=auto computes with the reference attention (one warning line), and
+    impl=fused, asked for by name, is refused."""
+    verdict = trust_fused_attention(model, device, dtype)
+    if verdict is not None and not verdict.ok and model.attn_cfg.impl is AttentionImpl.fused:
+        raise UserError(f"attention.impl=fused: the kernel failed its self-check on {device} "
+                        f"({verdict.reason}); attention.impl=auto runs the reference attention")
 
 
 def check_text(value: str, key: str) -> None:

@@ -25,7 +25,7 @@ from guard.cli import CorpusError, FormatError, UserError, first_line
 from guard.corpus import load_tokenizer
 from guard.files import kind_of, load_run_config, read_text
 from guard.hf import CONFIG, open_folder
-from guard.limits import check_choice, check_config, check_sampling_fits
+from guard.limits import check_choice, check_config, check_fused_kernel, check_sampling_fits
 from model.attention import fused_refusal
 from model.config import AttentionConfig, AttentionImpl, ModelConfig
 from model.gpt import GPT
@@ -225,7 +225,9 @@ def load_run(run_dir: Path, which: str, device: torch.device) -> tuple[GPT, Toke
         load_folder_weights(model, run_dir)
     else:
         load_weights(model, find_weights(run_dir, which))
-    return model.to(device).eval(), source.tokenizer, cfg
+    model = model.to(device).eval()
+    check_fused_kernel(model, device, torch.float32)  # sampling runs in the weights' float32
+    return model, source.tokenizer, cfg
 
 
 def load_folder_weights(model: GPT, folder: Path) -> None:

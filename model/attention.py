@@ -144,6 +144,9 @@ class CausalSelfAttention(nn.Module):
         # W_O mixes the concatenated heads; the no_out_proj pitfall leaves it out entirely
         self.out_proj = nn.Linear(n_embd, n_embd, bias=bias) if attn.out_proj else None
         self.dropout = dropout if attn_dropout is None else attn_dropout  # on the weights
+        # Whether impl=auto may use our kernel here: set by trust_fused_attention once the
+        # kernel's self-check passed on the run's device (never by default).
+        self.fused_trusted = False
         self.resid_dropout = nn.Dropout(dropout)  # on the layer's output
         # The causal pattern is a property of the task: built once, shared by heads and batch.
         self.register_buffer("causal", causal_pattern(block_size, block_size), persistent=False)
@@ -264,13 +267,34 @@ class CausalSelfAttention(nn.Module):
         impl = self.attn.impl
         if impl is AttentionImpl.reference or return_weights or static:
             return False
-        if impl is AttentionImpl.auto and q.device.type != "cuda":
+        if impl is AttentionImpl.auto and not (q.device.type == "cuda" and self.fused_trusted):
             return False
         refusal = fused_refusal(self.attn, q.size(-1), self.dropout if self.training else 0.0,
                                 q.device, q.dtype)
         if refusal is not None and impl is AttentionImpl.fused:
             raise ValueError(refusal)
         return refusal is None
+
+
+def trust_fused_attention(model: nn.Module, device, dtype: torch.dtype):
+    """Run the kernel's self-check for model's attention on device in dtype (the dtype q has:
+    autocast's, or the weights'), and let impl=auto use the kernel only if it passes. Returns the
+    verdict (model/fused_attention.py's KernelCheck), or None when no layer would use the kernel
+    there (not a CUDA device, impl=reference, a pitfall variant). Call it after the model is on
+    its device and before torch.compile traces it."""
+    layers = [m for m in model.modules() if isinstance(m, CausalSelfAttention)]
+    if not layers or torch.device(device).type != "cuda":
+        return None
+    first = layers[0]
+    if first.attn.impl is AttentionImpl.reference or not first.attn.is_causal():
+        return None
+    from model.fused_attention import fused_available, self_check  # Triton: only on CUDA
+    if not fused_available(device):
+        return None
+    verdict = self_check(device, first.head_dim, dtype, first.n_head // first.n_kv_head)
+    for layer in layers:
+        layer.fused_trusted = verdict.ok
+    return verdict
 
 
 def fused_refusal(attn: AttentionConfig, head_dim: Optional[int] = None, dropout: float = 0.0,
