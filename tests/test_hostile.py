@@ -254,7 +254,7 @@ def test_sigterm_mid_accumulation_stops_within_seconds_and_resumes_bit_exactly(e
     took = time.monotonic() - sent
     assert result.returncode == 128 + signal.SIGTERM, result
     assert "stopped by SIGTERM at step" in result.stderr, result
-    assert took < min(3.0, step_s / 2), (took, step_s)  # between micro-batches, not steps
+    assert took < step_s / 2, (took, step_s)  # between micro-batches, not steps (load-proof)
     ok(env["server"].run("train.py", [f"resume={stopped}", "train.threads=1"], cwd=tmp_path))
     for name in ("step_00000002", "best"):
         a = (straight / "checkpoints" / name / "model.safetensors").read_bytes()
