@@ -10,6 +10,7 @@ from dataclasses import asdict, fields
 import pytest
 
 from guard.preflight import compose
+from helpers import VARIANT_NEEDS
 from training.config import CONF_DIR, Config
 
 GROUPS = ("model", "attention", "data", "tokenizer", "optim", "train")
@@ -18,6 +19,11 @@ PACKAGES = ("arm", "regime", "experiment", "budget", "gpu", "arch")  # added wit
 
 def options(group: str) -> list[str]:
     return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+
+
+def needs(group: str, option: str) -> list[str]:
+    """The overrides an attention pitfall needs to do anything (none for other options)."""
+    return VARIANT_NEEDS.get(option, []) if group == "attention" else []
 
 
 def without_names(cfg: Config) -> dict:
@@ -35,7 +41,7 @@ def test_the_default_config_is_the_dataclass_defaults():
 
 @pytest.mark.parametrize("group,option", [(g, o) for g in GROUPS for o in options(g)])
 def test_every_group_option_composes_and_validates(group, option):
-    compose([f"{group}={option}"])
+    compose([f"{group}={option}", *needs(group, option)])
 
 
 @pytest.mark.parametrize("package,option", [(p, o) for p in PACKAGES for o in options(p)])
@@ -46,7 +52,7 @@ def test_every_added_config_composes_and_validates(package, option):
 @pytest.mark.parametrize("variant", options("attention"))
 def test_each_attention_file_is_named_for_its_variant_and_only_the_pitfalls_leave_the_default(
         variant):
-    attention = compose([f"attention={variant}"]).attention
+    attention = compose([f"attention={variant}", *needs("attention", variant)]).attention
     assert attention.name == variant
     differs = [f.name for f in fields(attention)
                if getattr(attention, f.name) != getattr(Config().attention, f.name)]
@@ -84,7 +90,7 @@ def test_no_yaml_file_restates_a_default():
     for group in GROUPS:
         for option in options(group):
             text = (CONF_DIR / group / f"{option}.yaml").read_text()
-            composed = asdict(compose([f"{group}={option}"]))[group]
+            composed = asdict(compose([f"{group}={option}", *needs(group, option)]))[group]
             for line in text.splitlines():
                 key = line.split(":", 1)[0].strip()
                 if line.startswith((" ", "#", "-")) or ":" not in line or key == "defaults":
