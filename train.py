@@ -485,6 +485,11 @@ def final_metrics(run: Run, meter: "Speedometer") -> dict:
         metrics.update(decoding_losses(run))
         w.add_scalar("val/cached_loss", metrics["cached_val_loss"], p.step)
         w.add_scalar("val/cache_gap", metrics["cache_gap"], p.step)
+        if cfg.train.attention_maps:  # the maps of the generation path (decoding_layer<i>)
+            window = map_window(run.corpus.validation, run.corpus.tokenizer,
+                                min(cfg.train.attention_map_tokens, cfg.model.block_size))
+            log_attention_maps(w, model, window, run.corpus.tokenizer, p.step, run.amp,
+                               cached=True)
     write_hparams(w, cfg)  # its metrics are the last values of val/ and train/ (training/tb.py)
     return metrics
 

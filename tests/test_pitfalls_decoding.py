@@ -358,3 +358,28 @@ def test_the_fused_kernel_refuses_every_pitfall(switch):
     assert attn.is_causal() and not attn.is_correct()
     assert "always runs the reference code" in fused_refusal(attn)
     assert fused_refusal(AttentionConfig()) is None
+
+
+# ----------------------------------------------------------------------------- the maps
+
+
+@pytest.mark.parametrize("variant", ["correct", "upper_left_mask", "cache_positions_restart"])
+def test_the_decoding_maps_show_the_cache_pitfalls(variant):
+    """training/attention_maps.py's maps of the generation path (TensorBoard's decoding_layer<i>,
+    scripts.attention_map mask=cached): the forward pass's map for the correct layer; every row
+    on key 0 for upper_left_mask; another map for cache_positions_restart."""
+    from training.attention_maps import attention_weights
+
+    model = model_of(variant)
+    ids = tokens(1, 12)[0].tolist()
+    off = torch.autocast("cpu", enabled=False)
+    forward, _ = attention_weights(model, ids, off)
+    cached, leaks = attention_weights(model, ids, off, cached=True)
+    assert cached.shape == forward.shape == (2, 4, 12, 12) and (leaks == 0).all()
+    error = abs(cached - forward).max()
+    if variant == "correct":
+        assert error < 1e-6
+    elif variant == "upper_left_mask":
+        assert (cached[..., 0] == 1).all() and (cached[..., 1:] == 0).all()
+    else:
+        assert error > 1e-2
