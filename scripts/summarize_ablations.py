@@ -179,12 +179,7 @@ def table(arms: dict) -> str:
         base = arms.get((regime, "correct"))
         cells = ["", "", "", ""]
         if base is not None and variant != "correct":
-            e = effect(runs, base)
-            digits = 3 if abs(e.mean) >= 0.1 else 4
-            cells = [f"{e.mean:+.{digits}f}", f"{e.se:.{digits}f}",
-                     f"[{e.low:+.{digits}f}, {e.high:+.{digits}f}]", f"{e.in_se:+.1f}"]
-            if math.isnan(e.se):  # a single seed: no spread to measure
-                cells[1:] = ["n/a", "n/a", "n/a"]
+            cells = effect_cells(effect(runs, base))
         lines.append(f"| {regime} | {variant} | {len(runs)} | {fmt(final(runs, 'train'))} | "
                      f"{fmt(final(runs, 'val'))} | {fmt(final(runs, 'causal'))} | "
                      + " | ".join(cells) + f" | {fmt(final(runs, 'max_weight'), 2)} | "
@@ -209,7 +204,9 @@ def effect_cells(e: Effect) -> list[str]:
     digits = 3 if abs(e.mean) >= 0.1 else 4
     cells = [f"{e.mean:+.{digits}f}", f"{e.se:.{digits}f}",
              f"[{e.low:+.{digits}f}, {e.high:+.{digits}f}]", f"{e.in_se:+.1f}"]
-    return cells if not math.isnan(e.se) else cells[:1] + ["n/a", "n/a", "n/a"]
+    if math.isnan(e.se):  # a single seed: no spread to measure
+        cells[1:] = ["n/a", "n/a", "n/a"]
+    return cells
 
 
 def decoding_arms(arms: dict) -> dict:

@@ -383,3 +383,33 @@ def test_the_decoding_maps_show_the_cache_pitfalls(variant):
         assert (cached[..., 0] == 1).all() and (cached[..., 1:] == 0).all()
     else:
         assert error > 1e-2
+
+
+# ----------------------------------------------------------------------------- the summary
+
+
+def test_the_summary_s_decoding_table_pairs_by_seed_and_marks_identical_runs():
+    """scripts/summarize_ablations.py's second table: the effect on the causal and on the cached
+    loss, paired per seed; a pitfall whose runs are the correct ones to the bit says so."""
+    import numpy as np
+
+    from scripts.summarize_ablations import decoding_table, effect
+
+    def runs(causal, cached):
+        return {seed: {"causal": (np.array([250]), np.array([c])),
+                       "cached": (np.array([250]), np.array([k]))}
+                for seed, (c, k) in enumerate(zip(causal, cached))}
+
+    base = [2.25, 2.27, 2.24, 2.26]
+    arms = {("decode", "correct"): runs(base, base),
+            ("decode", "upper_left_mask"): runs(base, [b + 0.9 + 0.01 * i for i, b in enumerate(base)]),
+            ("decode", "gqa_repeat_mismatch"): runs([b + d for b, d in zip(base, [.02, -.03, .01, 0])],
+                                                    [b + d for b, d in zip(base, [.02, -.03, .01, 0])])}
+    e = effect(arms[("decode", "upper_left_mask")], arms[("decode", "correct")], "cached")
+    assert e.paired and e.n == 4 and e.mean == pytest.approx(0.915) and e.in_se > 50
+    e = effect(arms[("decode", "gqa_repeat_mismatch")], arms[("decode", "correct")])
+    assert e.low < 0 < e.high
+    lines = {line.split(" | ")[1]: line for line in decoding_table(arms).splitlines()[2:]}
+    assert "| 0 | 0 | [0, 0] | identical |" in lines["upper_left_mask"]
+    assert "identical" not in lines["gqa_repeat_mismatch"]
+    assert decoding_table({("leak", "correct"): {0: {"causal": (np.array([1]), np.array([2.0]))}}}) == ""
