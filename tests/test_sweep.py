@@ -186,8 +186,11 @@ def test_summary_script_writes_table_and_png(sweep_dir, tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     table = (tmp_path / "ablations.md").read_text()
     assert "nats per token" in table and '"a ± b" is the mean ± the' in table  # units, legend
-    rows = [line for line in table.splitlines() if line.startswith("| smoke |")]
+    first, _, second = table.partition("The second table")  # (decoding: through the KV cache)
+    rows = [line for line in first.splitlines() if line.startswith("| smoke |")]
     assert [r.split("|")[2].strip() for r in rows] == VARIANTS  # correct first, then the pitfall
+    decoding = [line for line in second.splitlines() if line.startswith("| smoke |")]
+    assert [r.split("|")[2].strip() for r in decoding] == VARIANTS  # every run scored it too
     effect = rows[1].split("|")[7].strip()
     assert effect.startswith(("+", "-")) and float(effect) == pytest.approx(float(effect))
     for name in ("ablations.png", "ablation_maps.png"):  # curves, and the maps side by side
