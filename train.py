@@ -52,8 +52,8 @@ from training.checkpoint import (CHECKPOINTS, WEIGHTS, atomic_write, link_latest
                                  restore, save_best, save_checkpoint)
 from training.config import CONF_DIR, Config, NonFinite, register_configs
 from training.device import autocast, pick_dtype
-from training.evaluate import (attention_diagnostics, bits_per_char, full_split_loss, mean_loss,
-                               qk_grad_norms, rising_validation)
+from training.evaluate import (attention_diagnostics, bits_per_char, cached_loss, full_split_loss,
+                               mean_loss, qk_grad_norms, rising_validation)
 from training.optim import Optimizers, lr_at, make_optimizer
 from training.runtime import (StopFlag, World, all_mean, all_sum, barrier, broadcast_from_main,
                               init_world, launch_rank, shutdown)
@@ -481,8 +481,28 @@ def final_metrics(run: Run, meter: "Speedometer") -> dict:
         w.add_scalar("val/bpc_full", metrics["val_bpc_full"], p.step)
         w.add_scalar("val/causal_loss_full", metrics["causal_val_loss_full"], p.step)
         w.add_scalar("val/nats_per_char_full", metrics["val_nats_per_char_full"], p.step)
+    if cfg.train.cached_eval_batches:
+        metrics.update(decoding_losses(run))
+        w.add_scalar("val/cached_loss", metrics["cached_val_loss"], p.step)
+        w.add_scalar("val/cache_gap", metrics["cache_gap"], p.step)
+        if cfg.train.attention_maps:  # the maps of the generation path (decoding_layer<i>)
+            window = map_window(run.corpus.validation, run.corpus.tokenizer,
+                                min(cfg.train.attention_map_tokens, cfg.model.block_size))
+            log_attention_maps(w, model, window, run.corpus.tokenizer, p.step, run.amp,
+                               cached=True)
     write_hparams(w, cfg)  # its metrics are the last values of val/ and train/ (training/tb.py)
     return metrics
+
+
+def decoding_losses(run: Run) -> dict:
+    """The first train.cached_eval_batches evaluation batches scored through the generation
+    path (KV cache, one token at a time, teacher forced) and causally as in training: the gap is
+    0 to rounding for a correct layer, and a cache pitfall's cost otherwise."""
+    model, batches = run.model, run.eval_batches[:run.cfg.train.cached_eval_batches]
+    with model.attention_variant(causal_variant(run.cfg.attention)):  # as when generating
+        causal = mean_loss(model, batches, run.amp, run.world)
+    cached = cached_loss(model, batches, run.amp, run.world)
+    return {"cached_val_loss": cached, "cache_gap": cached - causal}
 
 
 class Speedometer:
@@ -514,6 +534,8 @@ def report(metrics: dict, run_dir: Path) -> None:
             ("tokens_per_sec", "tokens/s (training)", "{:,.0f}"),
             ("train_loss", "train loss", "{:.4f}"), ("val_loss", "val loss (eval batches)", "{:.4f}"),
             ("causal_val_loss", "causal val loss", "{:.4f}"),
+            ("cached_val_loss", "cached val loss (decoding)", "{:.4f}"),
+            ("cache_gap", "cache gap (cached - causal)", "{:+.2e}"),
             ("val_loss_full", "val loss (whole split)", "{:.4f}"),
             ("val_nats_per_char_full", "val nats/char (whole split)", "{:.4f}"),
             ("val_bpc_full", "val bits/char (whole split)", "{:.4f}")]

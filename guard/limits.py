@@ -118,7 +118,7 @@ TRAIN = [
         "max_steps", "grad_accum", "eval_interval", "eval_batches", "log_interval",
         "keep_checkpoints")),
     positive("train.batch_size"), positive("train.attention_map_tokens"),
-    non_negative("train.sample_tokens", MAX_COUNT), non_negative("train.overfit_patience", MAX_COUNT),
+    non_negative("train.sample_tokens", MAX_COUNT), non_negative("train.cached_eval_batches", MAX_COUNT), non_negative("train.overfit_patience", MAX_COUNT),
     temperature("train.sample_temperature"),
     positive("train.max_minutes", optional=True), positive("train.threads", MAX_WORKERS, optional=True),
     # data, tokenizer, seed
@@ -192,6 +192,20 @@ def check_attention(a: AttentionConfig) -> None:
         raise UserError(f"{refusal} (use attention.impl=auto)")
 
 
+def check_pitfall_switches(m: ModelConfig, a: AttentionConfig, prefix: str = "model.") -> None:
+    """The second study's pitfalls that would do nothing in this model are refused: a switch
+    that changes nothing would measure nothing, and say nothing to whoever set it."""
+    for key in ("rope_on_values", "rotary_interleaved"):
+        if getattr(a, key) and m.positions != Positions.rope:
+            raise UserError(f"attention.{key}=true is a pitfall of rotary positions; it needs "
+                            f"{prefix}positions=rope (got {Positions(m.positions).value})")
+    if a.gqa_repeat_mismatch and not 1 < m.kv_heads < m.n_head:
+        raise UserError(f"attention.gqa_repeat_mismatch=true needs grouped heads, 1 < "
+                        f"{prefix}n_kv_head < {prefix}n_head (got n_kv_head={m.n_kv_head}, "
+                        f"n_head={m.n_head}): with one key/value head, or one per query head, "
+                        f"tiling and interleaving map the heads alike")
+
+
 def check_fused_kernel(model, device: torch.device, dtype: torch.dtype) -> None:
     """The kernel's self-check on the run's device (model/attention.py, trust_fused_attention):
     where it fails, impl=auto computes with the reference attention (one warning line), and
@@ -232,6 +246,7 @@ def check_config(cfg: Config, device: Optional[torch.device] = None) -> None:
     check_texts(cfg)
     check_model(cfg.model)
     check_attention(cfg.attention)
+    check_pitfall_switches(cfg.model, cfg.attention)
     _check(cfg, [row for row in TRAIN if not row.key.startswith(("model.", "attention."))])
     for key in ("train.compile_mode", "train.dtype"):
         check_choice(key, _value(cfg, key))

@@ -32,7 +32,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from model.config import AttentionConfig, AttentionImpl, MaskMode, Scale
-from model.rotary import apply_rotary
+from model.rotary import apply_rotary, apply_rotary_interleaved
 
 # Query rows per block on a CPU when attention.query_block is null (by device); twice that from
 # 1,024 queries on.
@@ -175,14 +175,25 @@ class CausalSelfAttention(nn.Module):
         if self.q_norm is not None:  # QK-norm: each head's q and k to RMS 1, times a gain
             q, k = self.q_norm(q), self.k_norm(k)
         if rotary is not None:  # RoPE: q and k turned by their positions' angles
-            q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
+            rotate = apply_rotary_interleaved if self.attn.rotary_interleaved else apply_rotary
+            q, k = rotate(q, *rotary), rotate(k, *rotary)  # (interleaved: a pitfall)
+            if self.attn.rope_on_values:  # pitfall: v turned too, so outputs carry positions
+                v = rotate(v, *rotary)
         visible = None
         if cache is not None:
             k, v, visible = cache.append(layer, k, v)  # [B, h_kv, m, d_k], m = positions so far
         m = k.size(2)
-        if visible is None:
+        if self.attn.upper_left_mask:
+            # pitfall: SDPA's is_causal alignment, query i sees keys 0..i whatever the cache
+            # holds; the same pattern when T == m (training), one key for a decoded token
+            visible = self.causal[:T, :m]  # [T, m]
+        elif visible is None:
             # query i sits at absolute position m - T + i: the right-aligned slice of the triangle
             visible = self.causal[m - T:m, :m]  # [T, m]
+        if self.attn.gqa_repeat_mismatch and h_kv < h:
+            # pitfall: the kv heads tiled (query head i reads kv head i % h_kv) where each one
+            # belongs to its g = h / h_kv consecutive query heads (i // g, repeat_kv)
+            k, v = k.repeat(1, h // h_kv, 1, 1), v.repeat(1, h // h_kv, 1, 1)  # [B, h, m, d_k]
 
         y, weights = self.attend(q, k, v, visible, return_weights,
                                  static=cache is not None and cache.static)  # [B, h, T, d_k]
@@ -286,7 +297,7 @@ def trust_fused_attention(model: nn.Module, device, dtype: torch.dtype):
     if not layers or torch.device(device).type != "cuda":
         return None
     first = layers[0]
-    if first.attn.impl is AttentionImpl.reference or not first.attn.is_causal():
+    if first.attn.impl is AttentionImpl.reference or not first.attn.is_correct():
         return None
     from model.fused_attention import fused_available, self_check  # Triton: only on CUDA
     if not fused_available(device):
@@ -303,7 +314,7 @@ def fused_refusal(attn: AttentionConfig, head_dim: Optional[int] = None, dropout
     causal attention only, without dropout on the weights, for the head sizes and dtypes it is
     built for, on a device it runs on. The one decision, made by the config checks with what a
     config knows (guard/limits.py) and by the layer at each call with the tensors in hand."""
-    if not attn.is_causal():
+    if not attn.is_correct():
         return (f"attention.impl=fused computes the correct attention only; the pitfall "
                 f"{attn.name!r} always runs the reference code")
     if dropout > 0:

@@ -85,12 +85,42 @@ class AttentionConfig:
     # our `fused` Triton kernel (model/fused_attention.py), or `auto`: fused on CUDA when Triton
     # is there, reference elsewhere. The pitfall variants always run the reference code.
     impl: AttentionImpl = AttentionImpl.auto
+    # --- the pitfalls of rotary positions, grouped heads and the KV cache (docs/ablations.md,
+    # the second study). Each is false in the correct layer; each true one is a mistake.
+    # Rotary positions applied to v as well as to q and k: the output then carries each key's
+    # absolute position, and attention is no longer a function of relative positions alone.
+    rope_on_values: bool = False
+    # With a KV cache, the new tokens' positions start at 0 instead of after the cached ones:
+    # the rotation (or learned position) of a decoded token ignores the tokens before it.
+    cache_positions_restart: bool = False
+    # The causal pattern aligned top-left when the queries are fewer than the keys (as the
+    # is_causal of torch's SDPA is): with a cache, a single new query sees only the first key.
+    upper_left_mask: bool = False
+    # Grouped-query heads mapped by tiling where interleaving belongs: query head i reads key/
+    # value head i % n_kv_head instead of i // (n_head / n_kv_head) (weights from elsewhere).
+    gqa_repeat_mismatch: bool = False
+    # Rotary pairs laid out interleaved, (2j, 2j + 1), where the weights expect rotate-half,
+    # (j, j + d_k / 2): the GPT-J / original-Llama layout applied to transformers' Llama weights.
+    rotary_interleaved: bool = False
+
+    def pitfalls(self) -> list[str]:
+        """The second study's switches that are on (none for the correct layer)."""
+        return [name for name in PITFALL_SWITCHES if getattr(self, name)]
+
+    def is_correct(self) -> bool:
+        """The correct attention, which our fused kernel may compute: causal and no pitfall."""
+        return self.is_causal() and not self.pitfalls()
 
     def is_causal(self) -> bool:
         """True when no weight can reach a future position (the generation-time condition)."""
         if self.mask_mode is MaskMode.after_softmax:
             return False  # future weights are zeroed, but they still took mass in the softmax
         return self.mask_value == float("-inf")
+
+
+# The switches of AttentionConfig that each make one pitfall of the second study.
+PITFALL_SWITCHES = ("rope_on_values", "cache_positions_restart", "upper_left_mask",
+                    "gqa_repeat_mismatch", "rotary_interleaved")
 
 
 @dataclass

@@ -27,6 +27,11 @@ class Decoder:
         self.fed = 0  # tokens of the context the cache holds keys and values for
         self.captured: Optional[CapturedStep] = None
 
+    def restart(self) -> None:
+        """Forget the context: the next call starts a new sequence (the buffers, and a captured
+        step, are kept for it)."""
+        self.fed = 0
+
     def next_logits(self, context: torch.Tensor) -> torch.Tensor:
         block = self.model.cfg.block_size
         if self.cache is None:

@@ -146,7 +146,7 @@ class GPT(nn.Module):
         if start + T > self.cfg.block_size:
             raise ValueError(f"sequence of {start + T} tokens exceeds block_size {self.cfg.block_size}")
         pos = torch.arange(T, device=idx.device)  # [T] positions, after the cached ones
-        if cache is not None:
+        if cache is not None and not self.attn_cfg.cache_positions_restart:  # (restart: pitfall)
             pos = pos + cache.position  # read on the device: a captured decode step replays it
         x = self.tok_emb(idx)  # [B, T, d_model]
         rotary = None

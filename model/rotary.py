@@ -51,3 +51,16 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     under bf16 autocast the rotation is done in bf16, as transformers does)."""
     cos, sin = cos.to(x.dtype), sin.to(x.dtype)
     return x * cos + rotate_half(x) * sin
+
+
+def apply_rotary_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Pitfall (attention.rotary_interleaved): the rotation with pair j laid out as dimensions
+    (2j, 2j + 1), as GPT-J and Meta's original Llama code do, where the weights expect rotate-half
+    (j, j + d_k / 2). A rotation all the same (relative positions hold, and a model trained with
+    it learns as well), but weights trained with the other layout are rotated wrongly.
+    x [..., T, d]; cos, sin the rotate-half tables [T, d] of `rotary_tables`."""
+    half = x.size(-1) // 2
+    cos, sin = (t[..., :half].repeat_interleave(2, dim=-1).to(x.dtype) for t in (cos, sin))
+    even, odd = x[..., 0::2], x[..., 1::2]  # [..., T, d/2]: the two members of each pair
+    turned = torch.stack([-odd, even], dim=-1).flatten(-2)  # (x0, x1) -> (-x1, x0) in each pair
+    return x * cos + turned * sin

@@ -3,6 +3,7 @@
     python -m scripts.attention_map run=runs/<dir>                       # layer 0, every head
     python -m scripts.attention_map run=runs/<dir> prompt="ROMEO:" layer=1 head=2 out=map.png
     python -m scripts.attention_map run=runs/<dir> mask=causal           # a leaky run, masked
+    python -m scripts.attention_map run=runs/<dir> mask=cached           # as when decoding
 
 Rows are queries, columns keys, the tokens on both axes (whitespace shown as · and ↵). Without
 a prompt the map is drawn on the run's fixed validation window, the text of its TensorBoard
@@ -10,7 +11,9 @@ Images (which needs the run's token cache, as training made it: a relative cache
 for beside the run, so the command works from any directory). `head=all` draws the layer's
 heads as one grid; a single head gets a larger map with a colour bar. `mask=own` (the default)
 shows the weights under the run's own attention, a leaky variant's leak included; `mask=causal`
-shows the same weights under the correct mask, as at generation time. The weights are those
+shows the same weights under the correct mask, as at generation time; `mask=cached` the weights
+of the generation path itself, the window fed one token at a time through the KV cache (row t:
+the step of token t), where a cache pitfall shows (upper_left_mask). The weights are those
 generate.py samples (`weights=auto`: a leaky run's latest, what the leak learned), and the
 title says which. Any mistake is one `error:` line on stderr and exit status 2.
 """
@@ -34,7 +37,7 @@ from training.checkpoint import LATEST
 from training.weights_choice import choose_weights
 
 USAGE = ("usage: python -m scripts.attention_map [run=RUN_DIR] [prompt=TEXT] [layer=N] "
-         "[head=all|N] [out=PNG] [weights=auto|best|latest] [mask=own|causal] [tokens=N]")
+         "[head=all|N] [out=PNG] [weights=auto|best|latest] [mask=own|causal|cached] [tokens=N]")
 
 
 @dataclass
@@ -46,15 +49,16 @@ class MapArgs:
     out: str = "attention_map.png"  # the picture to write (.png)
     # auto: best for a causal run, latest for a leaky one (as generate.py) | best | latest
     weights: str = "auto"
-    mask: str = "own"               # own (the run's attention, any leak included) | causal
+    # own (the run's attention, any leak included) | causal | cached (through the KV cache)
+    mask: str = "own"
     # the validation window's length, 2 to the run's context (null: the run's own setting,
     # train.attention_map_tokens, as in its TensorBoard images)
     tokens: Optional[int] = None
 
 
 def check(args: MapArgs) -> None:
-    if args.mask not in ("own", "causal"):
-        raise UserError(f"mask must be own or causal, got {args.mask!r}")
+    if args.mask not in ("own", "causal", "cached"):
+        raise UserError(f"mask must be own, causal or cached, got {args.mask!r}")
     if args.head != "all" and not args.head.isdigit():
         raise UserError(f"head must be a non-negative integer or all, got {args.head!r}")
     if args.layer < 0:
@@ -98,7 +102,7 @@ def draw(args: MapArgs) -> Path:
     off = torch.autocast("cpu", enabled=False)
     variant = causal_variant(run_cfg.attention) if args.mask == "causal" else run_cfg.attention
     with model.attention_variant(variant):
-        weights, leaks = attention_weights(model, ids, off)
+        weights, leaks = attention_weights(model, ids, off, cached=args.mask == "cached")
     weights, leak = weights[layer], leaks[layer]  # [h, n, n], the layer's future weight
     labels = token_labels(tokenizer, ids)
     name = f"{run_dir.name} ({run_cfg.attention.name}, mask {args.mask}), {chosen.describe()}"

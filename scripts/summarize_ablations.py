@@ -43,6 +43,7 @@ from scripts.outputs import check_outputs  # noqa: E402
 
 RUN_NAME = re.compile(r"^(?P<regime>[^-]+)-(?P<variant>.+)_seed(?P<seed>\d+)$")
 METRICS = {"train": "train/loss", "val": "val/loss", "causal": "val/causal_loss",
+           "cached": "val/cached_loss",
            "max_weight": "weights/max_weight/layer0",
            "future_weight": "weights/future_weight/layer0"}
 # what runs of earlier versions logged the same series as
@@ -124,16 +125,17 @@ class Effect:
         return self.mean / self.se if self.se > 0 else math.nan
 
 
-def effect(pitfall: dict, correct: dict) -> Effect:
-    """From the final causal losses {seed: series} of two arms: paired over their common seeds
-    when there are at least two, else Welch's comparison of independent means."""
+def effect(pitfall: dict, correct: dict, key: str = "causal") -> Effect:
+    """From the final losses `key` (causal, or cached: through the KV cache) {seed: series} of
+    two arms: paired over their common seeds when there are at least two, else Welch's
+    comparison of independent means."""
     common = sorted(set(pitfall) & set(correct))
     if len(common) >= 2:
-        d = np.array([pitfall[s]["causal"][1][-1] - correct[s]["causal"][1][-1] for s in common])
+        d = np.array([pitfall[s][key][1][-1] - correct[s][key][1][-1] for s in common])
         se = d.std(ddof=1) / math.sqrt(d.size)
         half = t975(d.size - 1) * se
         return Effect(d.mean(), se, d.mean() - half, d.mean() + half, d.size, True)
-    a, b = final(pitfall, "causal"), final(correct, "causal")
+    a, b = final(pitfall, key), final(correct, key)
     if min(a.size, b.size) < 2:
         return Effect(a.mean() - b.mean(), math.nan, math.nan, math.nan, min(a.size, b.size), False)
     va, vb = a.var(ddof=1) / a.size, b.var(ddof=1) / b.size
@@ -177,16 +179,60 @@ def table(arms: dict) -> str:
         base = arms.get((regime, "correct"))
         cells = ["", "", "", ""]
         if base is not None and variant != "correct":
-            e = effect(runs, base)
-            digits = 3 if abs(e.mean) >= 0.1 else 4
-            cells = [f"{e.mean:+.{digits}f}", f"{e.se:.{digits}f}",
-                     f"[{e.low:+.{digits}f}, {e.high:+.{digits}f}]", f"{e.in_se:+.1f}"]
-            if math.isnan(e.se):  # a single seed: no spread to measure
-                cells[1:] = ["n/a", "n/a", "n/a"]
+            cells = effect_cells(effect(runs, base))
         lines.append(f"| {regime} | {variant} | {len(runs)} | {fmt(final(runs, 'train'))} | "
                      f"{fmt(final(runs, 'val'))} | {fmt(final(runs, 'causal'))} | "
                      + " | ".join(cells) + f" | {fmt(final(runs, 'max_weight'), 2)} | "
                      f"{fmt(final(runs, 'future_weight'), 2)} |")
+    return "\n".join(lines)
+
+
+DECODING_LEGEND = """\
+The second table is for the runs that also scored their evaluation batches through the KV cache
+(train.cached_eval_batches: one token at a time, teacher forced, as when generating): "cached
+val loss" is that loss, and each effect is the paired difference from the regime's `correct`
+arm, of the causal loss (what training and the usual validation see) and of the cached loss
+(what decoding sees), with the same statistics as above. "identical" marks a pitfall whose runs
+are the correct layer's to the bit (every per-seed difference exactly 0): a mistake only the
+cache can show."""
+
+
+def effect_cells(e: Effect) -> list[str]:
+    """effect, SE, 95% interval, effect / SE, as table cells."""
+    if e.paired and e.se == 0 and e.mean == 0:
+        return ["0", "0", "[0, 0]", "identical"]
+    digits = 3 if abs(e.mean) >= 0.1 else 4
+    cells = [f"{e.mean:+.{digits}f}", f"{e.se:.{digits}f}",
+             f"[{e.low:+.{digits}f}, {e.high:+.{digits}f}]", f"{e.in_se:+.1f}"]
+    if math.isnan(e.se):  # a single seed: no spread to measure
+        cells[1:] = ["n/a", "n/a", "n/a"]
+    return cells
+
+
+def decoding_arms(arms: dict) -> dict:
+    """The arms whose every run logged the loss through the KV cache."""
+    return {arm: runs for arm, runs in arms.items()
+            if runs and all("cached" in s for s in runs.values())}
+
+
+def decoding_table(arms: dict) -> str:
+    """Each arm's causal and cached validation losses, and its effect on each against the
+    regime's correct arm ("" when no run logged a cached loss)."""
+    arms = decoding_arms(arms)
+    if not arms:
+        return ""
+    lines = ["| regime | variant | seeds | causal val loss | cached val loss (KV cache) "
+             "| effect on causal loss | SE | 95% interval | effect / SE "
+             "| effect on cached loss | SE | 95% interval | effect / SE |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for (regime, variant), runs in ordered(arms):
+        base = arms.get((regime, "correct"))
+        cells = [""] * 8
+        if base is not None and variant != "correct":
+            cells = effect_cells(effect(runs, base, "causal")) + \
+                effect_cells(effect(runs, base, "cached"))
+        lines.append(f"| {regime} | {variant} | {len(runs)} | {fmt(final(runs, 'causal'))} | "
+                     f"{fmt(final(runs, 'cached'))} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -227,9 +273,10 @@ def plot(arms: dict, path: Path) -> None:
 # ----------------------------------------------------------------------------- the maps figure
 
 
-def load_maps(run_dir: Path, layer: int):
+def load_maps(run_dir: Path, layer: int, cached: bool = False):
     """(weights [h, n, n], token labels) of a run's last checkpoint on its fixed validation
-    window (the window of its TensorBoard images), under its own attention."""
+    window (the window of its TensorBoard images), under its own attention (cached: through
+    the KV cache, one token at a time, as when decoding)."""
     import torch
 
     from data.prepare import prepare_corpus
@@ -240,7 +287,7 @@ def load_maps(run_dir: Path, layer: int):
     corpus = prepare_corpus(cfg.data, cfg.tokenizer)
     window = map_window(corpus.validation, tokenizer,
                         min(cfg.train.attention_map_tokens, cfg.model.block_size))
-    weights, _ = attention_weights(model, window, torch.autocast("cpu", enabled=False))
+    weights, _ = attention_weights(model, window, torch.autocast("cpu", enabled=False), cached)
     return weights[min(layer, len(weights) - 1)], token_labels(tokenizer, window)
 
 
@@ -254,12 +301,17 @@ def plot_maps(sweep_dir: Path, arms: dict, path: Path, layer: int = 0) -> bool:
     from training.attention_maps import future_weight, sharpest_head
 
     seed = min(set.intersection(*(set(runs) for runs in arms.values())), default=None)
-    rows = defaultdict(list)  # regime -> [(variant, run dir)], correct first
+    rows = defaultdict(list)  # (regime, cached) -> [(variant, run dir)], correct first
+    decodes_differently = {regime for (regime, _), runs in decoding_arms(arms).items()
+                           if any(abs(s["cached"][1][-1] - s["causal"][1][-1]) > 1e-3
+                                  for s in runs.values())}
     for (regime, variant), runs in ordered(arms):
         name = f"{regime}-{variant}_seed{seed}"
         run_dir = next((p for p in run_dirs(sweep_dir) if p.name == name), sweep_dir / name)
         if seed in runs and (run_dir / "checkpoints").is_dir():
-            rows[regime].append((variant, run_dir))
+            rows[(regime, False)].append((variant, run_dir))
+            if regime in decodes_differently:  # a second row: the maps of the generation path
+                rows[(regime, True)].append((variant, run_dir))
     if not rows:
         return False
 
@@ -270,23 +322,26 @@ def plot_maps(sweep_dir: Path, arms: dict, path: Path, layer: int = 0) -> bool:
     cols = max(len(v) for v in rows.values())
     fig, axes = plt.subplots(len(rows), cols, figsize=(3.6 * cols + 0.8, 3.7 * len(rows)),
                              squeeze=False, layout="constrained")
-    for r, (regime, runs) in enumerate(rows.items()):
+    for r, ((regime, cached), runs) in enumerate(rows.items()):
         for c in range(cols):
             ax = axes[r][c]
             if c >= len(runs):
                 ax.axis("off")
                 continue
             variant, run_dir = runs[c]
-            weights, labels = load_maps(run_dir, layer)
-            head = sharpest_head(weights)
+            weights, labels = load_maps(run_dir, layer, cached)
+            head = sharpest_head(load_maps(run_dir, layer)[0]) if cached else \
+                sharpest_head(weights)  # the same head in both rows
             leak = future_weight(torch.from_numpy(weights[head])).item()
-            draw_map(ax, weights[head], labels, f"{regime}: {variant}\nhead {head}, max weight "
-                     f"{weights[head].max(-1).mean():.2f}, future {leak:.2f}", fontsize=6)
+            how = " (KV cache)" if cached else ""
+            draw_map(ax, weights[head], labels, f"{regime}: {variant}{how}\nhead {head}, max "
+                     f"weight {weights[head].max(-1).mean():.2f}, future {leak:.2f}", fontsize=6)
             ax.set_xlabel("")
             ax.set_ylabel("")
     colorbar(fig, axes, fraction=0.015, pad=0.01, shrink=0.5)
     fig.suptitle(f"Attention of layer {layer} on the same validation window, seed {seed}, after "
-                 f"training (rows: query, columns: key; each model's sharpest head)", fontsize=10)
+                 f"training (rows: query, columns: key; each model's sharpest head; \"KV cache\": "
+                 f"fed one token at a time, as when decoding)", fontsize=10)
     fig.savefig(path, dpi=100, bbox_inches="tight")
     plt.close(fig)
     return True
@@ -312,6 +367,9 @@ def summarize(args: SummaryArgs) -> list[Path]:
     arms = collect(sweep)
     out.mkdir(parents=True, exist_ok=True)
     md = table(arms)
+    decoding = decoding_table(arms)
+    if decoding:
+        md += f"\n\n{DECODING_LEGEND}\n\n{decoding}"
     files[0].write_text(f"Summary of {sweep}\n\n{LEGEND}\n\n{md}\n")
     plot(arms, files[1])
     written = files[:2] + (files[2:] if plot_maps(sweep, arms, files[2], args.layer) else [])

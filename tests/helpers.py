@@ -20,6 +20,12 @@ SCRIPT_ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
               "PYTHONUNBUFFERED": "1", "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
 SCRIPT_ENV.pop("HYDRA_FULL_ERROR", None)
 
+# What the model needs for each attention variant to do anything (guard.limits refuses a pitfall
+# switch that would change nothing): the overrides that compose it in a test.
+VARIANT_NEEDS = {"rope_on_values": ["model.positions=rope"],
+                 "rotary_interleaved": ["model.positions=rope"],
+                 "gqa_repeat_mismatch": ["model.n_kv_head=2"]}
+
 # ----------------------------------------------------------------------------- synthetic text
 
 _NAMES = ["ROMEO", "JULIET", "MERCUTIO", "NURSE", "FRIAR", "TYBALT", "BENVOLIO", "CAPULET"]

@@ -276,7 +276,7 @@ def test_command_names_the_weights_it_drew(trained_run, tmp_path):
     (["layer=2"], "layer must be below the run's 2 layers"),
     (["head=9"], "head must be all or below the run's 4 heads"),
     (["head=x"], "head must be a non-negative integer or all"),
-    (["mask=maybe"], "mask must be own or causal"),
+    (["mask=maybe"], "mask must be own, causal or cached"),
     (["colour=red"], "unknown key 'colour'"),
     (["prompt=§"], "never saw in training"),
     (["tokens=0"], "tokens must be at least 2"),

@@ -10,6 +10,7 @@ from dataclasses import asdict, fields
 import pytest
 
 from guard.preflight import compose
+from helpers import VARIANT_NEEDS
 from training.config import CONF_DIR, Config
 
 GROUPS = ("model", "attention", "data", "tokenizer", "optim", "train")
@@ -18,6 +19,11 @@ PACKAGES = ("arm", "regime", "experiment", "budget", "gpu", "arch")  # added wit
 
 def options(group: str) -> list[str]:
     return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+
+
+def needs(group: str, option: str) -> list[str]:
+    """The overrides an attention pitfall needs to do anything (none for other options)."""
+    return VARIANT_NEEDS.get(option, []) if group == "attention" else []
 
 
 def without_names(cfg: Config) -> dict:
@@ -44,7 +50,7 @@ def test_the_default_config_is_the_dataclass_defaults():
 
 @pytest.mark.parametrize("group,option", [(g, o) for g in GROUPS for o in options(g)])
 def test_every_group_option_composes_and_validates(group, option):
-    compose([f"{group}={option}"])
+    compose([f"{group}={option}", *needs(group, option)])
 
 
 @pytest.mark.parametrize("package,option", [(p, o) for p in PACKAGES for o in options(p)])
@@ -55,7 +61,7 @@ def test_every_added_config_composes_and_validates(package, option):
 @pytest.mark.parametrize("variant", options("attention"))
 def test_each_attention_file_is_named_for_its_variant_and_only_the_pitfalls_leave_the_default(
         variant):
-    attention = compose([f"attention={variant}"]).attention
+    attention = compose([f"attention={variant}", *needs("attention", variant)]).attention
     assert attention.name == variant
     differs = [f.name for f in fields(attention)
                if getattr(attention, f.name) != getattr(Config().attention, f.name)]
@@ -75,10 +81,18 @@ def test_each_arm_is_its_regime_with_its_variant(arm):
     assert cfg.run_name == f"{arm}_seed7"
 
 
-def test_the_ablation_study_sweeps_every_arm():
-    text = (CONF_DIR / "experiment" / "ablations.yaml").read_text()
+# The studies and their regimes: the first (the classic pitfalls), the second (rotary positions,
+# grouped heads and the KV cache).
+STUDIES = {"ablations": ("leak", "scale", "heads"), "decoding": ("decode",)}
+
+
+@pytest.mark.parametrize("study", list(STUDIES))
+def test_each_study_sweeps_every_arm_of_its_regimes(study):
+    text = (CONF_DIR / "experiment" / f"{study}.yaml").read_text()
     for arm in options("arm"):
-        assert arm in text, f"+experiment=ablations does not run {arm}"
+        if arm.split("-", 1)[0] in STUDIES[study]:
+            assert arm in text, f"+experiment={study} does not run {arm}"
+    assert {r for rs in STUDIES.values() for r in rs} == set(options("regime"))
 
 
 @pytest.mark.parametrize("arm", options("budget"))
@@ -93,7 +107,7 @@ def test_no_yaml_file_restates_a_default():
     for group in GROUPS:
         for option in options(group):
             text = (CONF_DIR / group / f"{option}.yaml").read_text()
-            composed = asdict(compose([f"{group}={option}"]))[group]
+            composed = asdict(compose([f"{group}={option}", *needs(group, option)]))[group]
             for line in text.splitlines():
                 key = line.split(":", 1)[0].strip()
                 if line.startswith((" ", "#", "-")) or ":" not in line or key == "defaults":
@@ -109,13 +123,24 @@ STUDY_OPTIM = dict(name="adamw", lr=3e-3, schedule="constant", warmup_steps=20, 
                    beta1=0.9, beta2=0.99, eps=1e-8, grad_clip=1.0)
 
 
+# The second study's architecture (conf/regime/decode.yaml): Llama's switches at GPT-2's init.
+DECODE_ARCH = dict(positions="rope", rope_theta=10000.0, norm="rmsnorm", norm_eps=1e-5,
+                   mlp="swiglu", mlp_hidden=None, n_kv_head=2, qk_norm=False,
+                   tie_embeddings=True, zero_init_residual=False, bias=False, mlp_ratio=4,
+                   init_std=0.02, dropout=0.0, attn_dropout=None, activation=None)
+
+
 @pytest.mark.parametrize("regime", options("regime"))
 def test_the_pitfall_regimes_keep_the_architecture_they_were_measured_with(regime):
     cfg = compose([f"+regime={regime}"])
     gpt2 = compose(["+arch=gpt2"]).model
     arch = [f.name for f in fields(gpt2) if f.name not in ("n_layer", "n_head", "n_embd",
                                                            "block_size")]
-    assert {k: getattr(cfg.model, k) for k in arch} == {k: getattr(gpt2, k) for k in arch}
+    if regime in STUDIES["decoding"]:
+        model = asdict(cfg.model)
+        assert {k: getattr(model[k], "value", model[k]) for k in arch} == DECODE_ARCH
+    else:
+        assert {k: getattr(cfg.model, k) for k in arch} == {k: getattr(gpt2, k) for k in arch}
     optim = asdict(cfg.optim)
     assert {k: getattr(optim[k], "value", optim[k]) for k in STUDY_OPTIM} == STUDY_OPTIM
     assert cfg.tokenizer.kind.value == "char" and cfg.attention.query_block is None

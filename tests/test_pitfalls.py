@@ -20,6 +20,7 @@ from data.config import DataConfig, TokenizerConfig, TokenizerKind
 from data.prepare import prepare_corpus
 from guard.cli import CorpusError
 from guard.preflight import compose
+from helpers import VARIANT_NEEDS
 from model.attention import CausalSelfAttention, causal_variant
 from model.config import AttentionConfig, MaskMode, ModelConfig
 from model.gpt import GPT
@@ -29,7 +30,7 @@ from training.optim import lr_at
 
 REPO = Path(__file__).resolve().parents[1]
 # Every variant as shipped in conf/attention/ (the files the ablation study runs)
-VARIANTS = {p.stem: compose([f"attention={p.stem}"]).attention
+VARIANTS = {p.stem: compose([f"attention={p.stem}", *VARIANT_NEEDS.get(p.stem, [])]).attention
             for p in sorted((CONF_DIR / "attention").glob("*.yaml"))}
 LEAKY = ["mask_zero", "mask_fill_zero", "mask_after_softmax"]
 VOCAB = 50

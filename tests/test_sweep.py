@@ -149,7 +149,16 @@ def check_attention_images(base: str) -> None:
     grey = {}
     for v in VARIANTS:
         run = f"smoke-{v}_seed0"
-        assert set(tags[run]) == {"attention_layer0", "attention_layer1"}, tags
+        assert set(tags[run]) == {"attention_layer0", "attention_layer1", "decoding_layer0",
+                                  "decoding_layer1"}, tags
+        for layer in (0, 1):  # the generation path's maps, once at the end: no leak through a cache
+            images = get_json(f"{base}/data/plugin/images/images?run={run}"
+                              f"&tag=decoding_layer{layer}")
+            assert [im["step"] for im in images] == [20]
+            with urllib.request.urlopen(f"{base}/data/plugin/images/individualImage?"
+                                        f"{images[-1]['query']}", timeout=10) as resp:
+                picture = np.asarray(Image.open(io.BytesIO(resp.read())).convert("RGB"))
+            grey["decoding", v, layer] = int((picture == FUTURE_RGB).all(-1).sum())
         for layer in (0, 1):
             images = get_json(f"{base}/data/plugin/images/images?run={run}"
                               f"&tag=attention_layer{layer}")
@@ -166,6 +175,8 @@ def check_attention_images(base: str) -> None:
     # then every head as a thumbnail of 2 x 2 pixels per weight
     assert grey["correct", 0] == grey["correct", 1] == (32 * 31 // 2) * (81 + 4 * 4)
     assert grey["mask_zero", 0] == grey["mask_zero", 1] == 0
+    assert {grey["decoding", v, layer] for v in VARIANTS for layer in (0, 1)} == \
+        {grey["correct", 0]}
 
 
 def test_summary_script_writes_table_and_png(sweep_dir, tmp_path):
@@ -175,8 +186,11 @@ def test_summary_script_writes_table_and_png(sweep_dir, tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     table = (tmp_path / "ablations.md").read_text()
     assert "nats per token" in table and '"a ± b" is the mean ± the' in table  # units, legend
-    rows = [line for line in table.splitlines() if line.startswith("| smoke |")]
+    first, _, second = table.partition("The second table")  # (decoding: through the KV cache)
+    rows = [line for line in first.splitlines() if line.startswith("| smoke |")]
     assert [r.split("|")[2].strip() for r in rows] == VARIANTS  # correct first, then the pitfall
+    decoding = [line for line in second.splitlines() if line.startswith("| smoke |")]
+    assert [r.split("|")[2].strip() for r in decoding] == VARIANTS  # every run scored it too
     effect = rows[1].split("|")[7].strip()
     assert effect.startswith(("+", "-")) and float(effect) == pytest.approx(float(effect))
     for name in ("ablations.png", "ablation_maps.png"):  # curves, and the maps side by side

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from model.attention import causal_pattern
 
@@ -91,16 +92,22 @@ def token_labels(tokenizer, ids: list[int]) -> list[str]:
 
 
 @torch.no_grad()
-def attention_weights(model, ids: list[int], amp) -> tuple[np.ndarray, np.ndarray]:
+def attention_weights(model, ids: list[int], amp, cached: bool = False
+                      ) -> tuple[np.ndarray, np.ndarray]:
     """Every layer's weights over one window, under whatever attention the model runs now (its
     own, or a variant set by `attention_variant`), and each layer's future weight, both on the
     host: [n_layer, n_head, n, n] and [n_layer] float32. The future weight is computed where the
-    weights are, in the dtype they were computed in (autocast's rounding is not a leak)."""
+    weights are, in the dtype they were computed in (autocast's rounding is not a leak).
+
+    cached: the weights of the generation path instead, the window fed one token at a time
+    through a KV cache: row t is the step that feeds token t, over the keys 0..t it holds then.
+    For a correct layer this is the same map; a cache pitfall shows in it (upper_left_mask puts
+    every row's weight on key 0)."""
     was_training = model.training
     model.eval()
     x = torch.tensor([ids], device=next(model.parameters()).device)  # [1, n]
     with amp:
-        _, _, weights = model(x, return_weights=True)
+        weights = _cached_weights(model, x) if cached else model(x, return_weights=True)[2]
     model.train(was_training)
     maps = torch.stack([w[0].float() for w in weights])           # [L, h, n, n]
     leaks = torch.stack([future_weight(w) for w in weights])      # [L]
@@ -108,17 +115,31 @@ def attention_weights(model, ids: list[int], amp) -> tuple[np.ndarray, np.ndarra
     return host[len(leaks):].reshape(maps.shape), host[:len(leaks)]
 
 
-def log_attention_maps(writer, model, window: list[int], tokenizer, step: int, amp) -> None:
+def _cached_weights(model, x: torch.Tensor) -> list[torch.Tensor]:
+    """Each layer's [1, h, n, n] weights of x [1, n] fed one token at a time through a KV cache
+    (row t: the step of token t; the keys after t do not exist yet, and get 0)."""
+    n = x.size(1)
+    cache = model.new_cache(1)
+    rows = []  # per step: each layer's [1, h, 1, t + 1]
+    for t in range(n):
+        rows.append(model(x[:, t:t + 1], cache=cache, return_weights=True)[2])
+    return [torch.cat([F.pad(step[layer], (0, n - t - 1)) for t, step in enumerate(rows)], dim=2)
+            for layer in range(len(rows[0]))]
+
+
+def log_attention_maps(writer, model, window: list[int], tokenizer, step: int, amp,
+                       cached: bool = False) -> None:
     """One image per layer in TensorBoard (tag attention_layer<i>: TensorBoard groups the Images
     tab by a tag's first word, so each layer gets its own section and the runs' maps of one layer
     sit side by side): `card_image` of its heads on the window, titled with the layer's future
-    weight on it."""
-    weights, leaks = attention_weights(model, window, amp)  # [L, h, n, n], [L]
+    weight on it. cached: the generation path's maps (`attention_weights`), tag
+    decoding_layer<i>."""
+    weights, leaks = attention_weights(model, window, amp, cached)  # [L, h, n, n], [L]
     labels = token_labels(tokenizer, window)
+    tag, what = ("decoding_layer", "through the KV cache, ") if cached else ("attention_layer", "")
     for layer, (w, leak) in enumerate(zip(weights, leaks)):
-        title = f"layer {layer}, step {step}: future weight {leak:.3f}"
-        writer.add_image(f"attention_layer{layer}", card_image(w, labels, title), step,
-                         dataformats="HWC")
+        title = f"layer {layer}, step {step}: {what}future weight {leak:.3f}"
+        writer.add_image(f"{tag}{layer}", card_image(w, labels, title), step, dataformats="HWC")
 
 
 def sharpest_head(weights: np.ndarray) -> int:

@@ -64,6 +64,12 @@ class TrainConfig:
     eval_interval: int = 250
     eval_batches: int = 20          # fixed random validation batches for periodic evaluation
     final_full_eval: bool = True    # at the end, score every token of the validation split
+    # At the end, the loss of the first this-many evaluation batches (all, if there are fewer)
+    # computed through the generation path too (a KV cache fed one token at a time, teacher
+    # forced; 0 = off), next to the causal loss of the same batches: equal to rounding for a
+    # correct layer, a cache pitfall's cost otherwise (val/cached_loss, val/cache_gap;
+    # docs/ablations.md). About 5 times the cost of scoring the same batches uncached.
+    cached_eval_batches: int = 4
     log_interval: int = 25
     sample_tokens: int = 300        # text sample logged at each evaluation (0 = none)
     sample_prompt: str = "\n"

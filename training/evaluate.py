@@ -2,11 +2,14 @@
 from __future__ import annotations
 
 import math
+from typing import Optional
+
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from data.batches import sequential_windows
+from model.decoding import Decoder
 from training.attention_maps import future_weight
 from training.device import float64_home
 from training.runtime import World, all_sum
@@ -51,6 +54,44 @@ def full_split_loss(model, tokens: np.ndarray, block_size: int, batch_size: int,
         nll = F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.to(device).reshape(-1),
                               reduction="sum")
         total += nll.to(home).double()
+        count += y.numel()
+    model.train(was_training)
+    total, count = all_sum([total.item(), float(count)], world)  # one host sync
+    return total / count
+
+
+@torch.no_grad()
+def cached_loss(model, batches: list, amp, world: World = World(),
+                static: Optional[bool] = None) -> float:
+    """Mean cross-entropy (nats per token) of the same (x, y) batches as `mean_loss`, computed
+    through the generation path: the model's Decoder (model/decoding.py) fed one token at a
+    time with its KV cache, teacher forced (each step is given the true token, not a sampled
+    one), each step's logits predicting the next token.
+
+    For a correct layer this is the uncached loss to rounding (tests/test_pitfalls_decoding.py):
+    the cache is an optimisation. A layer that trains right but decodes wrong (a cache pitfall:
+    docs/ablations.md, the second study) shows here and nowhere else. The windows must fit the
+    context (block_size), as the evaluation batches do. static: the static cache (CUDA graphs),
+    None = as `generate` chooses.
+    """
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    home = float64_home(device)
+    if static is None:
+        static = device.type == "cuda" and model.attn_cfg.is_causal()
+    total, count = torch.zeros((), device=home, dtype=torch.float64), 0
+    decoder = None
+    for x, y in batches[world.rank::world.size]:
+        x, y = x.to(device), y.to(device)  # [B, T]
+        if decoder is None or decoder.cache.k.size(1) != x.size(0):
+            decoder = Decoder(model, x.size(0), use_cache=True, static=static)
+        decoder.restart()
+        for t in range(x.size(1)):
+            with amp:
+                logits = decoder.next_logits(x[:, :t + 1])  # [B, V]: the next token's, from t
+            nll = F.cross_entropy(logits.float(), y[:, t], reduction="sum")
+            total += nll.to(home).double()
         count += y.numel()
     model.train(was_training)
     total, count = all_sum([total.item(), float(count)], world)  # one host sync

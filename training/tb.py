@@ -39,7 +39,7 @@ LEADING = ("arm", "lr", "n_layer", "seed", "tokenizer")
 # and nats/char across tokenizers.
 HPARAM_METRICS = ("val/causal_loss", "val/nats_per_char", "val/loss", "train/loss",
                   "val/nats_per_char_full", "val/bpc", "val/causal_loss_full", "val/loss_full",
-                  "val/bpc_full")
+                  "val/bpc_full", "val/cached_loss", "val/cache_gap")
 
 
 def hparams_of(cfg: Config, regime: str = "-") -> dict:
