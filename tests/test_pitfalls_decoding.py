@@ -349,7 +349,8 @@ def test_a_pitfall_that_would_change_nothing_is_refused(switch, model, message):
     check_pitfall_switches(ModelConfig(n_head=4, positions="rope", n_kv_head=2),
                            AttentionConfig(**{switch: True}))  # where it does something
     with pytest.raises(UserError, match=message):
-        compose([f"attention={switch}", *[f"model.{k}={v}" for k, v in model.items()]])
+        compose(["+arch=gpt2", f"attention={switch}",  # GPT-2's switches: the default has rope
+                 *[f"model.{k}={v}" for k, v in model.items()]])
 
 
 @pytest.mark.parametrize("switch", PITFALL_SWITCHES)
