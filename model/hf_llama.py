@@ -251,9 +251,13 @@ def llama_model_config(config: dict, path: Path = Path(CONFIG)) -> tuple[ModelCo
         raise FormatError(f"{path}: model_type must be one of {', '.join(map(repr, ARCHITECTURES))}"
                           f", got {config.get('model_type')!r}")
     fields = Fields(config, path)
-    sizes = {k: fields.positive_int(k) for k in (
-        "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-        "num_attention_heads", "max_position_embeddings")}
+    required = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                "num_attention_heads", "max_position_embeddings")
+    absent = [k for k in required if k not in config]
+    if absent:
+        raise FormatError(f"{path} has no {absent[0]!r}, which a model_type "
+                          f"{arch.model_type!r} config needs")
+    sizes = {k: fields.positive_int(k) for k in required}
     width, heads = sizes["hidden_size"], sizes["num_attention_heads"]
     if width % heads:
         raise FormatError(f"{path}: hidden_size ({width}) must be divisible by "
