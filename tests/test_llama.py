@@ -59,10 +59,12 @@ def hf_greedy(model, prompt: torch.Tensor, n: int = NEW_TOKENS) -> list[int]:
 
 def jitter(model) -> None:
     """transformers' init leaves every norm's gain at 1: move every parameter, so that a norm
-    (or anything else) mapped to the wrong place shows in the logits."""
+    (or anything else) mapped to the wrong place shows in the logits. Not by much more: the
+    larger q and k, the more transformers' float32 rotary angles (ours are float64) move the
+    scores (docs/huggingface.md, Measured agreement)."""
     with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.add_(torch.randn_like(p) * (0.1 if "norm" in name else 0.3))
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
 
 
 # ----------------------------------------------------------------------------- folders
@@ -290,7 +292,7 @@ def test_exported_model_gives_the_same_logits_and_greedy_tokens_in_transformers(
         tmp_path, tokenizer, name):
     switches, arch = MODELS[name]
     cfg = ModelConfig(n_layer=2, n_head=4, n_embd=64, block_size=CONTEXT, positions="rope",
-                      norm="rmsnorm", mlp="swiglu", **switches)
+                      norm="rmsnorm", mlp="swiglu", init_std=0.05, **switches)
     assert architecture_for(cfg, AttentionConfig()) is arch
     torch.manual_seed(0)
     ours = GPT(cfg, tokenizer.get_vocab_size())
