@@ -1,4 +1,4 @@
-"""Our GPT <-> Hugging Face transformers' Llama (and Qwen3) format (config.json + model.safetensors).
+"""Our GPT <-> Hugging Face transformers' Llama and Qwen3 formats (config.json, model.safetensors).
 
 With `positions=rope, norm=rmsnorm, mlp=swiglu` our blocks are Llama's: rotary positions in the
 rotate-half layout (rope_theta), pre-RMSNorm (rms_norm_eps), a SwiGLU MLP, grouped key/value
@@ -44,7 +44,7 @@ class Architecture:
     class_name: str           # config.json's `architectures`
     qk_norm: bool             # q_norm / k_norm per head (Qwen3)
     mlp_bias: bool            # the config has mlp_bias (Llama); without it the MLP has no biases
-    head_dim: Optional[int]   # transformers' default when config.json has none (None: width / heads)
+    head_dim: Optional[int]   # transformers' default when config.json has none (None: d_model / h)
     kv_heads: Optional[int]   # likewise for num_key_value_heads (None: the query heads)
     rms_norm_eps: float       # likewise
 
@@ -68,7 +68,8 @@ BLOCK_MAPPING = {
     "mlp.fc": ("mlp.gate_proj", "mlp.up_proj"),
     "mlp.proj": ("mlp.down_proj",),
 }
-OUTER_MAPPING = {"tok_emb": ("model.embed_tokens",), "ln_f": ("model.norm",), "lm_head": ("lm_head",)}
+OUTER_MAPPING = {"tok_emb": ("model.embed_tokens",), "ln_f": ("model.norm",),
+                 "lm_head": ("lm_head",)}
 
 
 # ----------------------------------------------------------------------------- names and shapes
@@ -93,7 +94,10 @@ def _rows(cfg: ModelConfig, ours: str, shape: torch.Size) -> tuple[int, ...]:
     return (shape[0],)
 
 
-def _layout(cfg: ModelConfig, vocab_size: int) -> dict[str, tuple[tuple[str, tuple[int, ...]], ...]]:
+Layout = dict[str, tuple[tuple[str, tuple[int, ...]], ...]]
+
+
+def _layout(cfg: ModelConfig, vocab_size: int) -> Layout:
     """Our name -> ((their name, its shape), ...) for every tensor a model of cfg stores (the
     tied head once, as the token embedding)."""
     with torch.device("meta"):
@@ -340,7 +344,7 @@ def load_llama_folder(path: PathLike) -> tuple[ModelConfig, dict[str, torch.Tens
     missing = sorted(set(expected) - body)
     unexpected = sorted(body - set(expected) - ({HEAD} if stored_head else set()))
     if missing or unexpected:
-        hint = (f"; tie_word_embeddings is false, so transformers would start from a random head"
+        hint = ("; tie_word_embeddings is false, so transformers would start from a random head"
                 if missing == [HEAD] else " (another architecture, or a different "
                                           "num_hidden_layers?)")
         raise FormatError(f"{weights_path} does not match {CONFIG}: missing {missing[:3]}, "

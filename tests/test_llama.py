@@ -27,7 +27,7 @@ from transformers import (AutoModelForCausalLM, AutoTokenizer, GenerationConfig,
 from data.tokenizer import EOS, build_bpe_tokenizer
 from guard.cli import FormatError
 from guard.run_dir import load_run
-from helpers import REPO_ROOT, shakespeare_like
+from helpers import REPO_ROOT, ok, run, shakespeare_like
 from model.config import AttentionConfig, ModelConfig, Scale
 from model.gpt import GPT
 from model.hf import tokenizer_config
@@ -211,7 +211,8 @@ def copy_folder(src: Path, tmp_path: Path, config: dict | None = None,
     ({"tie_word_embeddings": "yes"}, "tie_word_embeddings must be bool"),
     ({"num_hidden_layers": 3}, r"missing \['model.layers.2"),
     ({"intermediate_size": 128}, r"gate_proj.weight has shape \(176, 64\), config.json implies"),
-    ({"num_key_value_heads": 4}, r"k_proj.weight has shape \(32, 64\), config.json implies \(64, 64\)"),
+    ({"num_key_value_heads": 4},
+     r"k_proj.weight has shape \(32, 64\), config.json implies \(64, 64\)"),
 ])
 def test_import_refuses_a_config_it_cannot_honour(folders, tmp_path, change, message):
     with pytest.raises(FormatError, match=message):
@@ -240,7 +241,8 @@ def test_import_reads_old_configs_and_stored_buffers(folders, tmp_path):
         "rope_parameters": None, "rope_theta": 500000.0, "rope_scaling": None}, tensors=tensors)
     cfg, state = load_llama_folder(folder)
     assert cfg.rope_theta == 500000.0
-    assert state.keys() == expected.keys() and all(torch.equal(state[k], expected[k]) for k in state)
+    assert state.keys() == expected.keys()
+    assert all(torch.equal(state[k], expected[k]) for k in state)
 
 
 @pytest.mark.parametrize("folder, change, message", [
@@ -355,18 +357,6 @@ def test_architecture_for_each_run():
 
 
 # ----------------------------------------------------------------------------- runs
-
-
-def run(args: list[str], cwd: Path, timeout: int = 240) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    return subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=timeout)
-
-
-def ok(result: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
-    assert result.returncode == 0, f"exit {result.returncode}\n--- stdout\n{result.stdout[-3000:]}" \
-                                   f"\n--- stderr\n{result.stderr[-3000:]}"
-    return result
 
 
 # Smoke runs as in tests/test_hf.py (a 64-token context, a high learning rate), with Llama's
