@@ -161,6 +161,23 @@ def test_generate_samples_from_a_llama_folder_as_transformers_does(folders, toke
     assert len(set(ids)) > 10 and "the folder's weights" in result.stderr
 
 
+def test_a_bfloat16_folder_is_read_as_float32(folders, tmp_path):
+    """Published checkpoints are mostly bf16: read as float32 values, exactly the stored ones,
+    they give the logits transformers gives when it loads them as float32."""
+    folder = tmp_path / "bf16"
+    theirs(folders["llama_gqa"]).to(torch.bfloat16).save_pretrained(folder)
+    shutil.copy(folders["llama_gqa"] / "tokenizer.json", folder)
+    stored = load_file(str(folder / "model.safetensors"))
+    assert all(t.dtype == torch.bfloat16 for t in stored.values())
+    ours = gpt_from_llama_folder(folder)
+    reference = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    idx = torch.randint(0, ours.vocab_size, (2, CONTEXT),
+                        generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        assert max_diff(ours(idx)[0], reference(idx).logits) <= TOLERANCE
+    assert all(p.dtype == torch.float32 for p in ours.parameters())
+
+
 @pytest.mark.parametrize("name", list(FOLDERS))
 def test_export_of_an_import_is_the_original_tensors(folders, name):
     original = load_file(str(folders[name] / "model.safetensors"))
