@@ -5,7 +5,7 @@ rotate-half layout (rope_theta), pre-RMSNorm (rms_norm_eps), a SwiGLU MLP, group
 heads (num_key_value_heads), a head tied to the token embedding or not (tie_word_embeddings).
 Qwen3 is the same network with QK-norm (a per-head RMSNorm of q and k before the rotation, our
 `qk_norm`). Converting is renaming plus stacking: our fused `attn.qkv` holds the rows of
-q_proj | k_proj | v_proj, our `mlp.fc` those of gate_proj | up_proj (MAPPING). Both store
+q_proj | k_proj | v_proj, our `mlp.fc` those of gate_proj | up_proj (BLOCK_MAPPING). Both store
 nn.Linear's [out, in], so nothing is transposed.
 
 Biases: our `model.bias` is one switch for every Linear (RMSNorm has none); Llama's are
