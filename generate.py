@@ -36,7 +36,7 @@ USAGE = "usage: python generate.py [run=DIR] [prompt=TEXT] [max_new_tokens=N] [k
 class GenerateConfig:
     """The defaults are those of the samples train.py logs."""
 
-    run: str = str(LATEST)         # a run of train.py (runs/latest: the newest) or a GPT-2 folder
+    run: str = str(LATEST)         # a run of train.py (runs/latest: the newest) or a model folder
     prompt: str = TrainConfig.sample_prompt  # the text to continue
     max_new_tokens: int = 500      # tokens to generate after the prompt, per sample
     temperature: float = TrainConfig.sample_temperature  # below 1 sharper, above 1 more random

@@ -1,13 +1,13 @@
 """Reading a run directory that may come from someone else: which directory a path names, whether
-a run may be resumed, and the model, tokenizer and config a run (or a GPT-2 folder) holds.
+a run may be resumed, and the model, tokenizer and config a run (or a model folder) holds.
 
 Everything comes from the directory alone: config.yaml (model shape), tokenizer.json and a
 checkpoint's model.safetensors (no pickle is loaded). Each file is checked before use (kind,
 size, content: plain YAML, a tokenizer without custom regular expressions, finite weights of the
 right shapes), and the model's size against the memory there is. A model folder from elsewhere
-(a GPT-2 folder: config.json instead of config.yaml) goes through the same checks, by the same
-code (`read_source`, `load_run`); only the reading of its config.json and weights is its
-architecture's (FOLDER_FORMATS).
+(a GPT-2, Llama or Qwen3 folder: config.json instead of config.yaml) goes through the same
+checks, by the same code (`read_source`, `load_run`); only the reading of its config.json and
+weights is its architecture's (FOLDER_FORMATS).
 """
 from __future__ import annotations
 
@@ -141,13 +141,19 @@ def is_model_folder(path: Path) -> bool:
 
 
 # The architectures whose folders are read: model_type -> (its config.json as (ModelConfig,
-# vocab_size), its weights as our state dict). model/hf.py knows GPT-2's names and shapes.
+# vocab_size), its weights as our state dict). model/hf.py knows GPT-2's names and shapes,
+# model/hf_llama.py Llama's and Qwen3's.
 def _gpt2():
     from model.hf import gpt2_model_config, load_gpt2_folder
     return gpt2_model_config, lambda folder: load_gpt2_folder(folder)[1]
 
 
-FOLDER_FORMATS = {"gpt2": _gpt2}
+def _llama():
+    from model.hf_llama import llama_model_config, load_llama_folder
+    return llama_model_config, lambda folder: load_llama_folder(folder)[1]
+
+
+FOLDER_FORMATS = {"gpt2": _gpt2, "llama": _llama, "qwen3": _llama}
 
 
 @dataclass
@@ -231,14 +237,19 @@ def load_run(run_dir: Path, which: str, device: torch.device) -> tuple[GPT, Toke
 
 
 def load_folder_weights(model: GPT, folder: Path) -> None:
-    """A model folder's weights into model (all but the tied head, stored once)."""
+    """A model folder's weights into model: every tensor (a tied head is the token embedding,
+    stored once)."""
     config, config_path, _ = open_folder(folder)
     state = FOLDER_FORMATS[config.get("model_type")]()[1](folder)
     emb = state["tok_emb.weight"]
     if emb.shape[0] != model.vocab_size:
         raise FormatError(f"{folder}: its {TOKENIZER} and its weights have different vocabulary "
                           f"sizes")
-    model.load_state_dict(state, strict=False)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    tied = model.lm_head.weight is model.tok_emb.weight
+    if unexpected or set(missing) - ({"lm_head.weight"} if tied else set()):
+        raise FormatError(f"{folder}: its weights do not fit the model its {CONFIG} describes "
+                          f"(missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]})")
 
 
 def validation_window(run_dir: Path, cfg: Config, tokenizer: Tokenizer, n: int) -> list[int]:

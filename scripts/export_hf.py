@@ -1,14 +1,17 @@
-"""Export a training run as a Hugging Face GPT-2 folder that transformers loads offline.
+"""Export a training run as a Hugging Face folder that transformers loads offline.
 
     python -m scripts.export_hf run=runs/<dir> out=exports/<name> [weights=best|latest]
     python -m scripts.export_hf run=runs/latest out=exports/<name>     # the newest run
 
-The folder holds config.json (GPT2LMHeadModel), model.safetensors (GPT-2's names and Conv1D
-layout), the run's tokenizer.json unchanged and a tokenizer_config.json for
-PreTrainedTokenizerFast. transformers is not needed to export. The folder is written under a
-temporary name and renamed into place, so a failed export leaves nothing half-written at `out`.
-A run whose attention variant GPT-2 cannot express is refused (see model/hf.py). Any mistake is
-one `error:` line on stderr and exit status 2, as with train.py and generate.py.
+The folder is written as the transformers architecture that computes the run's model: GPT-2
+for GPT-2's switches (`+arch=gpt2`; model/hf.py), Llama for rope + rmsnorm + swiglu (grouped
+key/value heads, tied head or not; model/hf_llama.py), Qwen3 for that with qk_norm. It holds
+config.json, model.safetensors (that architecture's names and layout), the run's tokenizer.json
+unchanged and a tokenizer_config.json for PreTrainedTokenizerFast. transformers is not needed to
+export. The folder is written under a temporary name and renamed into place, so a failed export
+leaves nothing half-written at `out`. A run that no architecture expresses (a switch none of
+them has, an attention pitfall variant) is refused, naming what. Any mistake is one `error:`
+line on stderr and exit status 2, as with train.py and generate.py.
 """
 from __future__ import annotations
 
@@ -25,12 +28,15 @@ from omegaconf import MISSING
 from safetensors.torch import save
 
 from data.tokenizer import EOS, UNK
-from guard.cli import UserError, parse_key_values, run_cli
+from guard.cli import FormatError, UserError, parse_key_values, run_cli
 from guard.corpus import MAX_TOKENIZER_BYTES
 from guard.files import read_bytes
 from guard.run_dir import load_run, resolve_latest
+from model.config import AttentionConfig, ModelConfig, gpt2_problems
 from model.hf import (CONFIG, TOKENIZER, TOKENIZER_CONFIG, WEIGHTS, check_exportable, gpt2_config,
                       to_gpt2_state_dict, tokenizer_config)
+from model.hf_llama import (LLAMA, QWEN3, Architecture, check_llama_exportable, llama_config,
+                            llama_problems, to_llama_state_dict)
 from training.weights_choice import choose_weights
 
 USAGE = "usage: python -m scripts.export_hf run=RUN_DIR out=OUT_DIR [weights=best|latest]"
@@ -55,19 +61,44 @@ def check_out_dir(out: Path) -> None:
         raise UserError(f"out={out}: {parent} is not a directory")
 
 
+GPT2 = "GPT-2"
+
+
+def architecture_for(model_cfg: ModelConfig, attn_cfg: AttentionConfig) -> "str | Architecture":
+    """GPT2, LLAMA or QWEN3: the transformers architecture that computes this model, checked
+    (its attention variant too); when none does, FormatError in one line naming the switches
+    that the nearest architectures (the fewest such switches) lack."""
+    candidates = {GPT2: gpt2_problems(model_cfg), LLAMA: llama_problems(model_cfg, LLAMA),
+                  QWEN3: llama_problems(model_cfg, QWEN3)}
+    if not candidates[GPT2]:
+        check_exportable(model_cfg, attn_cfg)  # GPT-2's own messages
+        return GPT2
+    for arch in (LLAMA, QWEN3):
+        if not candidates[arch]:
+            check_llama_exportable(model_cfg, attn_cfg, arch)
+            return arch
+    fewest = min(len(problems) for problems in candidates.values())
+    nearest = [a for a, problems in candidates.items() if len(problems) == fewest]
+    raise FormatError("no transformers architecture computes this model; the nearest: " + "; ".join(
+        f"as {getattr(a, 'name', a)}, {', '.join(candidates[a])}" for a in nearest))
+
+
 def export(run_dir: Path, out: Path, weights: str = "best") -> Path:
-    """Write the GPT-2 folder for run_dir's `weights` checkpoint at out; returns out."""
+    """Write the folder (GPT-2, Llama or Qwen3) for run_dir's `weights` checkpoint at out;
+    returns out."""
     check_out_dir(out)
     model, tokenizer, run_cfg = load_run(run_dir, weights, torch.device("cpu"))
-    check_exportable(run_cfg.model, run_cfg.attention)
+    arch = architecture_for(run_cfg.model, run_cfg.attention)
     vocab = tokenizer.get_vocab()
     special = {name: token for name, token in (("eos_token", EOS), ("unk_token", UNK))
                if token in vocab}
-    files = {
-        CONFIG: gpt2_config(run_cfg.model, tokenizer.get_vocab_size(), vocab.get(EOS)),
-        TOKENIZER_CONFIG: tokenizer_config(special, run_cfg.model.block_size),
-    }
-    tensors = to_gpt2_state_dict(model)
+    if arch == GPT2:
+        config = gpt2_config(run_cfg.model, tokenizer.get_vocab_size(), vocab.get(EOS))
+        tensors = to_gpt2_state_dict(model)
+    else:
+        config = llama_config(run_cfg.model, tokenizer.get_vocab_size(), vocab.get(EOS), arch)
+        tensors = to_llama_state_dict(model, arch)
+    files = {CONFIG: config, TOKENIZER_CONFIG: tokenizer_config(special, run_cfg.model.block_size)}
 
     payloads = {name: (json.dumps(content, indent=2) + "\n").encode("utf-8")
                 for name, content in files.items()}

@@ -1158,7 +1158,7 @@ MODEL_FOLDERS = [
         "config.json", lambda t: t.update(n_embd=2**24, n_inner=2**26, n_head=2**18))),
          "does not fit"),
     Case("config_other_architecture", G, _from_folder(_folder_json(
-        "config.json", lambda t: t.__setitem__("model_type", "llama"))), "model_type"),
+        "config.json", lambda t: t.__setitem__("model_type", "mistral"))), "model_type"),
     Case("config_fifo", G, _from_folder(_folder_file("config.json", _fifo_at)), "FIFO"),
     Case("weights_sparse_huge", G, _from_folder(_folder_file("model.safetensors", _sparse_at(1 << 40))),
          "implausibly large"),

@@ -68,6 +68,32 @@ def test_bad_attention_values_raise_one_clear_sentence(bad, match):
     check_attention(AttentionConfig(query_block=0))  # off is valid
 
 
+# ----------------------------------------------------------------------------- memory estimate
+
+
+@pytest.mark.parametrize("shape", [dict(), dict(n_layer=12, n_head=12, n_embd=768, block_size=1024)])
+def test_memory_estimate_counts_the_kv_cache_of_the_key_value_heads(shape):
+    """model_sizes (built on meta) counts the parameters and the KV cache the model has: the
+    cache of n_kv_head heads, n_head / n_kv_head times smaller than multi-head attention's."""
+    from guard.limits import inference_bytes, model_sizes
+
+    cache = {}
+    for kv in (None, 2, 1):
+        cfg = ModelConfig(**shape, positions="rope", norm="rmsnorm", mlp="swiglu", n_kv_head=kv,
+                          tie_embeddings=False)
+        sizes = model_sizes(cfg, 500)
+        with torch.device("meta"):
+            model = GPT(cfg, 500)
+        assert sizes.params == model.num_params()
+        assert sizes.cache_words == model.new_cache(1).nbytes // 4  # float32 words
+        assert inference_bytes(sizes)["KV cache"] == 4 * sizes.cache_words
+        cache[cfg.kv_heads] = sizes.cache_words
+    h = shape.get("n_head", 4)
+    assert cache[h] == 2 * shape.get("n_layer", 4) * shape.get("block_size", 128) * \
+        shape.get("n_embd", 128)  # k and v: [n_layer, 1, h, T, d_k] each
+    assert cache[h] == (h // 2) * cache[2] == h * cache[1]
+
+
 # ----------------------------------------------------------------------------- state fields
 
 

@@ -112,7 +112,7 @@ class Config:
     seed: int = 1337
     # A run directory to continue from its latest checkpoint.
     resume: Optional[str] = None
-    # A GPT-2-format folder (config.json, model.safetensors, tokenizer.json; e.g. from
+    # A GPT-2, Llama or Qwen3 folder (config.json, model.safetensors, tokenizer.json; e.g. from
     # scripts/export_hf.py) to start from: its weights, model shape and tokenizer are used.
     init_from: Optional[str] = None
     # Name shown for this run in TensorBoard's run list and HParams table (and a multirun's

@@ -29,7 +29,7 @@ WEIGHTS_CHOICES = ("auto", "best", "latest")
 
 @dataclass
 class Chosen:
-    """The checkpoint a tool loads: its kind (best | latest, or `folder` for a GPT-2 folder), its
+    """The checkpoint a tool loads: its kind (best | latest, or `folder` for a model folder), its
     step where known, and a note when the choice needs a word (a leaky run)."""
 
     kind: str
@@ -53,7 +53,7 @@ def choose_weights(run_dir: Path, which: str) -> Chosen:
     if which not in WEIGHTS_CHOICES:
         raise UserError(f"weights must be auto, best or latest, got {which!r}")
     config = run_dir / "config.yaml"
-    if not config.is_file():  # a GPT-2 folder, or not a run at all (load_run says which)
+    if not config.is_file():  # a model folder, or not a run at all (load_run says which)
         return Chosen("folder" if (run_dir / "config.json").is_file() else
                       ("best" if which == "auto" else which))
     attention = _attention(config)
