@@ -144,6 +144,8 @@ def attention_problems(attn: AttentionConfig, name: str) -> list[str]:
     if attn.mask_mode is not MaskMode.add or attn.mask_value != float("-inf"):
         problems.append(f"its mask is {attn.mask_mode.value} with {attn.mask_value} ({name} adds "
                         f"-inf before the softmax)")
+    for pitfall in attn.pitfalls():  # the second study's mistakes (docs/ablations.md)
+        problems.append(f"it trained with attention.{pitfall}=true ({name} has no such mistake)")
     return problems
 
 

@@ -28,10 +28,10 @@ from data.tokenizer import EOS, build_bpe_tokenizer
 from guard.cli import FormatError
 from guard.run_dir import load_run
 from helpers import REPO_ROOT, ok, run, shakespeare_like
-from model.config import AttentionConfig, ModelConfig, Scale
+from model.config import PITFALL_SWITCHES, AttentionConfig, ModelConfig, Scale
 from model.gpt import GPT
 from model.hf import tokenizer_config
-from model.hf_llama import (LLAMA, QWEN3, gpt_from_llama_folder, llama_config,
+from model.hf_llama import (LLAMA, QWEN3, check_llama_exportable, gpt_from_llama_folder, llama_config,
                             load_llama_folder, to_llama_state_dict)
 from scripts import export_hf
 from scripts.export_hf import GPT2, architecture_for
@@ -477,3 +477,14 @@ def test_training_starts_from_a_llama_folder(folders, tokenizer, fake_sdist, tmp
     assert run_tokenizer.get_vocab() == tokenizer.get_vocab()
     for name, a in tuned.state_dict().items():  # lr 1e-9: barely moved from the folder
         torch.testing.assert_close(a, source.state_dict()[name], atol=1e-6, rtol=0, msg=name)
+
+
+@pytest.mark.parametrize("pitfall", PITFALL_SWITCHES)
+def test_the_second_studys_mistakes_are_not_exported(pitfall):
+    """A run trained with one of docs/ablations.md's second-study mistakes has weights that mean
+    something else in Llama's attention (values rotated, heads tiled, pairs interleaved), or
+    decodes in a way Llama does not: refused, naming the switch."""
+    cfg = ModelConfig(positions="rope", norm="rmsnorm", mlp="swiglu", n_kv_head=2, bias=False)
+    check_llama_exportable(cfg, AttentionConfig(), LLAMA)  # the correct layer exports
+    with pytest.raises(FormatError, match=f"attention.{pitfall}=true"):
+        check_llama_exportable(cfg, AttentionConfig(**{pitfall: True}), LLAMA)
