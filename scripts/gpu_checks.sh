@@ -19,9 +19,9 @@ PY=${PYTHON:-python3}
 mkdir -p "$OUT"
 : > "$OUT/summary.txt"
 START=$SECONDS
-DRY_ELAPSED=0  # a dry run's clock: each step takes its whole limit
+DRY_ELAPSED=0  # a dry run's clock: each step takes its whole limit, and nothing else counts
 
-elapsed() { echo $((SECONDS - START + DRY_ELAPSED)); }
+elapsed() { if ((DRY_RUN)); then echo $DRY_ELAPSED; else echo $((SECONDS - START)); fi; }
 
 step() {  # step NAME SECONDS COMMAND...: run with a time limit, log to $OUT/NAME.log
   local name=$1 limit=$2; shift 2
