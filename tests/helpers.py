@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 import tarfile
 from pathlib import Path
+
+from safetensors.torch import save_file
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TRAIN = str(REPO_ROOT / "train.py")
@@ -163,3 +167,19 @@ def one_error_line(result) -> str:
     assert len(errors) == 1, result
     assert result.stderr.strip().splitlines()[-1] == errors[0], result  # the last word, alone
     return errors[0]
+
+
+def copy_folder(src: Path, tmp_path: Path, config: dict | None = None,
+                tensors: dict | None = None) -> Path:
+    """A copy of a folder with config.json updated by `config` (None values delete a key)
+    and/or model.safetensors replaced by `tensors`."""
+    dst = tmp_path / "copy"
+    shutil.copytree(src, dst)
+    if config is not None:
+        data = json.loads((dst / "config.json").read_text())
+        data.update(config)
+        data = {k: v for k, v in data.items() if v is not None}
+        (dst / "config.json").write_text(json.dumps(data))
+    if tensors is not None:
+        save_file(tensors, str(dst / "model.safetensors"))
+    return dst

@@ -19,13 +19,13 @@ from pathlib import Path
 import pytest
 import torch
 from omegaconf import OmegaConf
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from transformers import (AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2LMHeadModel,
                           GenerationConfig)
 
 from guard.limits import check_model
 from guard.run_dir import load_run
-from helpers import REPO_ROOT
+from helpers import REPO_ROOT, copy_folder
 from model.config import AttentionConfig, MLPKind, ModelConfig, Scale, gpt2_problems
 from model.gpt import GPT
 from model.hf import (GPT2FormatError, check_exportable, gpt_from_gpt2_folder, load_gpt2_folder,
@@ -117,22 +117,6 @@ def test_import_reads_gpt2model_names_old_mask_buffers_and_a_stored_tied_head(gp
     _, state = load_gpt2_folder(folder)
     assert state.keys() == expected.keys()
     assert all(torch.equal(state[k], expected[k]) for k in state)
-
-
-def copy_folder(src: Path, tmp_path: Path, config: dict | None = None,
-                tensors: dict | None = None) -> Path:
-    """A copy of a GPT-2 folder with config.json updated by `config` (None values delete a key)
-    and/or model.safetensors replaced by `tensors`."""
-    dst = tmp_path / "copy"
-    shutil.copytree(src, dst)
-    if config is not None:
-        data = json.loads((dst / "config.json").read_text())
-        data.update(config)
-        data = {k: v for k, v in data.items() if v is not None}
-        (dst / "config.json").write_text(json.dumps(data))
-    if tensors is not None:
-        save_file(tensors, str(dst / "model.safetensors"))
-    return dst
 
 
 @pytest.mark.parametrize("change, message", [

@@ -20,14 +20,14 @@ from pathlib import Path
 import pytest
 import torch
 from omegaconf import OmegaConf
-from safetensors.torch import load_file, save, save_file
+from safetensors.torch import load_file, save
 from transformers import (AutoModelForCausalLM, AutoTokenizer, GenerationConfig, LlamaConfig,
                           LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 
 from data.tokenizer import EOS, build_bpe_tokenizer
 from guard.cli import FormatError
 from guard.run_dir import load_run
-from helpers import REPO_ROOT, ok, run, shakespeare_like
+from helpers import REPO_ROOT, copy_folder, ok, run, shakespeare_like
 from model.config import PITFALL_SWITCHES, AttentionConfig, ModelConfig, Scale
 from model.gpt import GPT
 from model.hf import tokenizer_config
@@ -188,22 +188,6 @@ def test_export_of_an_import_is_the_original_tensors(folders, name):
     assert again.keys() == original.keys()
     for key, tensor in original.items():
         assert torch.equal(again[key], tensor), key
-
-
-def copy_folder(src: Path, tmp_path: Path, config: dict | None = None,
-                tensors: dict | None = None) -> Path:
-    """A copy of a folder with config.json updated by `config` (None values delete a key)
-    and/or model.safetensors replaced by `tensors`."""
-    dst = tmp_path / "copy"
-    shutil.copytree(src, dst)
-    if config is not None:
-        data = json.loads((dst / "config.json").read_text())
-        data.update(config)
-        data = {k: v for k, v in data.items() if v is not None}
-        (dst / "config.json").write_text(json.dumps(data))
-    if tensors is not None:
-        save_file(tensors, str(dst / "model.safetensors"))
-    return dst
 
 
 @pytest.mark.parametrize("change, message", [
