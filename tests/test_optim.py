@@ -160,3 +160,17 @@ def test_orthogonalizing_a_batch_equals_one_matrix_at_a_time():
         one_by_one = torch.stack([orthogonalize(m, coefficients, steps=5, eps=1e-7) for m in batch])
         torch.testing.assert_close(together, one_by_one, atol=1e-5, rtol=1e-5)
         assert (together[0] - one_by_one[1]).abs().max() > 0.01
+
+
+def test_linear_schedule_holds_then_falls_in_a_straight_line_to_min_lr():
+    from training.config import Schedule
+    from training.optim import lr_at
+    cfg = OptimConfig(lr=1.0, min_lr=0.1, warmup_steps=10, schedule=Schedule.linear,
+                      decay_fraction=0.5)
+    lrs = [lr_at(s, cfg, 110) for s in range(111)]  # 100 steps after warmup: 50 held, 50 falling
+    assert lrs[9] == 1.0 and lrs[10] == lrs[60] == 1.0  # warmup's end, then held
+    assert lrs[85] == pytest.approx(0.55) and lrs[110] == pytest.approx(0.1)  # halfway, the end
+    steps = [a - b for a, b in zip(lrs[60:110], lrs[61:111])]
+    assert max(steps) == pytest.approx(min(steps)) == pytest.approx(0.9 / 50)  # a straight line
+    whole = OptimConfig(lr=1.0, min_lr=0.0, warmup_steps=10, schedule=Schedule.linear)
+    assert lr_at(10, whole, 110) == 1.0 and lr_at(60, whole, 110) == pytest.approx(0.5)

@@ -20,6 +20,9 @@ from model.config import AttentionConfig, ModelConfig
 class Schedule(str, Enum):
     cosine = "cosine"      # linear warmup, then cosine decay to min_lr at max_steps
     constant = "constant"  # linear warmup, then lr
+    # linear warmup, lr held, then a straight line to min_lr over the last decay_fraction of the
+    # steps after warmup (1.0: from the end of warmup; "warmup-stable-decay" below 1)
+    linear = "linear"
 
 
 class OptimizerName(str, Enum):
@@ -43,6 +46,7 @@ class OptimConfig:
     min_lr: float = 2e-4
     warmup_steps: int = 100
     schedule: Schedule = Schedule.cosine
+    decay_fraction: float = 1.0  # schedule=linear: the share of the steps after warmup that decay
     weight_decay: float = 0.1
     beta1: float = 0.9
     beta2: float = 0.99

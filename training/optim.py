@@ -78,7 +78,9 @@ def make_optimizer(model: torch.nn.Module, cfg: OptimConfig) -> Optimizers:
 
 
 def lr_at(step: int, cfg: OptimConfig, max_steps: int) -> float:
-    """Linear warmup over warmup_steps, then cosine decay from lr to min_lr at max_steps.
+    """Linear warmup over warmup_steps, then lr decays to min_lr at max_steps: along a cosine
+    (`cosine`), or held and then along a straight line over the last decay_fraction of the steps
+    (`linear`), or not at all (`constant`).
 
     A pure function of the step, so a resumed run needs no scheduler state.
     """
@@ -86,5 +88,8 @@ def lr_at(step: int, cfg: OptimConfig, max_steps: int) -> float:
         return cfg.lr * (step + 1) / cfg.warmup_steps
     if cfg.schedule is Schedule.constant or max_steps <= cfg.warmup_steps:
         return cfg.lr
-    progress = min(1.0, (step - cfg.warmup_steps) / (max_steps - cfg.warmup_steps))
+    progress = min(1.0, (step - cfg.warmup_steps) / (max_steps - cfg.warmup_steps))  # 0 .. 1
+    if cfg.schedule is Schedule.linear:
+        left = (1.0 - progress) / cfg.decay_fraction  # 1 where the decay starts, 0 at the end
+        return cfg.min_lr + min(1.0, left) * (cfg.lr - cfg.min_lr)
     return cfg.min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (cfg.lr - cfg.min_lr)
