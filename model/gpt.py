@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from model.attention import CausalSelfAttention, KVCache
 from model.config import AttentionConfig, MLPKind, ModelConfig, Norm, Positions
 from model.decoding import Decoder
+from model.loss import head_and_loss
 from model.rotary import rotary_tables
 from model.sampling import sample_next
 
@@ -162,10 +163,11 @@ class GPT(nn.Module):
         if cache is not None:
             cache.advance(T)
         x = self.ln_f(x)
-        logits = self.lm_head(x)  # [B, T, vocab_size]
         loss = None
-        if targets is not None:
-            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
+        if targets is None:
+            logits = self.lm_head(x)  # [B, T, vocab_size]
+        else:  # the same logits, and their mean cross-entropy (model/loss.py)
+            logits, loss = head_and_loss(x, self.lm_head.weight, targets)
         return (logits, loss, all_weights) if return_weights else (logits, loss)
 
     @contextlib.contextmanager
