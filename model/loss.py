@@ -78,6 +78,7 @@ class RowBlockCrossEntropy(torch.autograd.Function):
             ctx.save_for_backward(grad_x.div_(N), grad_w.div_(N))
         ctx.dtypes = x.dtype, weight.dtype
         ctx.mark_non_differentiable(logits)
+        ctx.set_materialize_grads(False)  # no [N, V] zeros made for the logits' (unused) gradient
         return nll.mean(), logits
 
     @staticmethod
