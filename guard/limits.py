@@ -112,6 +112,7 @@ TRAIN = [
     non_negative("optim.weight_decay"), non_negative("optim.grad_clip"),
     Limit("optim.decay_fraction", 0, 1, above=True, words="in (0, 1]"),
     positive("optim.muon_ns_steps", 1000), positive("optim.muon_lr_scale"),
+    positive("optim.embedding_lr_scale"),
     fraction("optim.beta1"), fraction("optim.beta2"), fraction("optim.muon_momentum"),
     positive("optim.eps", words="a positive number"),
     # train

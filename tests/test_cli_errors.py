@@ -568,6 +568,8 @@ VALUES = [
     Case("lr_nan", V, lambda c: ["optim.lr=nan"], "optim.lr"),
     Case("lr_inf", V, lambda c: ["optim.lr=inf"], "optim.lr"),
     Case("min_lr_nan", V, lambda c: ["optim.min_lr=nan"], "min_lr"),
+    Case("embedding_lr_scale_zero", V, lambda c: ["optim.embedding_lr_scale=0"],
+         "embedding_lr_scale"),
     Case("decay_fraction_zero", V, lambda c: ["optim.decay_fraction=0"], "decay_fraction"),
     Case("decay_fraction_above_one", V, lambda c: ["optim.decay_fraction=1.5"], "decay_fraction"),
     Case("eps_nan", V, lambda c: ["optim.eps=nan"], "optim.eps"),

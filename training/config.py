@@ -54,6 +54,9 @@ class OptimConfig:
     grad_clip: float = 1.0  # max global gradient norm; 0 turns clipping off
     muon_momentum: float = 0.95  # Muon's (Nesterov) momentum; only with name=muon
     muon_lr_scale: float = 1.0   # Muon's lr = this x the schedule's lr (AdamW's)
+    # The token (and learned position) embeddings' AdamW lr = this x the schedule's lr; with a
+    # tied head the same matrix is the head, so it applies to both
+    embedding_lr_scale: float = 1.0
     muon_ns_steps: int = 5       # Newton-Schulz iterations orthogonalising each update
 
 

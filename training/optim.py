@@ -54,14 +54,23 @@ def make_optimizer(model: torch.nn.Module, cfg: OptimConfig) -> Optimizers:
     MLP's) get Muon: its update is the momentum orthogonalised by a few Newton-Schulz steps, so
     every direction of the matrix moves at the same rate. Embeddings (tied with the head),
     positions, biases and LayerNorm stay with AdamW, as Muon is meant for hidden matrices only.
+    The embeddings' lr may be scaled apart (optim.embedding_lr_scale): a row of the token
+    embedding learns only from the tokens of a batch that use it.
     """
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]  # tied: once
     hidden = [p for n, p in named if cfg.name is OptimizerName.muon
               and p.dim() == 2 and n.startswith("blocks.")]
-    chosen = {id(p) for p in hidden}
+    # the embeddings in a group of their own only when their lr differs (checkpoints keep the
+    # two-group layout otherwise)
+    embeddings = [p for n, p in named if cfg.embedding_lr_scale != 1.0
+                  and n.startswith(("tok_emb.", "pos_emb."))]
+    chosen = {id(p) for p in hidden + embeddings}
     rest = [p for _, p in named if id(p) not in chosen]
     groups = [{"params": [p for p in rest if p.dim() >= 2], "weight_decay": cfg.weight_decay},
               {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0}]
+    if embeddings:
+        groups.append({"params": embeddings, "weight_decay": cfg.weight_decay,
+                       "lr_scale": cfg.embedding_lr_scale})
     # On CUDA and MPS, the fused kernel updates every parameter in a few launches instead of
     # several per tensor (MPS has no foreach kernels, so its default is one tensor at a time);
     # elsewhere PyTorch's default (foreach) implementation.
