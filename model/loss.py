@@ -66,11 +66,13 @@ class RowBlockCrossEntropy(torch.autograd.Function):
                 rows = slice(r0, r0 + block_rows)
                 x_b, y_b = x[rows], targets[rows, None]                  # [R, C], [R, 1]
                 z = torch.mm(x_b, weight.t(), out=logits[rows]).float()  # [R, V]
-                lse = torch.logsumexp(z, dim=1, keepdim=True)            # [R, 1]
-                nll[rows] = (lse - z.gather(1, y_b)).squeeze(1)
+                z_max = z.amax(dim=1, keepdim=True)                      # [R, 1]
+                e = (z - z_max).exp_()                                   # [R, V], at most 1
+                total = e.sum(dim=1, keepdim=True)                       # [R, 1]
+                nll[rows] = (z_max + total.log() - z.gather(1, y_b)).squeeze(1)  # lse - z_y
                 if with_grad:
-                    dz = (z - lse).exp_()                                # softmax, [R, V]
-                    dz.scatter_add_(1, y_b, torch.full_like(lse, -1.0))  # - onehot(y)
+                    dz = e.div_(total)                                   # softmax, [R, V]
+                    dz.scatter_add_(1, y_b, torch.full_like(total, -1.0))  # - onehot(y)
                     dz = dz.to(x.dtype)
                     grad_x[rows] = dz @ weight                           # [R, C]
                     grad_w += (dz.t() @ x_b).float()                     # [V, C]
