@@ -191,7 +191,7 @@ def build_run(cfg: Config, run_dir: Path, resuming: bool, world: World) -> Optio
         load_folder_weights(model, Path(cfg.init_from))
     model = model.to(device)
     check_fused_kernel(model, device, dtype)  # on CUDA: may impl=auto trust our kernel here?
-    optimizer = make_optimizer(model, cfg.optim)
+    optimizer = make_optimizer(model, cfg.optim, dtype)
     sampler = RandomWindows(corpus.train, m.block_size, t.batch_size, cfg.seed, device)
     eval_batches = fixed_windows(corpus.validation, min(m.block_size, len(corpus.validation) - 1),
                                  t.eval_batches, t.batch_size, seed=cfg.seed + 1, device=device)

@@ -72,7 +72,8 @@ def child(overrides: list[str], device: torch.device) -> dict:
     start = time.perf_counter()
     cfg = compose_config(overrides)
     times["compose"] = time.perf_counter() - start
-    amp = autocast(device, pick_dtype(cfg.train.dtype, device))
+    dtype = pick_dtype(cfg.train.dtype, device)
+    amp = autocast(device, dtype)
     torch.manual_seed(cfg.seed)
 
     start = time.perf_counter()
@@ -81,8 +82,8 @@ def child(overrides: list[str], device: torch.device) -> dict:
 
     start = time.perf_counter()
     model = GPT(cfg.model, prepared.vocab_size, cfg.attention).to(device)
-    trust_fused_attention(model, device, torch.float32)
-    optimizer = make_optimizer(model, cfg.optim)
+    trust_fused_attention(model, device, dtype)
+    optimizer = make_optimizer(model, cfg.optim, dtype)
     times["model"] = time.perf_counter() - start
 
     start = time.perf_counter()

@@ -203,7 +203,7 @@ def step_time(cfg: Config, dtype: torch.dtype, compile_mode: Optional[str],
     vocab, batch, block = cfg.tokenizer.planned_vocab_size, cfg.train.batch_size, cfg.model.block_size
     model = GPT(cfg.model, vocab, cfg.attention).to(device)
     trust_fused_attention(model, device, dtype)  # as train.py: impl=auto uses a checked kernel
-    optimizer = make_optimizer(model, cfg.optim)
+    optimizer = make_optimizer(model, cfg.optim, dtype)
     step_model = model
     if compile_mode is not None:
         # GPT.forward is one code object for every size and dtype: without a reset, dynamo's

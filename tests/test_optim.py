@@ -147,6 +147,25 @@ def test_orthogonalize_flattens_the_spectrum_in_float32():
     assert torch.linalg.svdvals(g).max() / torch.linalg.svdvals(g).min() > 100
 
 
+def test_under_bf16_muon_orthogonalises_in_bf16_as_torch_does():
+    """A bf16 run's Muon iterates in bf16 (fast where bf16 is native), landing where
+    torch.optim.Muon (bf16 too) does to within bf16 rounding; an fp32 run's stays in fp32."""
+    from training.muon import orthogonalize
+
+    model = tiny_gpt()
+    for dtype, expected in ((torch.bfloat16, torch.bfloat16), (torch.float32, None)):
+        muon = make_optimizer(model, OptimConfig(name=OptimizerName.muon), dtype).optimizers[0]
+        assert muon.ns_dtype == expected
+    torch.manual_seed(1)
+    g = torch.randn(64, 16) @ torch.diag(torch.logspace(-2, 1, 16))
+    ours = orthogonalize(g, (3.4445, -4.775, 2.0315), steps=5, eps=1e-7, dtype=torch.bfloat16)
+    assert ours.dtype == torch.bfloat16
+    s = torch.linalg.svdvals(ours.float())
+    assert s.max() < 1.5 and s.min() > 0.2
+    in_fp32 = orthogonalize(g, (3.4445, -4.775, 2.0315), steps=5, eps=1e-7)
+    assert 1e-4 < (ours.float() - in_fp32).norm() / in_fp32.norm() < 5e-2  # bf16, and close
+
+
 def test_orthogonalizing_a_batch_equals_one_matrix_at_a_time():
     """Muon orthogonalises all matrices of one shape in one batch: the same result as one by one
     (and a batch whose matrices were mixed up would not match)."""

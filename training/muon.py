@@ -1,4 +1,4 @@
-"""Muon with its Newton-Schulz iterations in float32.
+"""Muon with its Newton-Schulz iterations in float32 (or in bf16 where the run trains in bf16).
 
 Muon (MomentUm Orthogonalized by Newton-Schulz) replaces each weight matrix's update by its
 momentum made (nearly) orthogonal: U S V^T -> ~U V^T. Every direction of the matrix then moves at
@@ -10,8 +10,9 @@ fast where bf16 matmuls are (GPUs, CPUs with AVX512-BF16 or AMX) and several tim
 float32 where they are not (CPUs with AVX2 only: README, Benchmarks). And it orthogonalises one
 matrix at a time, which on a GPU is a few dozen tiny kernel launches per matrix. This subclass
 keeps torch's constructor, argument checks, defaults and state layout (one `momentum_buffer` per
-matrix, so checkpoints look the same), orthogonalises in float32, and does all the matrices of
-one shape in a single batch of matmuls. The tests check it against `torch.optim.Muon` step for
+matrix, so checkpoints look the same), orthogonalises in float32 unless the run trains in bf16
+(then in bf16, as torch does: the iteration is made to tolerate it, and there bf16 is the fast
+dtype), and does all the matrices of one shape in a single batch of matmuls. The tests check it against `torch.optim.Muon` step for
 step.
 """
 from __future__ import annotations
@@ -20,15 +21,16 @@ import torch
 
 
 def orthogonalize(update: torch.Tensor, coefficients: tuple[float, float, float], steps: int,
-                 eps: float) -> torch.Tensor:
-    """~U V^T of update = U S V^T by a quintic Newton-Schulz iteration, in at least float32.
+                 eps: float, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """~U V^T of update = U S V^T by a quintic Newton-Schulz iteration, in `dtype` (None: at
+    least float32).
 
     update is one matrix [rows, cols] or a batch of same-shaped ones [n, rows, cols], all
     orthogonalised together (one batched matmul per iteration instead of n). The iteration maps
     each singular value s -> a s + b s^3 + c s^5, which, starting from s <= 1 (hence the division
     by the Frobenius norm), pushes all of them towards ~1.
     """
-    x = update.to(torch.promote_types(update.dtype, torch.float32))
+    x = update.to(dtype or torch.promote_types(update.dtype, torch.float32))
     single = x.dim() == 2
     if single:
         x = x[None]  # [1, rows, cols]
@@ -47,8 +49,13 @@ def orthogonalize(update: torch.Tensor, coefficients: tuple[float, float, float]
 
 
 class Muon(torch.optim.Muon):
-    """`torch.optim.Muon`'s update rule, orthogonalising in float32 and in batches of
-    same-shaped matrices (see the module docstring)."""
+    """`torch.optim.Muon`'s update rule, orthogonalising in batches of same-shaped matrices and
+    in float32, or in `ns_dtype` when given: train.py passes bfloat16 when the run trains in
+    bf16, i.e. where bf16 matmuls are fast (see the module docstring)."""
+
+    def __init__(self, params, *args, ns_dtype: torch.dtype | None = None, **kwargs):
+        super().__init__(params, *args, **kwargs)
+        self.ns_dtype = ns_dtype
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -75,7 +82,8 @@ class Muon(torch.optim.Muon):
                 by_shape.setdefault(p.shape, []).append(i)
             for shape, members in by_shape.items():
                 ortho = orthogonalize(torch.stack([updates[i] for i in members]),
-                                      group["ns_coefficients"], group["ns_steps"], group["eps"])
+                                      group["ns_coefficients"], group["ns_steps"], group["eps"],
+                                      self.ns_dtype)
                 torch._foreach_add_([params[i] for i in members],
                                     list(ortho.to(params[members[0]].dtype).unbind(0)),
                                     alpha=-self._scaled_lr(lr, group, shape))

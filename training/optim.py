@@ -46,7 +46,8 @@ class Optimizers:
             opt.load_state_dict(saved)
 
 
-def make_optimizer(model: torch.nn.Module, cfg: OptimConfig) -> Optimizers:
+def make_optimizer(model: torch.nn.Module, cfg: OptimConfig,
+                   dtype: torch.dtype = torch.float32) -> Optimizers:
     """Weight decay on matrices and embeddings (dim >= 2) only: decaying biases and LayerNorm
     gains pulls them towards 0, which is not a useful prior for them.
 
@@ -55,7 +56,8 @@ def make_optimizer(model: torch.nn.Module, cfg: OptimConfig) -> Optimizers:
     every direction of the matrix moves at the same rate. Embeddings (tied with the head),
     positions, biases and LayerNorm stay with AdamW, as Muon is meant for hidden matrices only.
     The embeddings' lr may be scaled apart (optim.embedding_lr_scale): a row of the token
-    embedding learns only from the tokens of a batch that use it.
+    embedding learns only from the tokens of a batch that use it. `dtype` is the run's: under
+    bf16 Muon orthogonalises in bf16 too (training/muon.py).
     """
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]  # tied: once
     hidden = [p for n, p in named if cfg.name is OptimizerName.muon
@@ -82,7 +84,8 @@ def make_optimizer(model: torch.nn.Module, cfg: OptimConfig) -> Optimizers:
     hidden_group = {"params": hidden, "lr_scale": cfg.muon_lr_scale}
     muon = Muon([hidden_group], lr=cfg.lr * cfg.muon_lr_scale, weight_decay=cfg.weight_decay,
                 momentum=cfg.muon_momentum, ns_steps=cfg.muon_ns_steps,
-                adjust_lr_fn="match_rms_adamw")
+                adjust_lr_fn="match_rms_adamw",
+                ns_dtype=torch.bfloat16 if dtype == torch.bfloat16 else None)
     return Optimizers(muon, adamw)
 
 
