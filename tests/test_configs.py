@@ -100,6 +100,15 @@ def test_each_budget_arm_is_named_for_itself(arm):
     assert compose([f"+budget={arm}"]).run_name == arm
 
 
+@pytest.mark.parametrize("arm", [a for a in options("budget") if not a.startswith("r3_")])
+def test_the_first_budget_rounds_keep_the_schedule_they_were_measured_with(arm):
+    """Rounds 1 and 2 of docs/budget.md ran with a cosine decay to 2e-4 (r2_08: 3e-4) and weight
+    decay 0.1, the defaults of the time; their arms pin them, so the default may move on."""
+    optim = compose([f"+budget={arm}"]).optim
+    assert (optim.schedule.value, optim.weight_decay) == ("cosine", 0.1)
+    assert optim.min_lr == (3e-4 if arm == "r2_08_lr6e-3" else 2e-4)
+
+
 def test_no_yaml_file_restates_a_default():
     """Each group option holds only what differs from the dataclass defaults (a restated
     default would be a second source of truth that can drift)."""
