@@ -337,7 +337,8 @@ def _check_device_name(name: str, key: str) -> None:
 def check_mps(cfg: Config) -> None:
     """What a run cannot do on Apple's MPS (the fused kernel's refusal is `fused_refusal`'s):
     several processes, as torch.distributed has no MPS backend; CUDA graphs; bf16 before
-    macOS 14, where MPS has no bf16 (our Muon orthogonalises in float32, so it is not affected).
+    macOS 14, where MPS has no bf16 (Muon orthogonalises in the run's dtype: float32 in an fp32
+    run, so that is not affected).
     torch.compile in
     its other modes is left to the user who asks for it (Inductor has an MPS backend)."""
     t = cfg.train

@@ -121,7 +121,7 @@ def test_the_fused_kernel_is_refused_on_mps(monkeypatch):
 def test_bf16_is_refused_before_macos_14(monkeypatch):
     with pytest.raises(UserError, match="train.dtype=bfloat16 on mps needs macOS 14"):
         check_on_mps(monkeypatch, ["train.dtype=bfloat16"], macos14=False)
-    # the default Muon orthogonalises in float32 (training/muon.py): fine before macOS 14 too
+    # an fp32 run's Muon orthogonalises in float32 (training/muon.py): fine before macOS 14 too
     check_on_mps(monkeypatch, ["train.dtype=float32"], macos14=False)
 
 
