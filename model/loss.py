@@ -12,7 +12,7 @@ CPU's caches. A block of rows fits in them, and since the loss is the network's 
 gradient of the logits is known in the forward pass up to the one number backward brings (the
 loss's own gradient, 1 in training): each block's gradients of x and W are made while its
 logits are still in the cache, and backward only scales them. The results agree with the plain
-version to rounding (tests/test_loss.py); README, Benchmarks, has what it saves.
+version to rounding (tests/test_loss.py); docs/budget.md, round 3, has what it saves.
 """
 from __future__ import annotations
 

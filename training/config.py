@@ -64,7 +64,7 @@ class OptimConfig:
 
 @dataclass
 class TrainConfig:
-    max_steps: int = 2800  # about 8 minutes of training on 2 CPU cores with bf16 units (README)
+    max_steps: int = 2800  # the 10-minute budget of docs/budget.md, round 3 (README, Results)
     batch_size: int = 16            # sequences per micro-batch, per process
     # Micro-batches per optimizer step: the step's batch is batch_size x grad_accum x processes.
     grad_accum: int = 1
