@@ -31,7 +31,7 @@ from safetensors.torch import load_file
 
 from guard.cli import FormatError, StateMismatch, first_line
 from guard.files import MIB, check_regular, read_text
-from guard.limits import MAX_COUNT
+from guard.system import MAX_COUNT
 from training.state import PROGRESS_KEYS
 
 STEP_NAME = re.compile(r"step_\d{8,}")

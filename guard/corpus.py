@@ -22,13 +22,12 @@ from tokenizers import Tokenizer
 
 from guard.cli import CorpusError, FileRefused, FormatError, UserError, first_line
 from guard.files import MIB, check_regular, kind_of, read_json, read_text
+from guard.system import available_bytes
 
 
 def text_files(paths: list[str], what: str) -> list[Path]:
     """Files as given; directories contribute their *.txt files (recursively, sorted). Each must
     be a regular file: reading a FIFO or a device would block or never end."""
-    from guard.limits import available_bytes  # (guard.limits needs data.tokenizer, which needs us)
-
     memory = available_bytes(torch.device("cpu"))
     out = []
     for raw in paths:

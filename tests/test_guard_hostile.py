@@ -14,7 +14,8 @@ from omegaconf import OmegaConf
 from guard.cli import OutputError, UserError, _Output
 from guard.corpus import split_overlap
 from guard.files import literal, parse_run_config
-from guard.limits import Launch, check_text, parse_launch
+from guard.limits import check_text
+from guard.system import Launch, parse_launch
 from guard.run_lock import RunInUse, lock_run, unlock_run
 from guard.sweep import arm_names
 

@@ -16,7 +16,8 @@ import torch
 import training.optim as optim_module
 from guard.cli import UserError
 from guard.checkpoint import StateMismatch, check_rng
-from guard.limits import available_bytes, check_config, check_training_fits, parse_device
+from guard.limits import check_config, check_training_fits, parse_device
+from guard.system import available_bytes
 from guard.preflight import compose
 from model.attention import fused_refusal
 from model.config import AttentionConfig
