@@ -93,7 +93,7 @@ def main(argv: list[str]) -> int:
         return fail(exc)
     from scripts.check_attention.sandbox import Sandbox
 
-    sandbox = Sandbox()  # imports torch while we do
+    sandbox = Sandbox(gpu=opts.device != "cpu")  # imports torch while we do
     try:
         from scripts.check_attention.checks import CheckError, check
         report = check(file, name, opts, sandbox=sandbox)

@@ -8,15 +8,15 @@ user's file and answers our requests (build, forward, call) over a pipe. So:
 
 - the user's code shares no memory with the checker: whatever it patches, it patches in its own
   process, and every reference is computed in ours;
-- on Linux the host confines itself with Landlock before anything else: it and every child may
-  write only beneath their temporary directory and /dev (device nodes and /dev/null), may not
-  open TCP connections, and may not signal or trace processes outside the sandbox. Reading stays
-  allowed (the child imports torch). Where Landlock is missing (another OS, a kernel before 5.13)
-  the child is still a separate process, and the checker compares the project's files before
-  and after it ran, refusing the result if anything changed (`Sandbox.confined` says which);
+- the host starts in a new session with pipes for its standard streams, so no terminal is open
+  or reachable as /dev/tty; on Linux it shuts itself in before anything else (confine.py: no
+  device node but null and random, no writes or metadata changes outside its temporary
+  directory, no socket, no shared memory, every process ended with its check). Where Landlock
+  is missing (another OS, a kernel before 5.13) the checker also compares the project's files
+  before and after, refusing the result if anything changed (`Sandbox.writes_confined`);
 - what comes back is read with `torch.load(weights_only=True)`, which builds tensors, numbers,
   strings and containers and never runs code;
-- a child that hangs is killed at its deadline, with whatever it started.
+- when a child ends, or is killed at its deadline, everything it started is killed too.
 
 Protocol: frames of an 8-byte little-endian length and a `torch.save`d dict, over the host's
 stdin and stdout. The host answers `fork` with the child's pid and then sleeps until the child
@@ -25,7 +25,6 @@ reports the child's exit with a frame marked `exited`.
 """
 from __future__ import annotations
 
-import ctypes
 import io
 import os
 import select
@@ -88,95 +87,70 @@ def read_frame(fd: int, deadline: Optional[float] = None):
     return torch.load(io.BytesIO(_read_exact(fd, n, deadline)), weights_only=True)
 
 
-# ----------------------------------------------------------------------------- Landlock
-
-# linux/landlock.h. The filesystem rights that write, by the ABI version that introduced them.
-_WRITE_RIGHTS = {1: (1 << 1) | (1 << 4) | (1 << 5) | sum(1 << b for b in range(6, 13)),
-                 2: 1 << 13,   # REFER (rename / link across directories)
-                 3: 1 << 14}   # TRUNCATE
-_NET_TCP = (1 << 0) | (1 << 1)             # BIND_TCP, CONNECT_TCP (ABI 4)
-_SCOPE = (1 << 0) | (1 << 1)               # ABSTRACT_UNIX_SOCKET, SIGNAL (ABI 6)
-_SYS_CREATE, _SYS_ADD_RULE, _SYS_RESTRICT = 444, 445, 446  # the same on every architecture
-_PR_SET_NO_NEW_PRIVS, _RULE_PATH_BENEATH, _O_PATH = 38, 1, 0o10000000
-
-
-class _RulesetAttr(ctypes.Structure):
-    _fields_ = [("handled_access_fs", ctypes.c_uint64), ("handled_access_net", ctypes.c_uint64),
-                ("scoped", ctypes.c_uint64)]
-
-
-class _PathBeneath(ctypes.Structure):
-    _pack_ = 1
-    _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
-
-
-def confine_writes(writable: list[str]) -> str:
-    """Restrict this process (and everything it forks) to writing beneath `writable`.
-
-    Returns what was done, in words; an empty string when the kernel offers no Landlock (the
-    caller then falls back to checking the project's files). Call it while single-threaded:
-    a restriction binds the calling thread and the threads and processes it starts later.
-    """
-    if not sys.platform.startswith("linux"):
-        return ""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.syscall.restype = ctypes.c_long
-    abi = libc.syscall(_SYS_CREATE, None, ctypes.c_size_t(0), ctypes.c_uint32(1))
-    if abi < 1:
-        return ""
-    fs = sum(rights for version, rights in _WRITE_RIGHTS.items() if abi >= version)
-    attr = _RulesetAttr(fs, _NET_TCP if abi >= 4 else 0, _SCOPE if abi >= 6 else 0)
-    size = ctypes.sizeof(attr) if abi >= 6 else (16 if abi >= 4 else 8)
-    ruleset = libc.syscall(_SYS_CREATE, ctypes.byref(attr), ctypes.c_size_t(size),
-                           ctypes.c_uint32(0))
-    if ruleset < 0:
-        return ""
-    try:
-        for path in writable:
-            fd = os.open(path, _O_PATH | os.O_CLOEXEC)
-            try:
-                rule = _PathBeneath(fs, fd)
-                if libc.syscall(_SYS_ADD_RULE, ruleset, _RULE_PATH_BENEATH, ctypes.byref(rule),
-                                ctypes.c_uint32(0)) != 0:
-                    return ""
-            finally:
-                os.close(fd)
-        if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
-            return ""
-        if libc.syscall(_SYS_RESTRICT, ruleset, ctypes.c_uint32(0)) != 0:
-            return ""
-    finally:
-        os.close(ruleset)
-    extra = (", no TCP" if abi >= 4 else "") + (", no signals out" if abi >= 6 else "")
-    return f"Landlock ABI {abi}: writes only to its temporary directory and /dev{extra}"
-
-
 # ----------------------------------------------------------------------------- the host
 
 
+def _descendants() -> list[int]:
+    """Every process below this one, from /proc's parent links (empty where there is no /proc)."""
+    parent = {}
+    for entry in filter(str.isdigit, os.listdir("/proc") if os.path.isdir("/proc") else []):
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:  # it ended meanwhile
+            continue
+        parent[int(entry)] = int(stat[stat.rindex(b")") + 2:].split()[1])
+    below, frontier = [], [os.getpid()]
+    while frontier:
+        frontier = [pid for pid, ppid in parent.items() if ppid in frontier]
+        below += frontier
+    return below
+
+
+def _end_all(child: int) -> None:
+    """Kill the child and everything it started: its group, then, round by round, every process
+    below us. A process that left the group (setsid) or lost its parent is still below us (we
+    are a subreaper, confine.py); one forked while we kill is killed the next round."""
+    for _ in range(10_000):
+        for kill, pid in [(os.killpg, child)] + [(os.kill, pid) for pid in _descendants()]:
+            try:
+                kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        while True:  # reap the dead, ours and those re-parented to us
+            try:
+                if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                    break
+            except ChildProcessError:
+                return
+        time.sleep(0.001)
+
+
 def _wait(pid: int, deadline: float) -> tuple[int, bool]:
+    """The child's exit status and whether it ran past its deadline; all it started ends too."""
+    timed_out = False
     while True:
         done, status = os.waitpid(pid, os.WNOHANG)
         if done:
-            return os.waitstatus_to_exitcode(status), False
+            break
         if time.monotonic() > deadline:
-            for kill in (os.killpg, os.kill):  # its group (whatever it started), then itself
-                try:
-                    kill(pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
+            timed_out = True
+            os.kill(pid, signal.SIGKILL)
             _, status = os.waitpid(pid, 0)
-            return os.waitstatus_to_exitcode(status), True
+            break
         time.sleep(0.005)
+    _end_all(pid)
+    return os.waitstatus_to_exitcode(status), timed_out
 
 
-def _host(root: str, user_cwd: str, confine: bool) -> None:
+def _host(root: str, user_cwd: str, how: str) -> None:
     """The host's loop: confine, import torch, then fork one child per `fork` request."""
-    confinement = confine_writes([root, "/dev"]) if confine else ""
     here = os.path.dirname(os.path.abspath(__file__))
     sys.path = [p for p in sys.path if os.path.abspath(p or ".") != here]
     sys.path.insert(0, here)
-    import runner  # noqa: E402  (this folder's runner.py: stdlib and torch only)
+    from confine import confine  # this folder's confine.py and runner.py: stdlib and torch only
+    confinement = confine(root, gpu=how == "gpu") if how != "open" else "new session, no terminal"
+    import runner  # noqa: E402
     import torch
 
     torch.set_num_threads(1)  # the probes are tiny; one thread is fastest and shares the machine
@@ -198,7 +172,7 @@ def _host(root: str, user_cwd: str, confine: bool) -> None:
         if pid == 0:
             code = 0
             try:
-                os.setpgid(0, 0)  # a timeout kills the child's whole group
+                os.setpgid(0, 0)  # its group dies with it where there is no /proc to walk
                 os.chdir(workdir)
                 log = os.open(os.path.join(workdir, "output.log"), os.O_WRONLY | os.O_CREAT, 0o600)
                 os.dup2(log, 1), os.dup2(log, 2)  # the user's prints go to a file we ignore
@@ -280,9 +254,10 @@ class Sandbox:
     serve many files one after the other (the tests check dozens with one host)."""
 
     def __init__(self, user_cwd: Optional[str] = None, project_root: Path = PROJECT_ROOT,
-                 confine: bool = True):
-        """confine=False skips Landlock (as on a system without it); project_root is the tree
-        the checker watches for changes when the children are not confined."""
+                 confine: bool = True, gpu: bool = False):
+        """confine=False skips confine.py (as on a system without its mechanisms); project_root
+        is the tree the checker watches for changes when writes are not confined; gpu grants
+        the GPU's device nodes."""
         self.project_root = Path(project_root)
         self.root = tempfile.mkdtemp(prefix="check_attention-")
         env = dict(os.environ)  # PYTHONPATH included: the file may import its neighbours
@@ -292,20 +267,28 @@ class Sandbox:
                    OPENBLAS_NUM_THREADS="1")
         self.proc = subprocess.Popen(
             [sys.executable, "-B", os.path.abspath(__file__), self.root,
-             os.path.abspath(user_cwd or os.getcwd()), "confine" if confine else "open"],
+             os.path.abspath(user_cwd or os.getcwd()),
+             "open" if not confine else "gpu" if gpu else "cpu"],
             cwd=self.root, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL)
+            stderr=subprocess.DEVNULL, start_new_session=True)  # no terminal: nothing to type into
+        self.gpu = gpu or not confine  # may the children use the GPU
         self._ready: Optional[dict] = None
 
     @property
     def confinement(self) -> str:
-        """How the children are confined, in words; empty when they are not (no Landlock)."""
+        """How the children are confined, in words (the `sandbox:` line)."""
         if self._ready is None:
             try:
                 self._ready = self._recv(time.monotonic() + 120)
             except SandboxError as exc:
                 raise SandboxError(f"the sandbox process did not start ({exc})") from None
         return self._ready["confinement"]
+
+    @property
+    def writes_confined(self) -> bool:
+        """Whether the kernel holds writes to the temporary directory (else the checker compares
+        the project's files before and after)."""
+        return "Landlock" in self.confinement
 
     def child(self, timeout: float) -> Child:
         self.confinement  # wait until the host is ready
@@ -350,4 +333,4 @@ class Sandbox:
 
 
 if __name__ == "__main__":
-    _host(sys.argv[1], sys.argv[2], sys.argv[3] == "confine")
+    _host(*sys.argv[1:4])
