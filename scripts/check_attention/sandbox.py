@@ -18,10 +18,11 @@ user's file and answers our requests (build, forward, call) over a pipe. So:
   strings and containers and never runs code;
 - when a child ends, or is killed at its deadline, everything it started is killed too.
 
-Protocol: frames of an 8-byte little-endian length and a `torch.save`d dict, over the host's
-stdin and stdout. The host answers `fork` with the child's pid and then sleeps until the child
-exits; meanwhile the child owns the pipe, answers one frame per request, and the host finally
-reports the child's exit with a frame marked `exited`.
+Protocol: frames of an 8-byte little-endian length and a `torch.save`d dict. Requests go over
+the host's stdin, answers come over its stdout; the host answers `fork` with the child's pid and
+then sleeps until the child exits; meanwhile the child owns those two pipes and answers one
+frame per request. The host's own frames (ready, the pid, the child's exit) go over a third pipe
+that no child holds, so a child cannot forge them.
 """
 from __future__ import annotations
 
@@ -143,13 +144,21 @@ def _wait(pid: int, deadline: float) -> tuple[int, bool]:
     return os.waitstatus_to_exitcode(status), timed_out
 
 
-def _host(root: str, user_cwd: str, how: str) -> None:
-    """The host's loop: confine, import torch, then fork one child per `fork` request."""
+def _host(root: str, user_cwd: str, how: str, ctl: int) -> None:
+    """The host's loop: confine, import torch, then fork one child per `fork` request. What only
+    the host may say (ready, the child's pid, its exit) goes over `ctl`, a pipe no child holds."""
     here = os.path.dirname(os.path.abspath(__file__))
     sys.path = [p for p in sys.path if os.path.abspath(p or ".") != here]
     sys.path.insert(0, here)
     from confine import confine  # this folder's confine.py and runner.py: stdlib and torch only
     confinement = confine(root, gpu=how == "gpu") if how != "open" else "new session, no terminal"
+    current = [0]  # the child being served, if any
+
+    def stop(*_):  # the checker ends us (SIGTERM): the child and all it started go first
+        if current[0]:
+            _end_all(current[0])
+        os._exit(0)
+    signal.signal(signal.SIGTERM, stop)
     import runner  # noqa: E402
     import torch
 
@@ -158,20 +167,22 @@ def _host(root: str, user_cwd: str, how: str) -> None:
     proto_in, proto_out = os.dup(0), os.dup(1)
     os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
     os.dup2(os.open(os.devnull, os.O_WRONLY), 1)  # a stray print cannot corrupt the protocol
-    write_frame(proto_out, {"ready": True, "confinement": confinement})
+    write_frame(ctl, {"ready": True, "confinement": confinement})
     while True:
         try:
             req = read_frame(proto_in)
         except EOFError:
             return
-        if req["cmd"] != "fork":
-            return
+        if req.get("cmd") != "fork":
+            continue  # a request the last child did not live to read
         workdir = tempfile.mkdtemp(prefix="child-", dir=root)
         sys.stdout.flush(), sys.stderr.flush()
         pid = os.fork()
         if pid == 0:
             code = 0
             try:
+                os.close(ctl)
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
                 os.setpgid(0, 0)  # its group dies with it where there is no /proc to walk
                 os.chdir(workdir)
                 log = os.open(os.path.join(workdir, "output.log"), os.O_WRONLY | os.O_CREAT, 0o600)
@@ -181,10 +192,12 @@ def _host(root: str, user_cwd: str, how: str) -> None:
                 code = 3
             finally:
                 os._exit(code)
-        write_frame(proto_out, {"pid": pid})
+        current[0] = pid
+        write_frame(ctl, {"pid": pid})
         rc, timed_out = _wait(pid, time.monotonic() + float(req["timeout"]))
+        current[0] = 0
         shutil.rmtree(workdir, ignore_errors=True)
-        write_frame(proto_out, {"exited": rc, "timed_out": timed_out})
+        write_frame(ctl, {"exited": rc, "timed_out": timed_out})
 
 
 # ----------------------------------------------------------------------------- the checker's side
@@ -206,22 +219,38 @@ def project_snapshot(root: Path = PROJECT_ROOT) -> dict[str, tuple[int, int]]:
 
 
 class Child:
-    """One forked child serving one user file: `ask` sends a request and returns the answer."""
+    """One forked child serving one user file: `ask` sends a request and returns the answer.
+
+    Answers come over the data pipe, which the child holds; its pid and its exit come from the
+    host over `ctl`, which it does not. A child that ends before we ask it to, or answers
+    anything we did not ask for, spoils the host (what it left in the pipes, or started, could
+    speak for the next file): closing such a child restarts the host."""
 
     def __init__(self, sandbox: "Sandbox", timeout: float):
         self.sandbox, self.deadline, self.timeout = sandbox, time.monotonic() + timeout, timeout
         self.exit: Optional[dict] = None
+        self.spoiled = False
         sandbox._send({"cmd": "fork", "timeout": timeout})
-        self.pid = sandbox._recv(time.monotonic() + 30)["pid"]
+        self.pid = sandbox._recv(time.monotonic() + 30, sandbox.ctl)["pid"]
 
     def ask(self, cmd: str, **fields) -> dict:
         if self.exit is not None:
             raise SandboxError(self._exit_words())
-        self.sandbox._send({"cmd": cmd, **fields})
-        answer = self.sandbox._recv(self.deadline + 5)  # the host kills the child at deadline
-        if "exited" in answer:
-            self.exit = answer
+        box = self.sandbox
+        box._send({"cmd": cmd, **fields})
+        ready, _, _ = select.select([box.data, box.ctl], [], [],
+                                    max(0.0, self.deadline + 5 - time.monotonic()))
+        if box.data not in ready and box.ctl in ready:  # it ended without answering
+            self.exit, self.spoiled = box._recv(self.deadline + 5, box.ctl), True
             raise SandboxError(self._exit_words())
+        from scripts.check_attention.answers import BadAnswer, check_answer  # the checker's side
+        try:
+            answer = box._recv(self.deadline + 5, box.data)
+            check_answer(cmd, fields, answer)
+        except (SandboxError, BadAnswer) as exc:
+            self.spoiled = True
+            raise SandboxError(f"the layer's process sent a malformed answer to {cmd!r}: {exc}") \
+                from None
         return answer
 
     def _exit_words(self) -> str:
@@ -233,14 +262,18 @@ class Child:
         return f"the layer's code ended its process (exit status {rc})"
 
     def close(self) -> None:
-        if self.exit is None:
+        box = self.sandbox
+        if self.exit is None and not self.spoiled:
             try:
-                self.sandbox._send({"cmd": "exit"})
-                while "exited" not in self.sandbox._recv(self.deadline + 5):
-                    pass
+                box._send({"cmd": "exit"})
+                self.exit = box._recv(self.deadline + 5, box.ctl)
+                if self.exit["exited"] != 0 or select.select([box.data], [], [], 0)[0]:
+                    self.spoiled = True  # it failed at the end, or left a frame behind
             except (SandboxError, OSError):
-                pass
-            self.exit = {"exited": 0, "timed_out": False}
+                self.spoiled = True
+        if self.spoiled:
+            box.restart()
+        self.exit = self.exit or {"exited": 0, "timed_out": False}
 
     def __enter__(self):
         return self
@@ -259,19 +292,26 @@ class Sandbox:
         is the tree the checker watches for changes when writes are not confined; gpu grants
         the GPU's device nodes."""
         self.project_root = Path(project_root)
+        self.user_cwd = os.path.abspath(user_cwd or os.getcwd())
+        self.how = "open" if not confine else "gpu" if gpu else "cpu"
+        self.gpu = gpu or not confine  # may the children use the GPU
+        self._start()
+
+    def _start(self) -> None:
         self.root = tempfile.mkdtemp(prefix="check_attention-")
         env = dict(os.environ)  # PYTHONPATH included: the file may import its neighbours
         env.update(PYTHONDONTWRITEBYTECODE="1", HOME=self.root, TMPDIR=self.root,
                    XDG_CACHE_HOME=self.root, TRITON_CACHE_DIR=self.root, MPLCONFIGDIR=self.root,
                    TORCHINDUCTOR_CACHE_DIR=self.root, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
                    OPENBLAS_NUM_THREADS="1")
+        self.ctl, ctl = os.pipe()
         self.proc = subprocess.Popen(
-            [sys.executable, "-B", os.path.abspath(__file__), self.root,
-             os.path.abspath(user_cwd or os.getcwd()),
-             "open" if not confine else "gpu" if gpu else "cpu"],
+            [sys.executable, "-B", os.path.abspath(__file__), self.root, self.user_cwd, self.how,
+             str(ctl)], pass_fds=(ctl,),
             cwd=self.root, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL, start_new_session=True)  # no terminal: nothing to type into
-        self.gpu = gpu or not confine  # may the children use the GPU
+        os.close(ctl)
+        self.data = self.proc.stdout.fileno()
         self._ready: Optional[dict] = None
 
     @property
@@ -279,7 +319,7 @@ class Sandbox:
         """How the children are confined, in words (the `sandbox:` line)."""
         if self._ready is None:
             try:
-                self._ready = self._recv(time.monotonic() + 120)
+                self._ready = self._recv(time.monotonic() + 120, self.ctl)
             except SandboxError as exc:
                 raise SandboxError(f"the sandbox process did not start ({exc})") from None
         return self._ready["confinement"]
@@ -300,29 +340,34 @@ class Sandbox:
         except (BrokenPipeError, OSError):
             raise SandboxError("the sandbox process is gone") from None
 
-    def _recv(self, deadline: float) -> dict:
+    def _recv(self, deadline: float, fd: int) -> dict:
         try:
-            answer = read_frame(self.proc.stdout.fileno(), deadline)
+            answer = read_frame(fd, deadline)
         except TimeoutError:
             raise SandboxError("the sandbox process stopped answering") from None
         except EOFError:
             raise SandboxError("the sandbox process is gone") from None
         except Exception as exc:  # torch.load refused it: not a frame we could have asked for
-            raise SandboxError(f"the layer's process sent a malformed answer "
-                               f"({type(exc).__name__})") from None
+            raise SandboxError(f"not a frame ({type(exc).__name__})") from None
         if not isinstance(answer, dict):
-            raise SandboxError("the layer's process sent a malformed answer")
+            raise SandboxError("not a dict")
         return answer
 
+    def restart(self) -> None:
+        """A new host for the next file; the old one ends with everything it started."""
+        self.close()
+        self._start()
+
     def close(self) -> None:
-        if self._ready is None:  # never used: no need to wait for its imports
-            self.proc.kill()
+        self.proc.terminate()  # the host kills its child and all below it, then exits
         try:
-            self.proc.stdin.close()
             self.proc.wait(timeout=10)
-        except (OSError, subprocess.TimeoutExpired):
+        except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+        for f in (self.proc.stdin, self.proc.stdout):
+            f.close()
+        os.close(self.ctl)
         shutil.rmtree(self.root, ignore_errors=True)
 
     def __enter__(self):
@@ -333,4 +378,4 @@ class Sandbox:
 
 
 if __name__ == "__main__":
-    _host(*sys.argv[1:4])
+    _host(*sys.argv[1:4], int(sys.argv[4]))
