@@ -104,7 +104,11 @@ def main(argv: list[str]) -> int:
         print(__doc__.strip().split("\n\n")[0] + "\n\n" + USAGE)
         for key, words in HELP.items():
             default = getattr(Options(), key)
-            print(f"  {key + '=' + ('as_built' if default is None else str(default)):<18} {words}")
+            lo, hi = RANGES.get(key, (None, None))
+            limits = ("" if lo is None else f" (above 0, at most {hi:,g})" if isinstance(lo, float)
+                      else f" ({lo:,} to {hi:,})")
+            print(f"  {key + '=' + ('as_built' if default is None else str(default)):<18} {words}"
+                  f"{limits}")
         return 0
     try:
         file, name, opts = parse_args(argv)

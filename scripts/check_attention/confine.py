@@ -6,14 +6,19 @@ metadata, send data out, or leave something in /dev/shm. Each promise rests on a
 mechanism, used through the kernel's own interfaces or a maintained library, never on checking
 what the file did:
 
-| promise                                   | mechanism                                          |
-|-------------------------------------------|----------------------------------------------------|
-| no terminal: none to open, none open      | a new session (the checker starts us with setsid), pipes and /dev/null for fds 0-2; Landlock grants no /dev node but null, zero, full, random, urandom (and the GPU's with a GPU); seccomp refuses ioctl TIOCSTI and TIOCLINUX on any fd |
-| every process ends with the check         | we are a child subreaper: what the file starts is ours, and sandbox.py kills all of it after each check |
-| writes and metadata only in its directory | Landlock (writes, renames, links, device ioctls); seccomp refuses chmod, chown, utime, xattrs and inode flags everywhere (Landlock has no rights for them), and io_uring (which seccomp cannot see into) |
-| no network by any protocol                | seccomp refuses socket() for every family (socketpair() stays); a new network namespace (no interface but a loopback of its own) where the kernel lets us make one; Landlock's TCP rule on kernels before seccomp |
-| nothing left in shared places             | Landlock denies /dev/shm and all of /tmp outside our directory; seccomp refuses System V IPC, POSIX message queues and kernel keys; a new IPC namespace where allowed |
-| nothing else a root user could do         | capabilities dropped (root keeps its uid, loses CAP_SYS_ADMIN, CAP_CHOWN, ...) |
+- no terminal, none to open and none open: a new session (the checker starts us with setsid)
+  with pipes and /dev/null for fds 0-2; Landlock grants no /dev node but null, zero, full,
+  random and urandom (and the GPU's with a GPU); seccomp refuses ioctl TIOCSTI and TIOCLINUX;
+- every process ends with its check: we are a child subreaper, so what the file starts stays
+  below us, and sandbox.py kills all of it after each check;
+- writes and metadata only in its directory: Landlock (writes, renames, links, device ioctls);
+  seccomp refuses chmod, chown, utime, xattrs and inode flags everywhere (Landlock has no
+  rights for them), and io_uring (whose operations no seccomp filter sees);
+- no network by any protocol: seccomp refuses socket() for every family (socketpair() stays);
+  a network namespace of our own where the kernel lets us make one; Landlock's TCP rule;
+- nothing left in shared places: Landlock denies /dev/shm and /tmp outside our directory;
+  seccomp refuses System V IPC, POSIX message queues and kernel keys; an IPC namespace;
+- nothing a root user could do beyond its files: its capabilities are dropped.
 
 Where a mechanism is missing (another OS, an older kernel, no libseccomp) the others still hold
 and `confine` leaves its words out of the `sandbox:` line; docs/check_attention.md says what is
@@ -45,7 +50,7 @@ def confine(root: str, gpu: bool) -> str:
     if not sys.platform.startswith("linux"):
         return words[0] + "; no Linux confinement on this system"
     libc = _libc()
-    libc.prctl(_PR_SET_PDEATHSIG, 9, 0, 0, 0)  # the checker gone, we go (SIGKILL)
+    die_with_parent()
     if libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0:
         words.append("subreaper (every process ends with its check)")
     namespaces = _unshare(libc)
@@ -61,6 +66,13 @@ def confine(root: str, gpu: bool) -> str:
     if filtered:
         words.append(filtered)
     return ", ".join(words)
+
+
+def die_with_parent() -> None:
+    """SIGKILL this process when its parent ends (the host when the checker does, the child when
+    the host does). Not inherited by fork: each sets it."""
+    if sys.platform.startswith("linux"):
+        _libc().prctl(_PR_SET_PDEATHSIG, 9, 0, 0, 0)
 
 
 # ----------------------------------------------------------------------------- namespaces

@@ -150,7 +150,7 @@ def _host(root: str, user_cwd: str, how: str, ctl: int) -> None:
     here = os.path.dirname(os.path.abspath(__file__))
     sys.path = [p for p in sys.path if os.path.abspath(p or ".") != here]
     sys.path.insert(0, here)
-    from confine import confine  # this folder's confine.py and runner.py: stdlib and torch only
+    from confine import confine, die_with_parent  # this folder's: stdlib (and torch) only
     confinement = confine(root, gpu=how == "gpu") if how != "open" else "new session, no terminal"
     current = [0]  # the child being served, if any
 
@@ -182,6 +182,7 @@ def _host(root: str, user_cwd: str, how: str, ctl: int) -> None:
             code = 0
             try:
                 os.close(ctl)
+                die_with_parent()
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
                 os.setpgid(0, 0)  # its group dies with it where there is no /proc to walk
                 os.chdir(workdir)
