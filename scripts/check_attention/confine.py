@@ -57,7 +57,7 @@ def confine(root: str, gpu: bool) -> str:
     if namespaces:
         words.append(namespaces)
     if _drop_capabilities(libc):
-        words.append("root's capabilities dropped")
+        words.append("capabilities dropped")
     abi = _landlock(libc, root, gpu)
     if abi:
         words.append(f"Landlock ABI {abi} (writes only to its directory, no /dev but "
