@@ -219,6 +219,25 @@ def test_broken_files_are_refused_with_the_users_line(sandbox, tmp_path):
         check(str(tmp_path / "raises.py"), "f", Options(), sandbox=sandbox)
 
 
+@pytest.mark.parametrize("name, words", [
+    ("ComplexOutput", "forward returned a complex tensor (complex64, strided); attention outputs "
+                      "are dense real tensors"),
+    ("SparseOutput", "forward returned a sparse tensor (float32, sparse_coo)"),
+    ("QuantizedOutput", "forward returned a quantized tensor (qint32, strided)"),
+    ("ForgedShortAnswer", "sent a malformed answer to 'forward': ys is not a list of 4"),
+    ("ForgedSparseAnswer", "an output is a sparse tensor; the checker compares dense real"),
+])
+def test_outputs_it_cannot_compare_are_refused(sandbox, name, words):
+    with pytest.raises(CheckError, match=re.escape(words)):
+        run(sandbox, f"outputs.py:{name}")
+
+
+def test_a_forged_exit_is_refused_and_the_next_check_is_not_confused(sandbox):
+    with pytest.raises(CheckError, match="malformed answer"):
+        run(sandbox, "outputs.py:ForgedExit")
+    assert run(sandbox, "fused.py:CausalSelfAttention").exit_code == 0
+
+
 def test_a_layer_that_hangs_is_stopped(sandbox):
     with pytest.raises(CheckError, match="took more than 2 s"):
         run(sandbox, "hostile.py:hangs", timeout=2.0)
@@ -248,7 +267,7 @@ def test_the_checked_file_cannot_write_into_the_project_or_fool_the_references(s
     too. Under Landlock both writes fail, and the verdict is still 'not divided at all'."""
     if not kernel_has_landlock():
         pytest.skip("no Landlock on this system: the fallback is tested below")
-    assert sandbox.confinement.startswith("Landlock ABI")
+    assert "Landlock ABI" in sandbox.confinement and sandbox.writes_confined
     attention, planted = REPO_ROOT / "model" / "attention.py", REPO_ROOT / "planted.txt"
     before = (digest(attention), attention.stat().st_mtime_ns)
     try:
@@ -271,7 +290,7 @@ def test_without_landlock_a_write_into_the_project_is_caught(tmp_path):
         "        self.proj = nn.Linear(d_model, d_model)\n"
         "    def forward(self, x):\n        return self.proj(x)\n")
     with Sandbox(project_root=project, confine=False) as open_box:
-        assert open_box.confinement == ""
+        assert not open_box.writes_confined
         with pytest.raises(CheckError, match=r"changed the project \(planted.txt\)"):
             check(str(project / "layer.py"), "A", Options(), sandbox=open_box)
 
@@ -290,11 +309,32 @@ def cli(*args, cwd=REPO_ROOT) -> subprocess.CompletedProcess:
     (["tests/attention_layers/fused.py:X", "heads=2"], "unknown key 'heads'"),
     (["tests/attention_layers/fused.py:X", "n_head=3"], "must be divisible by n_head (3)"),
     (["tests/attention_layers/fused.py:X", "mask=maybe"], "mask must be keep, drop, add or auto"),
+    # issue 28: each number has a range that says its real bound, checked before any work
+    (["tests/attention_layers/fused.py:X", "seq_len=4000"], "seq_len must be a whole number "
+                                                             "from 2 to 512, got 4000"),
+    (["tests/attention_layers/fused.py:X", "seq_len=512", "d_model=256"], "need about 4.0 GiB "
+                                                                           "for the causality"),
+    (["tests/attention_layers/fused.py:X", "timeout=inf"], "timeout must be a number of seconds "
+                                                            "above 0 and at most 86,400, got inf"),
+    (["tests/attention_layers/fused.py:X", "timeout=nan"], "got nan"),
+    (["tests/attention_layers/fused.py:X", "seed=-1"], "seed must be a whole number from 0 to"),
+    (["tests/attention_layers/fused.py:X", "batch=0"], "batch must be a whole number from 1 to"),
 ])
 def test_bad_command_lines_get_one_error_line(args, words):
     result = cli(*args)
     assert result.returncode == 2
     assert words in one_error_line(result)
+
+
+def test_a_path_with_an_equals_sign_is_the_file(tmp_path):
+    """`python -m scripts.check_attention runs/lr=0.1/layer.py:Attn` names the file (issue 28):
+    an argument ending in .py:NAME is the target, whatever its path holds."""
+    from scripts.check_attention.__main__ import parse_args
+    folder = tmp_path / "lr=0.1"
+    folder.mkdir()
+    (folder / "layer.py").write_text("")
+    file, name, opts = parse_args([f"{folder}/layer.py:Attn", "seq_len=16"])
+    assert (file, name, opts.seq_len) == (f"{folder}/layer.py", "Attn", 16)
 
 
 def test_help_lists_every_key():

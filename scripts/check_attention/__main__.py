@@ -13,21 +13,44 @@ in a sandboxed child process; see docs/check_attention.md.
 from __future__ import annotations
 
 import sys
-from dataclasses import fields
 from pathlib import Path
 
-from scripts.check_attention.options import DTYPES, HELP, MASKS, Options
+from scripts.check_attention.options import (DTYPES, HELP, MASKS, MAX_PROBE_BYTES, RANGES,
+                                             Options, probe_bytes)
 
 USAGE = "usage: python -m scripts.check_attention FILE.py:NAME [key=value ...]"
+# (an argument ending in .py:NAME is the file, even with '=' in its path)
 
 
 class UsageError(Exception):
     pass
 
 
+def is_target(arg: str) -> bool:
+    """FILE.py:NAME, whatever the path holds ('=' included); every other argument with '=' is an
+    option."""
+    file, sep, name = arg.rpartition(":")
+    return "=" not in arg or bool(sep and file.endswith(".py") and name.isidentifier())
+
+
+def number(key: str, value: str):
+    """The option's value, within RANGES[key], or a UsageError saying the range."""
+    lo, hi = RANGES[key]
+    kind = type(getattr(Options(), key))
+    words = (f"{key} must be a number of seconds above 0 and at most {hi:,g}" if kind is float
+             else f"{key} must be a whole number from {lo:,} to {hi:,}")
+    try:
+        got = kind(value)
+    except ValueError:
+        raise UsageError(f"{words}, got {value!r}") from None
+    if not (lo < got <= hi if kind is float else lo <= got <= hi):  # also refuses nan and inf
+        raise UsageError(f"{words}, got {value}")
+    return got
+
+
 def parse_args(argv: list[str]):
     """FILE.py:NAME and key=value options -> (file, name, Options). Raises UsageError."""
-    targets = [a for a in argv if "=" not in a]
+    targets = [a for a in argv if is_target(a)]
     if len(targets) != 1:
         raise UsageError(("give one FILE.py:NAME" if not targets else
                           f"one FILE.py:NAME at a time, got {len(targets)}: "
@@ -41,7 +64,6 @@ def parse_args(argv: list[str]):
     if not path.is_file():
         raise UsageError(f"{file}: no such file")
     opts = Options()
-    types = {f.name: type(f.default) for f in fields(Options)}
     for arg in argv:
         if arg == targets[0]:
             continue
@@ -58,19 +80,16 @@ def parse_args(argv: list[str]):
             if not value:
                 raise UsageError("device must be cpu, cuda or cuda:N")
         else:
-            try:
-                number = types[key](value)
-            except ValueError:
-                raise UsageError(f"{key} must be a number, got {value!r}") from None
-            if not (number >= 0 if key == "seed" else number > 0):
-                raise UsageError(f"{key} must be {'non-negative' if key == 'seed' else 'positive'}"
-                                 f", got {value}")
-            value = number
+            value = number(key, value)
         setattr(opts, key, value)
-    if opts.seq_len < 2:
-        raise UsageError("seq_len must be at least 2 (causality needs a past and a future)")
     if opts.d_model % opts.n_head:
         raise UsageError(f"d_model ({opts.d_model}) must be divisible by n_head ({opts.n_head})")
+    need = probe_bytes(opts)
+    if need > MAX_PROBE_BYTES:
+        raise UsageError(f"seq_len={opts.seq_len}, batch={opts.batch} and d_model={opts.d_model} "
+                         f"need about {need / 2**30:.1f} GiB for the causality probes "
+                         f"(seq_len^2 x batch x d_model x 32 bytes); the limit is "
+                         f"{MAX_PROBE_BYTES / 2**30:g} GiB: lower one of them")
     return str(path), name, opts
 
 
@@ -85,7 +104,11 @@ def main(argv: list[str]) -> int:
         print(__doc__.strip().split("\n\n")[0] + "\n\n" + USAGE)
         for key, words in HELP.items():
             default = getattr(Options(), key)
-            print(f"  {key + '=' + ('as_built' if default is None else str(default)):<18} {words}")
+            lo, hi = RANGES.get(key, (None, None))
+            limits = ("" if lo is None else f" (above 0, at most {hi:,g})" if isinstance(lo, float)
+                      else f" ({lo:,} to {hi:,})")
+            print(f"  {key + '=' + ('as_built' if default is None else str(default)):<18} {words}"
+                  f"{limits}")
         return 0
     try:
         file, name, opts = parse_args(argv)
@@ -93,7 +116,7 @@ def main(argv: list[str]) -> int:
         return fail(exc)
     from scripts.check_attention.sandbox import Sandbox
 
-    sandbox = Sandbox()  # imports torch while we do
+    sandbox = Sandbox(gpu=opts.device != "cpu")  # imports torch while we do
     try:
         from scripts.check_attention.checks import CheckError, check
         report = check(file, name, opts, sandbox=sandbox)

@@ -64,15 +64,17 @@ def check(file: str, name: str, opts: Options, sandbox: Optional[Sandbox] = None
     """Run the checklist on FILE:NAME. Raises CheckError when the file or object is unusable."""
     own = sandbox is None
     if own:
-        sandbox = Sandbox()
+        sandbox = Sandbox(gpu=opts.device != "cpu")
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny tensors: more threads only wait on each other
     try:
+        if opts.device != "cpu" and not sandbox.gpu:
+            raise CheckError(f"device={opts.device} needs a sandbox started with gpu=True")
         try:
             confinement = sandbox.confinement
         except SandboxError as exc:
             raise CheckError(str(exc)) from None
-        before = None if confinement else project_snapshot(sandbox.project_root)
+        before = None if sandbox.writes_confined else project_snapshot(sandbox.project_root)
         with sandbox.child(opts.timeout) as child:
             info = ask(child, "load", file=os.path.abspath(file), name=name, d_model=opts.d_model,
                        n_head=opts.n_head, block_size=opts.seq_len, dtype=opts.dtype,
@@ -88,8 +90,9 @@ def check(file: str, name: str, opts: Options, sandbox: Optional[Sandbox] = None
             if changed:
                 raise CheckError(f"the file's code changed the project ({changed[0][0]}); "
                                  f"its results are not trusted")
-        report.header["sandbox"] = "the file ran in a child process; " + (
-            confinement or "no Landlock here: the project's files were checked unchanged after")
+        report.header["sandbox"] = "a child process; " + confinement + (
+            "" if before is None else "; no Landlock here: the project's files were checked "
+                                      "unchanged after")
         return report
     finally:
         torch.set_num_threads(threads)

@@ -299,7 +299,7 @@ class Session:
         if not isinstance(out, torch.Tensor):
             raise UserError(f"forward returned a {type(out).__name__}, not a tensor or a tuple "
                             f"whose first element is one")
-        return out.detach().cpu()
+        return plain(out, "forward")
 
     def forward(self, req: dict) -> dict:
         ys, errors, captures = [], [], []
@@ -341,12 +341,24 @@ class Session:
                     out = out[0]
                 if not isinstance(out, torch.Tensor):
                     raise UserError(f"it returned a {type(out).__name__}, not a tensor")
-                outs.append(out.detach().cpu()), errors.append(None)
+                outs.append(plain(out, "it")), errors.append(None)
             except UserError as exc:
                 outs.append(None), errors.append(str(exc))
             except BaseException as exc:
                 outs.append(None), errors.append(describe(exc, self.file))
         return {"outs": outs, "errors": errors}
+
+
+def plain(out: torch.Tensor, who: str) -> torch.Tensor:
+    """The output as the checker compares it: dense and real. A sparse or quantized tensor would
+    not survive the comparisons, and a complex one would lose its imaginary part unseen."""
+    kind = ("sparse" if out.layout != torch.strided else "quantized" if out.is_quantized else
+            "complex" if out.is_complex() else "")
+    if kind:
+        raise UserError(f"{who} returned a {kind} tensor ({str(out.dtype).replace('torch.', '')}"
+                        f", {str(out.layout).replace('torch.', '')}); attention outputs are "
+                        f"dense real tensors")
+    return out.detach().cpu()
 
 
 def next_dtype(layer: nn.Module) -> torch.dtype:

@@ -8,24 +8,24 @@ user's file and answers our requests (build, forward, call) over a pipe. So:
 
 - the user's code shares no memory with the checker: whatever it patches, it patches in its own
   process, and every reference is computed in ours;
-- on Linux the host confines itself with Landlock before anything else: it and every child may
-  write only beneath their temporary directory and /dev (device nodes and /dev/null), may not
-  open TCP connections, and may not signal or trace processes outside the sandbox. Reading stays
-  allowed (the child imports torch). Where Landlock is missing (another OS, a kernel before 5.13)
-  the child is still a separate process, and the checker compares the project's files before
-  and after it ran, refusing the result if anything changed (`Sandbox.confined` says which);
+- the host starts in a new session with pipes for its standard streams, so no terminal is open
+  or reachable as /dev/tty; on Linux it shuts itself in before anything else (confine.py: no
+  device node but null and random, no writes or metadata changes outside its temporary
+  directory, no socket, no shared memory, every process ended with its check). Where Landlock
+  is missing (another OS, a kernel before 5.13) the checker also compares the project's files
+  before and after, refusing the result if anything changed (`Sandbox.writes_confined`);
 - what comes back is read with `torch.load(weights_only=True)`, which builds tensors, numbers,
   strings and containers and never runs code;
-- a child that hangs is killed at its deadline, with whatever it started.
+- when a child ends, or is killed at its deadline, everything it started is killed too.
 
-Protocol: frames of an 8-byte little-endian length and a `torch.save`d dict, over the host's
-stdin and stdout. The host answers `fork` with the child's pid and then sleeps until the child
-exits; meanwhile the child owns the pipe, answers one frame per request, and the host finally
-reports the child's exit with a frame marked `exited`.
+Protocol: frames of an 8-byte little-endian length and a `torch.save`d dict. Requests go over
+the host's stdin, answers come over its stdout; the host answers `fork` with the child's pid and
+then sleeps until the child exits; meanwhile the child owns those two pipes and answers one
+frame per request. The host's own frames (ready, the pid, the child's exit) go over a third pipe
+that no child holds, so a child cannot forge them.
 """
 from __future__ import annotations
 
-import ctypes
 import io
 import os
 import select
@@ -88,95 +88,78 @@ def read_frame(fd: int, deadline: Optional[float] = None):
     return torch.load(io.BytesIO(_read_exact(fd, n, deadline)), weights_only=True)
 
 
-# ----------------------------------------------------------------------------- Landlock
-
-# linux/landlock.h. The filesystem rights that write, by the ABI version that introduced them.
-_WRITE_RIGHTS = {1: (1 << 1) | (1 << 4) | (1 << 5) | sum(1 << b for b in range(6, 13)),
-                 2: 1 << 13,   # REFER (rename / link across directories)
-                 3: 1 << 14}   # TRUNCATE
-_NET_TCP = (1 << 0) | (1 << 1)             # BIND_TCP, CONNECT_TCP (ABI 4)
-_SCOPE = (1 << 0) | (1 << 1)               # ABSTRACT_UNIX_SOCKET, SIGNAL (ABI 6)
-_SYS_CREATE, _SYS_ADD_RULE, _SYS_RESTRICT = 444, 445, 446  # the same on every architecture
-_PR_SET_NO_NEW_PRIVS, _RULE_PATH_BENEATH, _O_PATH = 38, 1, 0o10000000
-
-
-class _RulesetAttr(ctypes.Structure):
-    _fields_ = [("handled_access_fs", ctypes.c_uint64), ("handled_access_net", ctypes.c_uint64),
-                ("scoped", ctypes.c_uint64)]
-
-
-class _PathBeneath(ctypes.Structure):
-    _pack_ = 1
-    _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
-
-
-def confine_writes(writable: list[str]) -> str:
-    """Restrict this process (and everything it forks) to writing beneath `writable`.
-
-    Returns what was done, in words; an empty string when the kernel offers no Landlock (the
-    caller then falls back to checking the project's files). Call it while single-threaded:
-    a restriction binds the calling thread and the threads and processes it starts later.
-    """
-    if not sys.platform.startswith("linux"):
-        return ""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.syscall.restype = ctypes.c_long
-    abi = libc.syscall(_SYS_CREATE, None, ctypes.c_size_t(0), ctypes.c_uint32(1))
-    if abi < 1:
-        return ""
-    fs = sum(rights for version, rights in _WRITE_RIGHTS.items() if abi >= version)
-    attr = _RulesetAttr(fs, _NET_TCP if abi >= 4 else 0, _SCOPE if abi >= 6 else 0)
-    size = ctypes.sizeof(attr) if abi >= 6 else (16 if abi >= 4 else 8)
-    ruleset = libc.syscall(_SYS_CREATE, ctypes.byref(attr), ctypes.c_size_t(size),
-                           ctypes.c_uint32(0))
-    if ruleset < 0:
-        return ""
-    try:
-        for path in writable:
-            fd = os.open(path, _O_PATH | os.O_CLOEXEC)
-            try:
-                rule = _PathBeneath(fs, fd)
-                if libc.syscall(_SYS_ADD_RULE, ruleset, _RULE_PATH_BENEATH, ctypes.byref(rule),
-                                ctypes.c_uint32(0)) != 0:
-                    return ""
-            finally:
-                os.close(fd)
-        if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
-            return ""
-        if libc.syscall(_SYS_RESTRICT, ruleset, ctypes.c_uint32(0)) != 0:
-            return ""
-    finally:
-        os.close(ruleset)
-    extra = (", no TCP" if abi >= 4 else "") + (", no signals out" if abi >= 6 else "")
-    return f"Landlock ABI {abi}: writes only to its temporary directory and /dev{extra}"
-
-
 # ----------------------------------------------------------------------------- the host
 
 
+def _descendants() -> list[int]:
+    """Every process below this one, from /proc's parent links (empty where there is no /proc)."""
+    parent = {}
+    for entry in filter(str.isdigit, os.listdir("/proc") if os.path.isdir("/proc") else []):
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:  # it ended meanwhile
+            continue
+        parent[int(entry)] = int(stat[stat.rindex(b")") + 2:].split()[1])
+    below, frontier = [], [os.getpid()]
+    while frontier:
+        frontier = [pid for pid, ppid in parent.items() if ppid in frontier]
+        below += frontier
+    return below
+
+
+def _end_all(child: int) -> None:
+    """Kill the child and everything it started: its group, then, round by round, every process
+    below us. A process that left the group (setsid) or lost its parent is still below us (we
+    are a subreaper, confine.py); one forked while we kill is killed the next round."""
+    for _ in range(10_000):
+        for kill, pid in [(os.killpg, child)] + [(os.kill, pid) for pid in _descendants()]:
+            try:
+                kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        while True:  # reap the dead, ours and those re-parented to us
+            try:
+                if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                    break
+            except ChildProcessError:
+                return
+        time.sleep(0.001)
+
+
 def _wait(pid: int, deadline: float) -> tuple[int, bool]:
+    """The child's exit status and whether it ran past its deadline; all it started ends too."""
+    timed_out = False
     while True:
         done, status = os.waitpid(pid, os.WNOHANG)
         if done:
-            return os.waitstatus_to_exitcode(status), False
+            break
         if time.monotonic() > deadline:
-            for kill in (os.killpg, os.kill):  # its group (whatever it started), then itself
-                try:
-                    kill(pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
+            timed_out = True
+            os.kill(pid, signal.SIGKILL)
             _, status = os.waitpid(pid, 0)
-            return os.waitstatus_to_exitcode(status), True
+            break
         time.sleep(0.005)
+    _end_all(pid)
+    return os.waitstatus_to_exitcode(status), timed_out
 
 
-def _host(root: str, user_cwd: str, confine: bool) -> None:
-    """The host's loop: confine, import torch, then fork one child per `fork` request."""
-    confinement = confine_writes([root, "/dev"]) if confine else ""
+def _host(root: str, user_cwd: str, how: str, ctl: int) -> None:
+    """The host's loop: confine, import torch, then fork one child per `fork` request. What only
+    the host may say (ready, the child's pid, its exit) goes over `ctl`, a pipe no child holds."""
     here = os.path.dirname(os.path.abspath(__file__))
     sys.path = [p for p in sys.path if os.path.abspath(p or ".") != here]
     sys.path.insert(0, here)
-    import runner  # noqa: E402  (this folder's runner.py: stdlib and torch only)
+    from confine import confine, die_with_parent  # this folder's: stdlib (and torch) only
+    confinement = confine(root, gpu=how == "gpu") if how != "open" else "new session, no terminal"
+    current = [0]  # the child being served, if any
+
+    def stop(*_):  # the checker ends us (SIGTERM): the child and all it started go first
+        if current[0]:
+            _end_all(current[0])
+        os._exit(0)
+    signal.signal(signal.SIGTERM, stop)
+    import runner  # noqa: E402
     import torch
 
     torch.set_num_threads(1)  # the probes are tiny; one thread is fastest and shares the machine
@@ -184,21 +167,24 @@ def _host(root: str, user_cwd: str, confine: bool) -> None:
     proto_in, proto_out = os.dup(0), os.dup(1)
     os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
     os.dup2(os.open(os.devnull, os.O_WRONLY), 1)  # a stray print cannot corrupt the protocol
-    write_frame(proto_out, {"ready": True, "confinement": confinement})
+    write_frame(ctl, {"ready": True, "confinement": confinement})
     while True:
         try:
             req = read_frame(proto_in)
         except EOFError:
             return
-        if req["cmd"] != "fork":
-            return
+        if req.get("cmd") != "fork":
+            continue  # a request the last child did not live to read
         workdir = tempfile.mkdtemp(prefix="child-", dir=root)
         sys.stdout.flush(), sys.stderr.flush()
         pid = os.fork()
         if pid == 0:
             code = 0
             try:
-                os.setpgid(0, 0)  # a timeout kills the child's whole group
+                os.close(ctl)
+                die_with_parent()
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                os.setpgid(0, 0)  # its group dies with it where there is no /proc to walk
                 os.chdir(workdir)
                 log = os.open(os.path.join(workdir, "output.log"), os.O_WRONLY | os.O_CREAT, 0o600)
                 os.dup2(log, 1), os.dup2(log, 2)  # the user's prints go to a file we ignore
@@ -207,10 +193,12 @@ def _host(root: str, user_cwd: str, confine: bool) -> None:
                 code = 3
             finally:
                 os._exit(code)
-        write_frame(proto_out, {"pid": pid})
+        current[0] = pid
+        write_frame(ctl, {"pid": pid})
         rc, timed_out = _wait(pid, time.monotonic() + float(req["timeout"]))
+        current[0] = 0
         shutil.rmtree(workdir, ignore_errors=True)
-        write_frame(proto_out, {"exited": rc, "timed_out": timed_out})
+        write_frame(ctl, {"exited": rc, "timed_out": timed_out})
 
 
 # ----------------------------------------------------------------------------- the checker's side
@@ -232,22 +220,38 @@ def project_snapshot(root: Path = PROJECT_ROOT) -> dict[str, tuple[int, int]]:
 
 
 class Child:
-    """One forked child serving one user file: `ask` sends a request and returns the answer."""
+    """One forked child serving one user file: `ask` sends a request and returns the answer.
+
+    Answers come over the data pipe, which the child holds; its pid and its exit come from the
+    host over `ctl`, which it does not. A child that ends before we ask it to, or answers
+    anything we did not ask for, spoils the host (what it left in the pipes, or started, could
+    speak for the next file): closing such a child restarts the host."""
 
     def __init__(self, sandbox: "Sandbox", timeout: float):
         self.sandbox, self.deadline, self.timeout = sandbox, time.monotonic() + timeout, timeout
         self.exit: Optional[dict] = None
+        self.spoiled = False
         sandbox._send({"cmd": "fork", "timeout": timeout})
-        self.pid = sandbox._recv(time.monotonic() + 30)["pid"]
+        self.pid = sandbox._recv(time.monotonic() + 30, sandbox.ctl)["pid"]
 
     def ask(self, cmd: str, **fields) -> dict:
         if self.exit is not None:
             raise SandboxError(self._exit_words())
-        self.sandbox._send({"cmd": cmd, **fields})
-        answer = self.sandbox._recv(self.deadline + 5)  # the host kills the child at deadline
-        if "exited" in answer:
-            self.exit = answer
+        box = self.sandbox
+        box._send({"cmd": cmd, **fields})
+        ready, _, _ = select.select([box.data, box.ctl], [], [],
+                                    max(0.0, self.deadline + 5 - time.monotonic()))
+        if box.data not in ready and box.ctl in ready:  # it ended without answering
+            self.exit, self.spoiled = box._recv(self.deadline + 5, box.ctl), True
             raise SandboxError(self._exit_words())
+        from scripts.check_attention.answers import BadAnswer, check_answer  # the checker's side
+        try:
+            answer = box._recv(self.deadline + 5, box.data)
+            check_answer(cmd, fields, answer)
+        except (SandboxError, BadAnswer) as exc:
+            self.spoiled = True
+            raise SandboxError(f"the layer's process sent a malformed answer to {cmd!r}: {exc}") \
+                from None
         return answer
 
     def _exit_words(self) -> str:
@@ -259,14 +263,18 @@ class Child:
         return f"the layer's code ended its process (exit status {rc})"
 
     def close(self) -> None:
-        if self.exit is None:
+        box = self.sandbox
+        if self.exit is None and not self.spoiled:
             try:
-                self.sandbox._send({"cmd": "exit"})
-                while "exited" not in self.sandbox._recv(self.deadline + 5):
-                    pass
+                box._send({"cmd": "exit"})
+                self.exit = box._recv(self.deadline + 5, box.ctl)
+                if self.exit["exited"] != 0 or select.select([box.data], [], [], 0)[0]:
+                    self.spoiled = True  # it failed at the end, or left a frame behind
             except (SandboxError, OSError):
-                pass
-            self.exit = {"exited": 0, "timed_out": False}
+                self.spoiled = True
+        if self.spoiled:
+            box.restart()
+        self.exit = self.exit or {"exited": 0, "timed_out": False}
 
     def __enter__(self):
         return self
@@ -280,32 +288,48 @@ class Sandbox:
     serve many files one after the other (the tests check dozens with one host)."""
 
     def __init__(self, user_cwd: Optional[str] = None, project_root: Path = PROJECT_ROOT,
-                 confine: bool = True):
-        """confine=False skips Landlock (as on a system without it); project_root is the tree
-        the checker watches for changes when the children are not confined."""
+                 confine: bool = True, gpu: bool = False):
+        """confine=False skips confine.py (as on a system without its mechanisms); project_root
+        is the tree the checker watches for changes when writes are not confined; gpu grants
+        the GPU's device nodes."""
         self.project_root = Path(project_root)
+        self.user_cwd = os.path.abspath(user_cwd or os.getcwd())
+        self.how = "open" if not confine else "gpu" if gpu else "cpu"
+        self.gpu = gpu or not confine  # may the children use the GPU
+        self._start()
+
+    def _start(self) -> None:
         self.root = tempfile.mkdtemp(prefix="check_attention-")
         env = dict(os.environ)  # PYTHONPATH included: the file may import its neighbours
         env.update(PYTHONDONTWRITEBYTECODE="1", HOME=self.root, TMPDIR=self.root,
                    XDG_CACHE_HOME=self.root, TRITON_CACHE_DIR=self.root, MPLCONFIGDIR=self.root,
                    TORCHINDUCTOR_CACHE_DIR=self.root, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
                    OPENBLAS_NUM_THREADS="1")
+        self.ctl, ctl = os.pipe()
         self.proc = subprocess.Popen(
-            [sys.executable, "-B", os.path.abspath(__file__), self.root,
-             os.path.abspath(user_cwd or os.getcwd()), "confine" if confine else "open"],
+            [sys.executable, "-B", os.path.abspath(__file__), self.root, self.user_cwd, self.how,
+             str(ctl)], pass_fds=(ctl,),
             cwd=self.root, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL)
+            stderr=subprocess.DEVNULL, start_new_session=True)  # no terminal: nothing to type into
+        os.close(ctl)
+        self.data = self.proc.stdout.fileno()
         self._ready: Optional[dict] = None
 
     @property
     def confinement(self) -> str:
-        """How the children are confined, in words; empty when they are not (no Landlock)."""
+        """How the children are confined, in words (the `sandbox:` line)."""
         if self._ready is None:
             try:
-                self._ready = self._recv(time.monotonic() + 120)
+                self._ready = self._recv(time.monotonic() + 120, self.ctl)
             except SandboxError as exc:
                 raise SandboxError(f"the sandbox process did not start ({exc})") from None
         return self._ready["confinement"]
+
+    @property
+    def writes_confined(self) -> bool:
+        """Whether the kernel holds writes to the temporary directory (else the checker compares
+        the project's files before and after)."""
+        return "Landlock" in self.confinement
 
     def child(self, timeout: float) -> Child:
         self.confinement  # wait until the host is ready
@@ -317,29 +341,34 @@ class Sandbox:
         except (BrokenPipeError, OSError):
             raise SandboxError("the sandbox process is gone") from None
 
-    def _recv(self, deadline: float) -> dict:
+    def _recv(self, deadline: float, fd: int) -> dict:
         try:
-            answer = read_frame(self.proc.stdout.fileno(), deadline)
+            answer = read_frame(fd, deadline)
         except TimeoutError:
             raise SandboxError("the sandbox process stopped answering") from None
         except EOFError:
             raise SandboxError("the sandbox process is gone") from None
         except Exception as exc:  # torch.load refused it: not a frame we could have asked for
-            raise SandboxError(f"the layer's process sent a malformed answer "
-                               f"({type(exc).__name__})") from None
+            raise SandboxError(f"not a frame ({type(exc).__name__})") from None
         if not isinstance(answer, dict):
-            raise SandboxError("the layer's process sent a malformed answer")
+            raise SandboxError("not a dict")
         return answer
 
+    def restart(self) -> None:
+        """A new host for the next file; the old one ends with everything it started."""
+        self.close()
+        self._start()
+
     def close(self) -> None:
-        if self._ready is None:  # never used: no need to wait for its imports
-            self.proc.kill()
+        self.proc.terminate()  # the host kills its child and all below it, then exits
         try:
-            self.proc.stdin.close()
             self.proc.wait(timeout=10)
-        except (OSError, subprocess.TimeoutExpired):
+        except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+        for f in (self.proc.stdin, self.proc.stdout):
+            f.close()
+        os.close(self.ctl)
         shutil.rmtree(self.root, ignore_errors=True)
 
     def __enter__(self):
@@ -350,4 +379,4 @@ class Sandbox:
 
 
 if __name__ == "__main__":
-    _host(sys.argv[1], sys.argv[2], sys.argv[3] == "confine")
+    _host(*sys.argv[1:4], int(sys.argv[4]))
