@@ -1,8 +1,8 @@
 """Serve TensorBoard on an ablation study and photograph its tabs with a real browser (headless
 Chromium), to see what a user sees.
 
-    python -m scripts.tensorboard_screenshots study=runs/ablations/<date> [out=DIR] [seed=N]
-    python -m scripts.tensorboard_screenshots study=runs/ablations/<date> out=docs overwrite=true
+    python -m tools.tensorboard_screenshots study=runs/ablations/<date> [out=DIR] [seed=N]
+    python -m tools.tensorboard_screenshots study=runs/ablations/<date> out=docs overwrite=true
 
 Writes, into the study's directory unless out= says otherwise, tensorboard_scalars.png and
 tensorboard_images.png (TensorBoard on one seed of every arm, `tensorboard --logdir
@@ -173,7 +173,7 @@ def photograph(args: ScreenshotArgs) -> list[Path]:
 
 
 def main(argv: list[str]) -> int:
-    usage = ("usage: python -m scripts.tensorboard_screenshots study=DIR [out=DIR] [seed=N] "
+    usage = ("usage: python -m tools.tensorboard_screenshots study=DIR [out=DIR] [seed=N] "
              "[overwrite=true]")
 
     def body() -> None:
