@@ -71,7 +71,7 @@ step bench_decode 20 "$PY" -m bench.attention --device cuda --decode --reps 10
 step bench_train_step 50 "$PY" -m bench.train_step --device cuda --dtypes bf16 \
     --compile-mode reduce-overhead
 step bench_generate 30 "$PY" -m bench.generate --device cuda
-# 4. The GPU recipe, cut to what is left (its score needs the full 4.5 min run: README, GPU).
+# 4. The GPU recipe, cut to what is left (its score needs the full 4.5 min run: docs/gpu.md).
 #    When every step above takes its whole limit, this one is cut first.
 step recipe 120 "$PY" train.py +experiment=gpu data.sdist_path="$SDIST" train.progress=false \
     train.max_minutes=2 hydra.run.dir="$OUT/recipe-run"
