@@ -85,7 +85,7 @@ def sample(argv: list[str]) -> int:
 # Decoding one sequence runs every op on a single row ([1, n_embd] times [n_embd, 4 n_embd]). For a
 # small model each op takes microseconds and a second thread costs more in synchronisation than
 # it saves; when another process holds a core, every op also waits for the thread that core runs.
-# Measured (README, Sampling): one thread decodes the default model 7x faster than torch's two on
+# Measured (docs/sampling.md): one thread decodes the default model 7x faster than torch's two on
 # 2 cores that other jobs load, 6x when two more processes spin on them; a 12 x 768 model 5x and
 # 4x. Only a model past this many parameters gets more, and only the cores that are idle.
 THREADS_FROM_PARAMS = 50_000_000

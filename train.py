@@ -2,7 +2,7 @@
 
     python train.py                                   # the default, about 10 min on 2 CPU cores
     python train.py +experiment=smoke                 # a few seconds
-    python train.py +experiment=gpu                   # the recipe for one large GPU (README, GPU)
+    python train.py +experiment=gpu                   # the recipe for one large GPU (docs/gpu.md)
     python train.py model.n_layer=6 tokenizer=char    # any value in conf/ can be overridden
     python train.py attention=no_scale                # one of the attention pitfalls
     python train.py resume=runs/<run dir>             # continue from the latest checkpoint

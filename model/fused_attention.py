@@ -445,7 +445,7 @@ KERNELS = ("fwd", "dkdv", "dq")  # the kernels with their own tiles (delta borro
 # Each entry is compiled for sm_80 and sm_90 by tests/test_kernel_compile.py, on a CPU: its
 # shared memory fits every GPU of the family (99 KB per block on compute capability 8.6 / 8.9,
 # 163 KB on A100, 227 KB on H100) and nothing spills to local memory. Where a generation wants
-# other tiles, _HOPPER_TILES says so. `python -m scripts.kernel_report` prints the table.
+# other tiles, _HOPPER_TILES says so. `python -m tools.kernel_report` prints the table.
 _GPU_TILES = {
     "16-bit": {
         "fwd": {32: Tiles(128, 64, 4, 3), 128: Tiles(128, 64, 8, 3)},
@@ -596,7 +596,7 @@ def _kernel_dtypes(dtype: torch.dtype) -> dict:
 
 def launch_constants(kernel: str, head_dim: int, dtype: torch.dtype, tiles: Tiles) -> dict:
     """Every constexpr a kernel is launched with ("fwd", "dkdv", "dq" or "delta"): what makes
-    one compiled variant. The launches below and scripts/kernel_report.py both use it."""
+    one compiled variant. The launches below and tools/kernel_report.py both use it."""
     constants = dict(HEAD_DIM=head_dim, BLOCK_M=tiles.block_m, **_kernel_dtypes(dtype))
     if kernel == "delta":
         return dict(HEAD_DIM=head_dim, BLOCK_M=tiles.block_m, ACC_DTYPE=constants["ACC_DTYPE"])

@@ -70,7 +70,7 @@ def test_a_required_key_and_an_unknown_key_are_named():
 
 SCRIPTS = [["generate.py"], ["-m", "scripts.attention_map"], ["-m", "scripts.export_hf"],
            ["-m", "scripts.summarize_ablations"], ["scripts/summarize_ablations.py"],
-           ["-m", "scripts.tensorboard_screenshots"], ["-m", "scripts.runs"],
+           ["-m", "tools.tensorboard_screenshots"], ["-m", "scripts.runs"],
            ["-m", "scripts.llama_pitfalls"]]
 
 

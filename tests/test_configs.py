@@ -5,6 +5,8 @@ file (a misspelt key, a value of the wrong type) fails here, not halfway through
 """
 from __future__ import annotations
 
+import re
+import shlex
 from dataclasses import asdict, fields
 
 import pytest
@@ -14,7 +16,7 @@ from helpers import VARIANT_NEEDS
 from training.config import CONF_DIR, Config
 
 GROUPS = ("model", "attention", "data", "tokenizer", "optim", "train")
-PACKAGES = ("arm", "regime", "experiment", "budget", "gpu", "arch")  # added with +name=option
+PACKAGES = ("arm", "regime", "experiment", "gpu", "arch")  # added with +name=option
 
 
 def options(group: str) -> list[str]:
@@ -95,18 +97,49 @@ def test_each_study_sweeps_every_arm_of_its_regimes(study):
     assert {r for rs in STUDIES.values() for r in rs} == set(options("regime"))
 
 
-@pytest.mark.parametrize("arm", options("budget"))
+# The budget sweep's arms (docs/budget.md): one line each on top of its round's file,
+# `python train.py -m +experiment=budget_rN run_name=ARM key=value ...`.
+BUDGET_LINE = re.compile(r"^python train\.py -m \+experiment=(budget_r\d) run_name=(\S+)(.*)$", re.M)
+
+
+def budget_arms() -> dict[str, list[str]]:
+    text = (CONF_DIR.parent / "docs" / "budget.md").read_text()
+    arms = {}
+    for round_, arm, rest in BUDGET_LINE.findall(text):
+        assert arm not in arms, f"docs/budget.md gives {arm} twice"
+        arms[arm] = [f"+experiment={round_}", f"run_name={arm}", *shlex.split(rest)]
+    return arms
+
+
+def test_docs_budget_md_gives_every_arm_of_the_three_rounds():
+    rounds = [overrides[0] for overrides in budget_arms().values()]
+    assert [rounds.count(f"+experiment=budget_r{n}") for n in (1, 2, 3)] == [8, 8, 23]
+
+
+@pytest.mark.parametrize("arm", list(budget_arms()))
 def test_each_budget_arm_is_named_for_itself(arm):
-    assert compose([f"+budget={arm}"]).run_name == arm
+    assert compose(budget_arms()[arm]).run_name == arm
 
 
-@pytest.mark.parametrize("arm", [a for a in options("budget") if not a.startswith("r3_")])
+@pytest.mark.parametrize("arm", [a for a, overrides in budget_arms().items()
+                                 if overrides[0] != "+experiment=budget_r3"])
 def test_the_first_budget_rounds_keep_the_schedule_they_were_measured_with(arm):
     """Rounds 1 and 2 of docs/budget.md ran with a cosine decay to 2e-4 (r2_08: 3e-4) and weight
-    decay 0.1, the defaults of the time; their arms pin them, so the default may move on."""
-    optim = compose([f"+budget={arm}"]).optim
-    assert (optim.schedule.value, optim.weight_decay) == ("cosine", 0.1)
-    assert optim.min_lr == (3e-4 if arm == "r2_08_lr6e-3" else 2e-4)
+    decay 0.1, the defaults of the time; their files pin them, so the default may move on."""
+    cfg = compose(budget_arms()[arm])
+    assert (cfg.optim.schedule.value, cfg.optim.weight_decay) == ("cosine", 0.1)
+    assert cfg.optim.min_lr == (3e-4 if arm == "r2_08_lr6e-3" else 2e-4)
+
+
+def test_round_3_s_last_arm_is_the_default():
+    """`python train.py` trains r3_23_steps2800, the winner of round 3 (the budget experiment
+    only evaluates more often and hides the progress bar)."""
+    arm, default = asdict(compose(budget_arms()["r3_23_steps2800"])), asdict(compose())
+    for flat in (arm, default):
+        flat.pop("run_name")
+        flat["train"].pop("eval_interval")
+        flat["train"].pop("progress")
+    assert arm == default
 
 
 def test_no_yaml_file_restates_a_default():

@@ -162,9 +162,10 @@ def test_fused_attention_trains_like_the_reference(corpus, tmp_path):
     assert abs(losses["fused"] - losses["reference"]) < 0.05, losses
 
 
-@pytest.mark.parametrize("name", ["attention", "train_step", "generate", "startup"])
+@pytest.mark.parametrize("name", ["bench.attention", "bench.train_step", "bench.generate",
+                                  "tools.startup"])
 def test_benches_run_on_the_gpu(name):
-    done = subprocess.run([sys.executable, "-m", f"bench.{name}", "--quick", "--device", "cuda"],
+    done = subprocess.run([sys.executable, "-m", name, "--quick", "--device", "cuda"],
                           cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip().splitlines()[-1].startswith("ratio=")

@@ -1,4 +1,4 @@
-"""scripts/gpu_checks.sh cannot run without a GPU; here it is checked as far as a CPU can:
+"""tools/gpu_checks.sh cannot run without a GPU; here it is checked as far as a CPU can:
 bash parses it, a dry run lists every step within the 540 s budget, and every command it
 would run exists and accepts its arguments."""
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 from helpers import REPO_ROOT, SCRIPT_ENV
 from guard.preflight import compose
 
-SCRIPT = REPO_ROOT / "scripts" / "gpu_checks.sh"
+SCRIPT = REPO_ROOT / "tools" / "gpu_checks.sh"
 
 
 def dry_run(tmp_path) -> list[str]:

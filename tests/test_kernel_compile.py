@@ -1,6 +1,6 @@
 """The fused attention kernels compiled for real GPUs, on this machine, with no GPU.
 
-`python -m scripts.kernel_report` compiles every kernel x dtype x head size with the tiles the
+`python -m tools.kernel_report` compiles every kernel x dtype x head size with the tiles the
 launch would use, for sm_80 (compute capability 8.x) and sm_90 (H100 / H200), and reads what
 ptxas and Triton report. These tests hold the tile tables to the rules a GPU would enforce or
 punish: shared memory under the per-block limit (a launch over it fails), no spills to local
@@ -25,7 +25,7 @@ import pytest
 pytest.importorskip("triton")
 
 from helpers import REPO_ROOT  # noqa: E402
-from scripts.kernel_report import (DTYPE_NAMES, KERNELS, TARGETS, Row,  # noqa: E402
+from tools.kernel_report import (DTYPE_NAMES, KERNELS, TARGETS, Row,  # noqa: E402
                                    TENSOR_CORE_DTYPES)
 
 pytestmark = pytest.mark.slow
@@ -35,7 +35,7 @@ TIMEOUT_S = 1200  # a hang, not a budget: the whole table takes about 3 min of C
 
 
 def kernel_report(*args: str) -> list[dict]:
-    done = subprocess.run([sys.executable, "-m", "scripts.kernel_report", "--json",
+    done = subprocess.run([sys.executable, "-m", "tools.kernel_report", "--json",
                            "--jobs", str(JOBS), *args], cwd=REPO_ROOT, capture_output=True,
                           text=True, timeout=TIMEOUT_S)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -4,7 +4,7 @@ branch each device-dependent choice takes for it.
 No test here runs anything on MPS: `torch.backends.mps.is_available` and friends are
 monkeypatched, and `torch.device("mps")` is only a name on this machine. What runs on the
 device is tested on the `meta` stand-in (tests/test_devices.py, also as a device without
-float64). README, Apple Silicon: none of this has been run on a Mac yet.
+float64). docs/apple.md: none of this has been run on a Mac yet.
 """
 from __future__ import annotations
 

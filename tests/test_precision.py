@@ -53,15 +53,15 @@ def test_bf16_autocast_tracks_fp32():
 
 
 def test_auto_dtype_on_this_cpu_is_what_the_readme_says():
-    """README: dtype=auto picks bf16 on CPUs with AVX512-BF16 or AMX, fp32 elsewhere (unless the
+    """docs/results.md: dtype=auto picks bf16 on CPUs with AVX512-BF16 or AMX, fp32 elsewhere (unless the
     suite runs with --cpu-bf16, which makes any CPU count as one with bf16 units)."""
     forced = os.environ.get(NATIVE_BF16_ENV)
     flags = Path("/proc/cpuinfo").read_text().split() if Path("/proc/cpuinfo").exists() else []
     native = forced == "1" if forced in ("0", "1") else bool({"avx512_bf16", "amx_bf16"} & set(flags))
     expected = torch.bfloat16 if native else torch.float32
     assert pick_dtype("auto", torch.device("cpu")) == expected
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    assert "bf16 on CPUs with AVX512-BF16 or AMX" in readme
+    results = (Path(__file__).resolve().parents[1] / "docs" / "results.md").read_text()
+    assert "bf16 on CPUs with AVX512-BF16 or AMX" in results
 
 
 def test_the_environment_can_decide_for_the_cpu(monkeypatch):

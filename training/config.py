@@ -64,7 +64,7 @@ class OptimConfig:
 
 @dataclass
 class TrainConfig:
-    max_steps: int = 2800  # the 10-minute budget of docs/budget.md, round 3 (README, Results)
+    max_steps: int = 2800  # the 10-minute budget of docs/budget.md, round 3 (docs/results.md)
     batch_size: int = 16            # sequences per micro-batch, per process
     # Micro-batches per optimizer step: the step's batch is batch_size x grad_accum x processes.
     grad_accum: int = 1
@@ -84,7 +84,7 @@ class TrainConfig:
     sample_prompt: str = "\n"
     sample_temperature: float = 0.8
     # At each evaluation, every layer's attention maps on a fixed validation window of this many
-    # tokens (capped at model.block_size) go to TensorBoard's Images tab (README, TensorBoard);
+    # tokens (capped at model.block_size) go to TensorBoard's Images tab (docs/tensorboard.md);
     # 32 is what its 350-pixel cards show at a legible 9 pixels per token.
     attention_maps: bool = True
     attention_map_tokens: int = 32
@@ -92,7 +92,7 @@ class TrainConfig:
     device: str = "auto"            # auto (cuda, else mps, else cpu) | cpu | mps | cuda | cuda:N
     dtype: str = "auto"             # auto | float32 | bfloat16 (autocast)
     # torch.compile the model; null = auto: on for CUDA, off for CPU, where it does not pay for its
-    # compilation time (README, Benchmarks).
+    # compilation time (docs/benchmarks.md).
     compile: Optional[bool] = None
     # torch.compile's mode: default | reduce-overhead (CUDA graphs: the step is replayed with one
     # launch, for small models whose step is launch-bound on a GPU) | max-autotune |

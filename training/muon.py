@@ -7,7 +7,7 @@ hidden layers learn faster per step than with AdamW.
 
 Why not `torch.optim.Muon` as it is: it runs the Newton-Schulz iterations in bfloat16, which is
 fast where bf16 matmuls are (GPUs, CPUs with AVX512-BF16 or AMX) and several times slower than
-float32 where they are not (CPUs with AVX2 only: README, Benchmarks). And it orthogonalises one
+float32 where they are not (CPUs with AVX2 only: docs/benchmarks.md). And it orthogonalises one
 matrix at a time, which on a GPU is a few dozen tiny kernel launches per matrix. This subclass
 keeps torch's constructor, argument checks, defaults and state layout (one `momentum_buffer` per
 matrix, so checkpoints look the same), orthogonalises in float32 unless the run trains in bf16

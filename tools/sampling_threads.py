@@ -1,9 +1,9 @@
 """How many CPU threads should sampling use? Decoding tokens/s at one thread and at several, on
 idle cores and on cores that other processes keep busy.
 
-    python -m bench.sampling_threads                 # default model, 1 vs all cores, 0 and 2 busy
-    python -m bench.sampling_threads --busy 2 --threads 2 model.n_layer=12 model.n_embd=768
-    python -m bench.sampling_threads --quick
+    python -m tools.sampling_threads                 # default model, 1 vs all cores, 0 and 2 busy
+    python -m tools.sampling_threads --busy 2 --threads 2 model.n_layer=12 model.n_embd=768
+    python -m tools.sampling_threads --quick
 
 generate.py decodes one sequence: every op works on a single row, so a small model's ops take
 microseconds. A second thread then costs more in synchronisation than it saves, and when
@@ -58,7 +58,7 @@ def tokens_per_second(model: GPT, prompt: torch.Tensor, n_tokens: int, threads: 
 
 
 def main() -> int:
-    parser = make_parser("bench.sampling_threads", __doc__.splitlines()[0])
+    parser = make_parser("tools.sampling_threads", __doc__.splitlines()[0])
     parser.add_argument("--busy", type=int, default=2,
                         help="processes kept spinning during the busy measurements")
     parser.add_argument("--tokens", type=int, default=None,
