@@ -16,6 +16,7 @@ into place; `latest` is replaced the same way afterwards. A crash leaves the pre
 """
 from __future__ import annotations
 
+import math
 import os
 import shutil
 from pathlib import Path
@@ -171,22 +172,31 @@ def load_training_state(state: dict, optimizer, sampler, ckpt: Path) -> Progress
     """Load a saved state into the optimizer, the batch sampler and the random generators; return
     the loop's counters. What does not fit is refused by the setters themselves (a generator
     state of the wrong size, an optimizer of other groups or parameters), in one line naming
-    the part; the moments are checked after loading (torch does not look at their values)."""
-    parts = (("optimizer", lambda s: (optimizer.load_state_dict(s), check_moments(optimizer))),
+    the part."""
+    parts = (("optimizer", lambda s: load_optimizer(optimizer, s)),
              ("sampler", sampler.load_state_dict), ("rng", set_rng_state),
              ("progress", lambda s: Progress.from_state_dict(state)))
     for part, load in parts:
         try:
             progress = load(state.get(part))
-        except (TypeError, ValueError, RuntimeError, KeyError, IndexError, OverflowError) as exc:
+        except (TypeError, ValueError, RuntimeError, LookupError, AttributeError,
+                ArithmeticError) as exc:  # what a setter raises on data of another shape
             raise StateMismatch(f"cannot resume from {ckpt}: its {part} state does not fit this "
                                 f"run: {first_line(exc)}") from None
     return progress
 
 
-def check_moments(optimizers) -> None:
-    """Every tensor an optimizer holds for a parameter is of its shape (or a scalar: a step
-    count) and finite; torch.optim would fail on the first, and train on garbage with the other."""
+def load_optimizer(optimizers, saved: dict) -> None:
+    """optimizers.load_state_dict(saved), which checks the groups and their sizes, then what it
+    takes as it is and the first step would trip on (a traceback) or train on (garbage): each
+    hyper-parameter of the kind it was, each moment of its parameter's shape and finite."""
+    before = [{k: v for k, v in g.items() if k != "params"} for g in optimizers.param_groups]
+    optimizers.load_state_dict(saved)
+    for old, group in zip(before, optimizers.param_groups):
+        for key, value in old.items():
+            if key in group and not _same_kind(group[key], value):
+                raise ValueError(f"its {key} is {str(group[key])[:40]}, where this run has "
+                                 f"{value!r}")
     for opt in optimizers.optimizers:
         for p, slots in opt.state.items():
             if not isinstance(p, torch.Tensor):  # torch keeps what it cannot place
@@ -200,6 +210,15 @@ def check_moments(optimizers) -> None:
                                      f"shape {tuple(p.shape)}")
                 if value.is_floating_point() and not bool(torch.isfinite(value).all()):
                     raise ValueError(f"a {name} holds NaN or infinite values")
+
+
+def _same_kind(value, reference) -> bool:
+    if isinstance(reference, (int, float)) and not isinstance(reference, bool):
+        return type(value) in (int, float) and math.isfinite(value)
+    if isinstance(reference, tuple):
+        return type(value) is tuple and len(value) == len(reference) and all(
+            map(_same_kind, value, reference))
+    return type(value) is type(reference)
 
 
 LATEST = Path("runs") / "latest"

@@ -83,8 +83,11 @@ def set_rng_state(state: dict) -> None:
     random.setstate((version, tuple(internal), gauss))
     torch.set_rng_state(state["torch"])
     has_gauss, cached_gaussian = state["numpy_gauss"]
-    np.random.set_state(("MT19937", np.array(state["numpy"], dtype=np.uint32),
-                         int(state["numpy_pos"]), int(has_gauss), float(cached_gaussian)))
+    pos = int(state["numpy_pos"])
+    if not 0 <= pos <= 624:  # NumPy takes any position, and reads its state at it
+        raise ValueError(f"numpy_pos {pos} is not a position in NumPy's state (0 to 624)")
+    np.random.set_state(("MT19937", np.array(state["numpy"], dtype=np.uint32), pos,
+                         int(has_gauss), float(cached_gaussian)))
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
     if "mps" in state and torch.backends.mps.is_available():
