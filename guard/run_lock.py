@@ -47,21 +47,23 @@ def remember_command(argv: list[str]) -> None:
 
 def lock_file(path: Path, what: str) -> FileLock:
     """A FileLock on path, which must be a regular file or not exist yet: the holder writes into
-    it, and a planted link would send that elsewhere, a planted FIFO or device would hang it."""
+    it, and a planted link would send that elsewhere, a planted FIFO or device would hang it. A
+    file system without flock is refused, not emulated (filelock's fallback keeps its own marker
+    in the file)."""
     try:
         mode = os.lstat(path).st_mode
     except FileNotFoundError:
-        return FileLock(path)
+        mode = stat.S_IFREG
     except OSError as exc:
         raise FileRefused(f"cannot open {what} {path}: {exc.strerror}") from None
     if stat.S_ISLNK(mode):
         raise FileRefused(f"{what} {path} is a symbolic link, not a lock file")
     if not stat.S_ISREG(mode):
         raise FileRefused(f"{what} {path} is {kind_of(mode)}, not a regular file")
-    return FileLock(path)
+    return FileLock(path, fallback_to_soft=False)
 
 
-def lock_run(run_dir: Path, what: str = "train") -> None:
+def lock_run(run_dir: Path) -> None:
     """Take run_dir's lock for the rest of this process (again: nothing more), or RunInUse."""
     key = os.path.realpath(run_dir)
     if key in _held:
@@ -76,9 +78,9 @@ def lock_run(run_dir: Path, what: str = "train") -> None:
     except OSError as exc:  # a read-only directory, a file system without locks
         raise UserError(f"cannot lock {path}: {exc.strerror or exc}") from None
     _held[key] = lock
-    holder = {"pid": os.getpid(), "host": socket.gethostname(), "command": _command[:500],
-              "since": time.strftime("%Y-%m-%d %H:%M:%S"), "what": what}
-    _write(path, json.dumps(holder).encode())
+    _write(path, json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                             "command": _command[:500],
+                             "since": time.strftime("%Y-%m-%d %H:%M:%S")}).encode())
 
 
 def unlock_run(run_dir: Path) -> None:
