@@ -17,6 +17,7 @@ import re
 from pathlib import Path
 from typing import Iterable, Optional
 
+import numpy as np
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save
@@ -126,6 +127,8 @@ def _plain(value, name: str, tensors: dict):
         items = [[k, _plain(v, f"{name}.{k}".lstrip("."), tensors)] for k, v in value.items()]
         plain = all(isinstance(k, str) and not k.startswith("$") for k in value)
         return dict(items) if plain else {"$items": items}
+    if isinstance(value, np.generic):  # a NumPy number among the counters
+        value = value.item()
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     raise TypeError(f"{name}: a {type(value).__name__} is not plain data")
