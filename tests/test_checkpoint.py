@@ -5,8 +5,11 @@ from __future__ import annotations
 import random
 
 import numpy as np
+import pytest
 import torch
 
+from guard.checkpoint import load_state
+from guard.cli import FormatError
 from training.checkpoint import latest_checkpoint, save_checkpoint
 from training.state import rng_state, set_rng_state
 
@@ -26,12 +29,39 @@ def test_pruning_never_removes_the_checkpoint_latest_names(tmp_path):
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["latest", "step_00000015"]
 
 
-def test_rng_state_round_trips_every_generator_through_a_weights_only_load(tmp_path):
+def test_rng_state_round_trips_every_generator_through_json_and_safetensors(tmp_path):
     random.seed(3), np.random.seed(3), torch.manual_seed(3)
     random.random(), np.random.rand(7), np.random.randn(1), torch.rand(2)  # mid-stream, cached gauss
-    saved = rng_state()
-    torch.save({"rng": saved}, tmp_path / "s.pt")
+    save_checkpoint(tmp_path, 1, torch.nn.Linear(2, 2), {"rng": rng_state()}, keep=1)
     first = (random.random(), np.random.randn(3).tolist(), torch.rand(3).tolist())
     random.random(), np.random.rand(50), torch.rand(50)
-    set_rng_state(torch.load(tmp_path / "s.pt", weights_only=True)["rng"])
+    set_rng_state(load_state(latest_checkpoint(tmp_path), ["rng"])["rng"])
     assert (random.random(), np.random.randn(3).tolist(), torch.rand(3).tolist()) == first
+
+
+def test_the_state_round_trips_what_json_cannot_say(tmp_path):
+    """Tuples, dtypes, integer keys, infinities and tensors (a scalar among them) come back as
+    they were saved: Optimizer.load_state_dict matches its state by integer keys."""
+    state = {"betas": (0.9, 0.99), "ns_dtype": torch.bfloat16, "none": None,
+             "state": {0: {"step": torch.tensor(3.0), "m": torch.arange(6.0).view(2, 3)}},
+             "best_val": float("inf"), "history": [[2, float("nan"), 3.0]]}
+    save_checkpoint(tmp_path, 1, torch.nn.Linear(2, 2), state, keep=1)
+    ckpt = latest_checkpoint(tmp_path)
+    assert sorted(p.name for p in ckpt.iterdir()) == ["model.safetensors", "state.json",
+                                                      "state.safetensors"]
+    back = load_state(ckpt)
+    assert back["betas"] == (0.9, 0.99) and back["ns_dtype"] is torch.bfloat16
+    assert back["none"] is None and back["best_val"] == float("inf")
+    assert list(back["state"]) == [0] and torch.equal(back["state"][0]["m"], state["state"][0]["m"])
+    assert back["state"][0]["step"].shape == () and back["history"][0][1] != back["history"][0][1]
+
+
+def test_a_state_pt_of_an_earlier_version_is_refused_in_one_line_without_unpickling(tmp_path):
+    save_checkpoint(tmp_path, 1, torch.nn.Linear(2, 2), {"step": 1}, keep=1)
+    ckpt = latest_checkpoint(tmp_path)
+    for name in ("state.json", "state.safetensors"):
+        (ckpt / name).unlink()
+    (ckpt / "state.pt").write_bytes(b"not even a pickle")  # never opened
+    with pytest.raises(FormatError, match="state.pt .*earlier version.* cannot resume") as info:
+        load_state(ckpt)
+    assert "\n" not in str(info.value)

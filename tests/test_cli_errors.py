@@ -35,7 +35,6 @@ import pickle
 import shutil
 import tarfile
 import time
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
@@ -47,6 +46,7 @@ from safetensors.torch import load_file, save_file
 from forkserver import ForkServer
 from helpers import (build_fake_sdist, corpus_args, fake_sdist_members, ok, one_error_line,
                      shakespeare_like, tree, write_corpus)
+from guard.checkpoint import load_state, state_files
 from training.checkpoint import latest_checkpoint
 
 pytestmark = pytest.mark.slow
@@ -409,19 +409,20 @@ def _each(fn):
 
 
 def _state(change):
-    """Rewrite the latest state.pt through change(state) (which alters it in place)."""
+    """Rewrite the latest training state through change(state) (which alters it in place)."""
     def tamper(c, run):
-        path = latest_checkpoint(run) / "state.pt"
-        state = torch.load(path, weights_only=True)
+        ckpt = latest_checkpoint(run)
+        state = load_state(ckpt)
         change(state)
-        torch.save(state, path)
+        text, tensors = state_files(state)
+        (ckpt / "state.json").write_bytes(text)
+        (ckpt / "state.safetensors").write_bytes(tensors)
     return tamper
 
 
-def _state_bytes(make):
+def _state_bytes(make, name="state.json"):
     def tamper(c, run):
-        path = latest_checkpoint(run) / "state.pt"
-        make(c, path)
+        make(c, latest_checkpoint(run) / name)
     return tamper
 
 
@@ -434,23 +435,17 @@ class _RunsCode:
 
 
 def _evil_state(fmt):
+    """A pickle that would run code: as the state.pt of an earlier version (torch.save), or in
+    place of state.json."""
     def make(c, path):
         state = {"step": 20, "optimizer": _RunsCode(f"touch {c.tmp / 'pwned'}")}
         if fmt == "torch.save":
-            torch.save(state, path)
+            for name in ("state.json", "state.safetensors"):
+                (path.parent / name).unlink()
+            torch.save(state, path.parent / "state.pt")
         else:
             path.write_bytes(pickle.dumps(state))
     return make
-
-
-def _compressed_state(c, path):
-    """The same state.pt with its entries deflated (torch.save stores them): a way to hide a
-    decompression bomb."""
-    with zipfile.ZipFile(path) as src:
-        entries = [(info.filename, src.read(info)) for info in src.infolist()]
-    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as dst:
-        for name, data in entries:
-            dst.writestr(name, data)
 
 
 def _optim_slot(change):
@@ -824,17 +819,18 @@ TAMPERED_RESUME = [
          "vocabulary"),
     Case("state_fifo", V, _resume(_state_bytes(lambda c, p: (p.unlink(), os.mkfifo(p)))), "FIFO"),
     Case("state_runs_code_torch_save", V, _resume(_state_bytes(_evil_state("torch.save"))),
-         "posix.system"),
+         "earlier version"),
     Case("state_runs_code_plain_pickle", V, _resume(_state_bytes(_evil_state("pickle"))),
-         "posix.system"),
+         "UTF-8"),
     Case("state_truncated", V, _resume(_state_bytes(lambda c, p: p.write_bytes(
         p.read_bytes()[: p.stat().st_size // 2]))), "truncated"),
-    Case("state_garbage", V, _resume(_state_bytes(lambda c, p: p.write_bytes(os.urandom(5000)))),
-         "corrupt"),
-    Case("state_compressed", V, _resume(_state_bytes(_compressed_state)), "compressed"),
-    Case("state_sparse_huge", V, _resume(_state_bytes(lambda c, p: _sparse_at(1 << 40)(c, p))),
-         "more than"),
-    Case("state_not_a_dict", V, _resume(_state_bytes(lambda c, p: torch.save([1, 2], p))),
+    Case("state_garbage", V, _resume(_state_bytes(lambda c, p: p.write_bytes(os.urandom(5000)),
+                                                  "state.safetensors")), "corrupt"),
+    Case("state_tensors_truncated", V, _resume(_state_bytes(lambda c, p: p.write_bytes(
+        p.read_bytes()[: p.stat().st_size // 2]), "state.safetensors")), "truncated"),
+    Case("state_sparse_huge", V, _resume(_state_bytes(lambda c, p: _sparse_at(1 << 40)(c, p),
+                                                      "state.safetensors")), "more than"),
+    Case("state_not_a_dict", V, _resume(_state_bytes(lambda c, p: p.write_text("[1, 2]"))),
          "not a dict"),
     Case("state_missing_fields", V, _resume(_state(lambda s: s.pop("rng"))), "rng"),
     Case("state_step_text", V, _resume(_state(lambda s: s.__setitem__("step", "20"))), "step"),
@@ -857,13 +853,13 @@ TAMPERED_RESUME = [
         lambda s: s["optimizer"]["optimizers"].pop())), "optim.name"),
     Case("state_optimizer_other_params", V, _resume(_state(
         lambda s: s["optimizer"]["optimizers"][-1]["param_groups"][0].__setitem__("params", [999]))),
-         "other parameters"),
+         "parameter group"),
     Case("state_sampler_short", V, _resume(_state(lambda s: s["sampler"].__setitem__(
         "generator", torch.zeros(3, dtype=torch.uint8)))), "sampler"),
     Case("state_rng_python_short", V, _resume(_state(lambda s: s["rng"].__setitem__(
-        "python", (3, (1, 2), None)))), "rng.python"),
+        "python", (3, (1, 2), None)))), "rng state"),
     Case("state_rng_torch_short", V, _resume(_state(lambda s: s["rng"].__setitem__(
-        "torch", torch.zeros(4, dtype=torch.uint8)))), "rng.torch"),
+        "torch", torch.zeros(4, dtype=torch.uint8)))), "rng state"),
     Case("state_rng_numpy_position", V, _resume(_state(lambda s: s["rng"].__setitem__(
         "numpy_pos", 10**6))), "numpy_pos"),
     Case("checkpoints_a_symlink", V, _resume(_symlink("checkpoints", _outside_copy_of)),

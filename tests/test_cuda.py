@@ -80,7 +80,7 @@ def test_training_evaluates_samples_checkpoints_and_resumes(trained):
     for tag in ("weights/max_weight/layer0", "weights/entropy/layer0",
                 "weights/grad_norm_q/layer0"):
         assert all(math.isfinite(v) for _, v in ev[tag]), tag
-    assert load_state(latest_checkpoint(trained) / "state.pt")["step"] == 60
+    assert load_state(latest_checkpoint(trained))["step"] == 60
     assert "overfitting" not in (trained / "train.log").read_text()
 
 
@@ -111,9 +111,9 @@ def test_a_signal_saves_a_checkpoint_and_the_run_resumes(corpus, tmp_path):
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 128 + signal.SIGINT and "checkpoint saved" in err
-    stopped = load_state(latest_checkpoint(run_dir) / "state.pt")["step"]
+    stopped = load_state(latest_checkpoint(run_dir))["step"]
     ok(run([TRAIN, f"resume={run_dir}", f"train.max_steps={stopped + 10}"], corpus))
-    assert load_state(latest_checkpoint(run_dir) / "state.pt")["step"] == stopped + 10
+    assert load_state(latest_checkpoint(run_dir))["step"] == stopped + 10
 
 
 @pytest.mark.parametrize("mode", ["default", "reduce-overhead"])

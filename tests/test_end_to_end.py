@@ -66,7 +66,7 @@ def test_smoke_run_writes_checkpoints_and_loadable_weights(trained):
         assert (run_dir / name).is_file()
     assert (run_dir / "checkpoints" / "latest").is_file()
     assert trained["latest_40"] == run_dir / "checkpoints" / "step_00000040"
-    state = load_state(trained["latest_40"] / "state.pt")  # weights_only load succeeds
+    state = load_state(trained["latest_40"])  # plain data: JSON and safetensors
     assert state["step"] == 40 and state["tokens_seen"] == 40 * 8 * 32
     tensors = load_file(str(trained["latest_40"] / "model.safetensors"))
     assert "tok_emb.weight" in tensors and "lm_head.weight" not in tensors  # tied: stored once
@@ -106,7 +106,7 @@ def test_resume_continues_to_60_without_losing_or_duplicating_steps(trained):
     for tag in LOGGED + ["val/loss"]:
         assert ev[tag][: len(trained["events_40"][tag])] == trained["events_40"][tag], tag
     assert latest_checkpoint(trained["run_dir"]).name == "step_00000060"
-    assert load_state(latest_checkpoint(trained["run_dir"]) / "state.pt")["step"] == 60
+    assert load_state(latest_checkpoint(trained["run_dir"]))["step"] == 60
 
 
 def test_resume_of_a_finished_run_says_so(trained):

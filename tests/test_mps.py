@@ -15,7 +15,7 @@ import torch
 
 import training.optim as optim_module
 from guard.cli import UserError
-from guard.checkpoint import StateMismatch, check_rng
+from guard.checkpoint import load_state
 from guard.limits import check_config, check_training_fits, parse_device
 from guard.system import available_bytes
 from guard.preflight import compose
@@ -23,6 +23,7 @@ from model.attention import fused_refusal
 from model.config import AttentionConfig
 from training.device import NATIVE_BF16_ENV, float64_home, pick_dtype
 from training.optim import make_optimizer
+from training.checkpoint import latest_checkpoint, save_checkpoint
 from training.state import rng_state, set_rng_state
 
 MPS = torch.device("mps")
@@ -168,27 +169,30 @@ class FakeMpsGenerator:
     def get(self):
         return self.state.clone()
 
-    def set(self, state):
+    def set(self, state):  # refuses what torch.mps.set_rng_state refuses
+        if not isinstance(state, torch.Tensor) or state.dtype != torch.uint8:
+            raise TypeError("RNG state must be a torch.ByteTensor")
+        if state.shape != self.state.shape:
+            raise RuntimeError(f"Expected an MPS generator state of size {self.state.numel()}")
         self.state = state.clone()
 
 
-def test_the_mps_generator_is_saved_checked_and_restored(monkeypatch):
+def test_the_mps_generator_is_saved_and_restored(monkeypatch, tmp_path):
     """Dropout on mps draws from MPS's own generator: a resumed run needs its state back."""
     gen = FakeMpsGenerator()
     monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)
     monkeypatch.setattr(torch.mps, "get_rng_state", gen.get)
     monkeypatch.setattr(torch.mps, "set_rng_state", gen.set)
-    saved = rng_state()
+    save_checkpoint(tmp_path, 1, torch.nn.Linear(1, 1), {"rng": rng_state()}, keep=1)
+    saved = load_state(latest_checkpoint(tmp_path), ["rng"])["rng"]
     assert torch.equal(saved["mps"], torch.arange(16, dtype=torch.uint8))
-    check_rng(saved)
     gen.state = torch.zeros(16, dtype=torch.uint8)  # the generator moves on ...
     set_rng_state(saved)
     assert torch.equal(gen.state, saved["mps"])     # ... and the resume puts it back
     for bad in (torch.zeros(8, dtype=torch.uint8), torch.zeros(16), [0] * 16):
-        with pytest.raises(StateMismatch, match="rng.mps"):
-            check_rng({**saved, "mps": bad})
-    # a checkpoint from a Mac resumed on a machine without MPS: the state is checked, not used
+        with pytest.raises((TypeError, RuntimeError)):  # load_training_state: one line
+            set_rng_state({**saved, "mps": bad})
+    # a checkpoint from a Mac resumed on a machine without MPS: the state is not used
     monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
-    check_rng(saved)
     set_rng_state(saved)
     assert "mps" not in rng_state()

@@ -1,13 +1,14 @@
 """Which optimizer owns which parameter, and that the pair saves and restores exactly."""
 from __future__ import annotations
 
-import io
 
 import pytest
 import torch
 
+from guard.checkpoint import load_state
 from model.config import ModelConfig
 from model.gpt import GPT
+from training.checkpoint import latest_checkpoint, save_checkpoint
 from training.config import OptimConfig, OptimizerName
 from training.optim import make_optimizer
 
@@ -61,7 +62,7 @@ def test_the_schedule_reaches_every_group():
 
 
 @pytest.mark.parametrize("name", list(OptimizerName))
-def test_state_round_trip_continues_bit_exactly(name):
+def test_state_round_trip_continues_bit_exactly(name, tmp_path):
     """Two steps, save, two more; versus a fresh model + optimizer loaded from the save."""
     cfg = OptimConfig(name=name)
     data = [torch.randint(0, 11, (4, 8), generator=torch.Generator().manual_seed(i)) for i in range(4)]
@@ -77,10 +78,8 @@ def test_state_round_trip_continues_bit_exactly(name):
     train(a, opt_a, data[:2])
     saved_model = {k: v.clone() for k, v in a.state_dict().items()}
     saved_opt = opt_a.state_dict()
-    buf = io.BytesIO()
-    torch.save(saved_opt, buf)
-    buf.seek(0)
-    saved_opt = torch.load(buf, weights_only=True)  # as checkpoints load it
+    save_checkpoint(tmp_path, 2, a, {"optimizer": saved_opt}, keep=1)  # JSON and safetensors
+    saved_opt = load_state(latest_checkpoint(tmp_path))["optimizer"]
     train(a, opt_a, data[2:])
 
     b = tiny_gpt(seed=1)

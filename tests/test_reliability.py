@@ -38,8 +38,8 @@ def assert_loads(run_dir: Path) -> int:
     assert ckpt is not None, f"{run_dir}: `latest` names no complete checkpoint"
     for each in (run_dir / "checkpoints").glob("step_*"):
         assert "tok_emb.weight" in load_file(str(each / "model.safetensors"))
-        assert each.name == f"step_{load_state(each / 'state.pt')['step']:08d}"
-    return load_state(ckpt / "state.pt")["step"]
+        assert each.name == f"step_{load_state(each)['step']:08d}"
+    return load_state(ckpt)["step"]
 
 
 # ----------------------------------------------------------------------------- fixtures
@@ -205,4 +205,4 @@ def test_nan_loss_is_skipped_and_counted_when_configured(env):
     assert ev["train/skipped_steps"] == [(26, 1.0)]
     assert [s for s, _ in ev["train/loss"]] == [10, 20, 30, 40]
     assert all(v == v for _, v in ev["train/loss"])  # finite: the NaN never entered a mean
-    assert load_state(latest_checkpoint(run_dir) / "state.pt")["skipped"] == 1
+    assert load_state(latest_checkpoint(run_dir))["skipped"] == 1

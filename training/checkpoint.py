@@ -2,9 +2,11 @@
 
 A run directory holds:
     config.yaml, tokenizer.json      written once at the start of the run
-    checkpoints/step_00001000/       one complete checkpoint:
-        model.safetensors            the weights (safetensors: data only, no pickle)
-        state.pt                     optimiser, step, RNG and sampler state (weights_only load)
+    checkpoints/step_00001000/       one complete checkpoint (plain data, no pickle):
+        model.safetensors            the weights
+        state.json                   step and the loop's counters, the optimizer's settings, the
+                                     Python and NumPy random states, naming the tensors of
+        state.safetensors            the optimizer's moments and the torch generators' states
     checkpoints/best/                the weights with the lowest validation loss so far
     checkpoints/latest               the name of the newest complete checkpoint
 
@@ -14,7 +16,7 @@ into place; `latest` is replaced the same way afterwards. A crash leaves the pre
 """
 from __future__ import annotations
 
-import io
+import math
 import os
 import shutil
 from pathlib import Path
@@ -24,14 +26,14 @@ import torch
 from safetensors.torch import save
 from tokenizers import Tokenizer
 
-from guard.checkpoint import check_state, load_state, read_pointer, read_weights
-from guard.cli import FormatError, StateMismatch, UserError
+from guard.checkpoint import (STATE, STATE_TENSORS, load_state, read_pointer, read_weights,
+                              state_files)
+from guard.cli import FormatError, StateMismatch, UserError, first_line
 from guard.corpus import check_same_tokenizer
-from training.state import Progress, set_rng_state
+from training.state import STATE_KEYS, Progress, set_rng_state
 
 CHECKPOINTS = "checkpoints"
 WEIGHTS = "model.safetensors"
-STATE = "state.pt"
 
 def _fsync_write(path: Path, payload: bytes) -> None:
     with open(path, "wb") as f:
@@ -84,9 +86,9 @@ def save_checkpoint(run_dir: Path, step: int, model: torch.nn.Module, state: dic
     tmp = root / f".tmp-{name}"
     tmp.mkdir()
     _fsync_write(tmp / WEIGHTS, weights_bytes(model))
-    buffer = io.BytesIO()
-    torch.save(state, buffer)
-    _fsync_write(tmp / STATE, buffer.getvalue())
+    text, tensors = state_files(state)
+    _fsync_write(tmp / STATE_TENSORS, tensors)
+    _fsync_write(tmp / STATE, text)
     _fsync_dir(tmp)
     final = root / name
     if final.exists():  # this step was saved before (a resumed run passing it again)
@@ -162,16 +164,61 @@ def restore(run_dir: Path, model: torch.nn.Module, optimizer, sampler,
         raise UserError(f"cannot resume: {run_dir} holds no checkpoint")
     check_same_tokenizer(tokenizer, run_dir / "tokenizer.json")
     load_weights(model, ckpt / WEIGHTS)
-    state = load_state(ckpt / STATE, params=sum(p.numel() for p in model.parameters()))
-    try:
-        check_state(state, optimizer, sampler)
-    except StateMismatch as exc:
-        raise StateMismatch(f"training state {ckpt / STATE} is not one train.py wrote for this "
-                            f"run: {exc}") from None
-    optimizer.load_state_dict(state["optimizer"])
-    sampler.load_state_dict(state["sampler"])
-    set_rng_state(state["rng"])
-    return Progress.from_state_dict(state)
+    state = load_state(ckpt, STATE_KEYS, params=sum(p.numel() for p in model.parameters()))
+    return load_training_state(state, optimizer, sampler, ckpt)
+
+
+def load_training_state(state: dict, optimizer, sampler, ckpt: Path) -> Progress:
+    """Load a saved state into the optimizer, the batch sampler and the random generators; return
+    the loop's counters. What does not fit is refused by the setters themselves (a generator
+    state of the wrong size, an optimizer of other groups or parameters), in one line naming
+    the part."""
+    parts = (("optimizer", lambda s: load_optimizer(optimizer, s)),
+             ("sampler", sampler.load_state_dict), ("rng", set_rng_state),
+             ("progress", lambda s: Progress.from_state_dict(state)))
+    for part, load in parts:
+        try:
+            progress = load(state.get(part))
+        except (TypeError, ValueError, RuntimeError, LookupError, AttributeError,
+                ArithmeticError) as exc:  # what a setter raises on data of another shape
+            raise StateMismatch(f"cannot resume from {ckpt}: its {part} state does not fit this "
+                                f"run: {first_line(exc)}") from None
+    return progress
+
+
+def load_optimizer(optimizers, saved: dict) -> None:
+    """optimizers.load_state_dict(saved), which checks the groups and their sizes, then what it
+    takes as it is and the first step would trip on (a traceback) or train on (garbage): each
+    hyper-parameter of the kind it was, each moment of its parameter's shape and finite."""
+    before = [{k: v for k, v in g.items() if k != "params"} for g in optimizers.param_groups]
+    optimizers.load_state_dict(saved)
+    for old, group in zip(before, optimizers.param_groups):
+        for key, value in old.items():
+            if key in group and not _same_kind(group[key], value):
+                raise ValueError(f"its {key} is {str(group[key])[:40]}, where this run has "
+                                 f"{value!r}")
+    for opt in optimizers.optimizers:
+        for p, slots in opt.state.items():
+            if not isinstance(p, torch.Tensor):  # torch keeps what it cannot place
+                raise ValueError(f"it holds state for parameter {p!r}, which this model does "
+                                 f"not have")
+            for name, value in slots.items():
+                if not isinstance(value, torch.Tensor):
+                    continue
+                if value.dim() and value.shape != p.shape:
+                    raise ValueError(f"a {name} of shape {tuple(value.shape)} for a parameter of "
+                                     f"shape {tuple(p.shape)}")
+                if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+                    raise ValueError(f"a {name} holds NaN or infinite values")
+
+
+def _same_kind(value, reference) -> bool:
+    if isinstance(reference, (int, float)) and not isinstance(reference, bool):
+        return type(value) in (int, float) and math.isfinite(value)
+    if isinstance(reference, tuple):
+        return type(value) is tuple and len(value) == len(reference) and all(
+            map(_same_kind, value, reference))
+    return type(value) is type(reference)
 
 
 LATEST = Path("runs") / "latest"
