@@ -355,9 +355,9 @@ def test_exit_codes_from_the_command_line():
 
 
 def readme_example() -> tuple[str, list[str]]:
-    """The check_attention command the README showed (now docs/check_attention_readme_extra.md)
+    """The check_attention command docs/check_attention.md shows (its "An example")
     and the output it shows."""
-    section = (REPO_ROOT / "docs" / "check_attention_readme_extra.md").read_text()
+    section = (REPO_ROOT / "docs" / "check_attention.md").read_text().split("## An example", 1)[1]
     command = re.search(r"```bash\n(python -m scripts\.check_attention [^\n]+)\n```", section)
     output = re.search(r"```text\n(.*?)```", section, re.S)
     return command.group(1), output.group(1).strip().splitlines()
