@@ -8,7 +8,8 @@ through memory, so the n x m matrix of scores is written out and read back, then
 weights are written out, read back for P V, and kept alive until the backward pass. Q, K, V and
 O are O(T d) per head; S and P are O(T^2). At long context that round trip, not the arithmetic,
 is what the layer spends its time and memory on, and no arrangement of PyTorch ops avoids it
-(skipping the future key blocks, as `_attend_by_query_blocks` does, halves it; it stays T^2).
+(skipping the future key blocks, as model/fast_paths.py's `query_blocks` does, halves it; it
+stays T^2).
 Only a kernel that does all the steps at once can: `F.scaled_dot_product_attention` is
 PyTorch's; this file is ours.
 
@@ -38,8 +39,11 @@ i // (h / h_kv).
 Entry points: `fused_causal_attention` (differentiable), `fused_attention_forward` and
 `fused_attention_backward` (the kernels as plain functions, for tests and benchmarks),
 `fused_available(device)` (can the kernels run there?) and `self_check(device, head_dim,
-dtype)` (do they compute the right thing there? decided once per process, before trusting
-them). Triton is optional: without it this module still imports and `fused_available` says
+dtype)` (do they compute the right thing there, against the equation in float64? decided
+once per process, before trusting them), and the policy: `fused_refusal` (what the kernel
+cannot compute) and `trust_fused_attention` (let a model's impl=auto layers use it once the
+self-check passed). This module imports nothing of the model but its config: the layer
+(model/attention.py, model/fast_paths.py) calls it, never the other way. Triton is optional: without it this module still imports and `fused_available` says
 False, so callers keep the reference path. Under TRITON_INTERPRET=1
 (set before triton is imported) the same kernels run on the CPU through Triton's interpreter,
 which is how the tests check them without a GPU. How it works, step by step:
@@ -55,6 +59,8 @@ from dataclasses import dataclass
 from typing import Optional
 
 import torch
+
+from model.config import AttentionConfig, AttentionImpl
 
 try:
     import triton
@@ -444,8 +450,8 @@ KERNELS = ("fwd", "dkdv", "dq")  # the kernels with their own tiles (delta borro
 # accumulators resident and streams queries: the transpose. dQ is shaped like the forward.
 # Each entry is compiled for sm_80 and sm_90 by tests/test_kernel_compile.py, on a CPU: its
 # shared memory fits every GPU of the family (99 KB per block on compute capability 8.6 / 8.9,
-# 163 KB on A100, 227 KB on H100) and nothing spills to local memory. Where a generation wants
-# other tiles, _HOPPER_TILES says so. `python -m scripts.kernel_report` prints the table.
+# 163 KB on A100, 227 KB on H100) and nothing spills to local memory, so every generation
+# takes the same table. `python -m scripts.kernel_report` prints it.
 _GPU_TILES = {
     "16-bit": {
         "fwd": {32: Tiles(128, 64, 4, 3), 128: Tiles(128, 64, 8, 3)},
@@ -468,8 +474,6 @@ _GPU_TILES = {
         "dq": {64: Tiles(16, 32, 4, 2), 128: Tiles(16, 16, 4, 1)},
     },
 }
-# Compute capability 9.x (H100 / H200): only the entries that differ.
-_HOPPER_TILES: dict = {}
 # The interpreter runs every program one after another in numpy: small tiles keep small test
 # shapes multi-tile, and unequal ones exercise diagonals that straddle tile boundaries.
 _INTERPRETER_TILES = {"fwd": Tiles(16, 16), "dkdv": Tiles(16, 32), "dq": Tiles(32, 16)}
@@ -511,26 +515,17 @@ def _arithmetic(dtype: torch.dtype) -> str:
     return "tf32" if torch.backends.cuda.matmul.allow_tf32 else "fp32"
 
 
-@functools.lru_cache(maxsize=None)
-def _capability(device: torch.device) -> tuple[int, int]:
-    return torch.cuda.get_device_capability(device)
-
-
 def default_tiles(kernel: str, head_dim: int, dtype: torch.dtype, n_q: int, n_k: int,
                   capability: Optional[tuple[int, int]] = None) -> Tiles:
     """The tiles a kernel ("fwd", "dkdv" or "dq") is launched with, shrunk to short sequences.
 
-    `capability` is the GPU's compute capability, (9, 0) for an H100; None under the
-    interpreter (its own small tiles) or for the current CUDA device.
+    `capability`, the GPU's compute capability ((9, 0) for an H100), does not change the
+    answer today: every generation compiled so far (sm_80, sm_90) takes the same table. Under
+    the interpreter the tiles are its own small ones.
     """
     if _INTERPRETED:
         return _fit(_INTERPRETER_TILES[kernel], n_q, n_k)
-    if capability is None:
-        capability = _capability(torch.device("cuda", torch.cuda.current_device()))
-    arithmetic = _arithmetic(dtype)
-    table = _GPU_TILES[arithmetic][kernel]
-    if capability[0] == 9:
-        table = _HOPPER_TILES.get(arithmetic, {}).get(kernel, table)
+    table = _GPU_TILES[_arithmetic(dtype)][kernel]
     tiles = table[min(d for d in table if d >= head_dim)]
     return _fit(tiles, n_q, n_k)
 
@@ -612,8 +607,7 @@ def _tiles_for(kernel: str, q: torch.Tensor, n_k: int, tiles: Optional[Tiles]) -
     n_q, d = q.size(2), q.size(3)
     if tiles is not None:
         return _fit(tiles, n_q, n_k)
-    capability = _capability(q.device) if q.is_cuda else None
-    return default_tiles(kernel, d, q.dtype, n_q, n_k, capability)
+    return default_tiles(kernel, d, q.dtype, n_q, n_k)
 
 
 def fused_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -831,15 +825,12 @@ def _self_check(device: torch.device, head_dim: int, dtype: torch.dtype, kv_grou
 def _largest_error(device: torch.device, head_dim: int, dtype: torch.dtype,
                    kv_group: int) -> float:
     """The largest relative error of out, lse, dq, dk, dv and a decode step's out against the
-    reference layer in float64, on random inputs from a private generator (the caller's random
-    stream is untouched). NaN or inf counts as an infinite error."""
-    from model.attention import causal_pattern, scaled_dot_product_attention
-
+    equation in float64, on random inputs from a private generator (the caller's random stream
+    is untouched). NaN or inf counts as an infinite error."""
     # Long enough for a full tile of the largest kind and a ragged one after it: every kernel
     # then sees full tiles, diagonal tiles and padding rows.
     largest = max(max(t.block_m, t.block_n) for t in (
-        default_tiles(kernel, head_dim, dtype, 1 << 20, 1 << 20,
-                      _capability(device) if device.type == "cuda" else None)
+        default_tiles(kernel, head_dim, dtype, 1 << 20, 1 << 20)
         for kernel in KERNELS))
     B, h_kv, T = 2, 2, largest + 7
     gen = torch.Generator(device=device).manual_seed(0)
@@ -852,12 +843,15 @@ def _largest_error(device: torch.device, head_dim: int, dtype: torch.dtype,
         step, _ = fused_attention_forward(q[:, :, -1:], k, v)  # one query over T keys
     with torch.autocast(device.type, enabled=False), torch.enable_grad():
         q64, k64, v64 = (t.double().requires_grad_() for t in (q, k, v))
+        # the equation, softmax(q k^T / sqrt(d) + M) v, written out: query head i reads kv
+        # head i // kv_group, and the causal M hides the keys after each query
         k_rep, v_rep = (t.repeat_interleave(kv_group, dim=1) for t in (k64, v64))
-        visible = causal_pattern(T, T, device=device)
-        ref, _ = scaled_dot_product_attention(q64, k_rep, v_rep, visible)
+        future = torch.ones(T, T, dtype=torch.bool, device=device).triu(1)
+        scores = ((q64 @ k_rep.transpose(-1, -2)) / math.sqrt(head_dim)).masked_fill(future,
+                                                                                    -math.inf)
+        ref = torch.softmax(scores, dim=-1) @ v_rep
         ref_grads = torch.autograd.grad(ref, (q64, k64, v64), grad_out.double())
-        scores = (q64 @ k_rep.transpose(-1, -2)) / math.sqrt(head_dim)
-        ref_lse = torch.logsumexp(scores.masked_fill(~visible, -math.inf), dim=-1)
+        ref_lse = torch.logsumexp(scores, dim=-1)
 
     def error(actual: torch.Tensor, expected: torch.Tensor) -> float:
         diff = (actual.double() - expected).abs().max().item()
@@ -865,3 +859,53 @@ def _largest_error(device: torch.device, head_dim: int, dtype: torch.dtype,
 
     pairs = [(out, ref), (lse, ref_lse), *zip(grads, ref_grads), (step, ref[:, :, -1:])]
     return max(error(a, e.detach()) for a, e in pairs)
+
+
+# ----------------------------------------------------------------------------- the policy
+
+
+def fused_refusal(attn: AttentionConfig, head_dim: Optional[int] = None, dropout: float = 0.0,
+                  device=None, dtype: Optional[torch.dtype] = None) -> Optional[str]:
+    """Why our kernel cannot compute this attention, or None when it can: the correct causal
+    attention only, without dropout on the weights, for the head sizes and dtypes it is built
+    for, on a device it runs on. The one decision, made by the config checks with what a config
+    knows (guard/limits.py) and by the layer when it chooses its path (model/fast_paths.py)."""
+    if not attn.is_correct():
+        return (f"attention.impl=fused computes the correct attention only; the pitfall "
+                f"{attn.name!r} always runs the reference code")
+    if dropout > 0:
+        return ("attention.impl=fused has no dropout on the attention weights: set "
+                "model.attn_dropout=0 (dropout elsewhere stays)")
+    if head_dim is not None and head_dim not in HEAD_DIMS:
+        return f"attention.impl=fused supports head sizes {HEAD_DIMS}, not {head_dim}"
+    if dtype is not None and dtype not in DTYPES:
+        return f"attention.impl=fused takes {[str(d) for d in DTYPES]}, not {dtype}"
+    if device is not None and torch.device(device).type == "mps":  # even under the interpreter
+        return "attention.impl=fused needs Triton and a CUDA device, not mps (no Metal target)"
+    if device is not None and not fused_available(device):
+        return (f"attention.impl=fused needs Triton and a CUDA device (or TRITON_INTERPRET=1), "
+                f"not {torch.device(device).type}")
+    return None
+
+
+def trust_fused_attention(model: torch.nn.Module, device, dtype: torch.dtype
+                          ) -> Optional[KernelCheck]:
+    """Run the kernel's self-check for model's attention on device in dtype (the dtype q has:
+    autocast's, or the weights'), and let impl=auto use the kernel only if it passes. Returns
+    the verdict, or None when no layer would use the kernel there (not a CUDA device,
+    impl=reference, a pitfall variant). Call it after the model is on its device and before
+    torch.compile traces it."""
+    layers = [m for m in model.modules() if hasattr(m, "fused_trusted")]  # attention layers
+    if not layers or torch.device(device).type != "cuda":
+        return None
+    first = layers[0]
+    if first.attn.impl is AttentionImpl.reference or not first.attn.is_correct():
+        return None
+    if not fused_available(device):
+        return None
+    verdict = self_check(device, first.head_dim, dtype, first.n_head // first.n_kv_head)
+    for layer in layers:
+        layer.fused_trusted = verdict.ok
+        layer.select_fast_path()
+    return verdict
+
