@@ -42,15 +42,25 @@ def choose(layer, device: torch.device):
         if refusal is None:
             return kernel
         if attn.impl is AttentionImpl.fused:  # asked for by name: never a silent fallback
-            return functools.partial(refuse, refusal)
+            return _refuse(refusal)
     if not attn.is_causal():  # a leaky pitfall: only its own equation computes it
         return equation
-    block = attn.query_block
-    if block is None:  # by device: rows per block measured on a CPU (docs/model.md)
-        block = CPU_QUERY_BLOCK if device.type == "cpu" else 0
-        return functools.partial(query_blocks, block=block, long_block=2 * block) if block \
-            else one_pass
-    return functools.partial(query_blocks, block=block, long_block=block) if block else one_pass
+    if attn.query_block is not None:
+        return _blocks(attn.query_block, attn.query_block) if attn.query_block else one_pass
+    # by device: rows per block measured on a CPU (docs/model.md), none on a GPU
+    return _blocks(CPU_QUERY_BLOCK, 2 * CPU_QUERY_BLOCK) if device.type == "cpu" else one_pass
+
+
+# One object per choice, so that choosing again (train / eval) gives torch.compile's guards
+# the same path to see.
+@functools.lru_cache(maxsize=None)
+def _blocks(block: int, long_block: int):
+    return functools.partial(query_blocks, block=block, long_block=long_block)
+
+
+@functools.lru_cache(maxsize=None)
+def _refuse(refusal: str):
+    return functools.partial(refuse, refusal)
 
 
 def equation(layer, q, k, v, mask):

@@ -32,7 +32,8 @@ from model.rotary import apply_rotary, apply_rotary_interleaved
 
 def _add(scores, visible, value):
     """M added before softmax, with `value` where the correct layer has -inf (0: no mask)."""
-    return torch.softmax(scores + torch.zeros_like(scores).masked_fill(~visible, value), dim=-1)
+    M = torch.zeros(visible.shape, dtype=scores.dtype, device=scores.device)
+    return torch.softmax(scores + M.masked_fill_(~visible, value), dim=-1)
 
 
 def _fill(scores, visible, value):
