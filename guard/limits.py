@@ -22,7 +22,7 @@ import torch
 from data.config import TokenizerKind
 from data.tokenizer import unknown_characters
 from guard.cli import UserError
-from model.fused_attention import fused_refusal, trust_fused_attention
+from model.fast_paths import fused_refusal, trust_fused_attention
 from model.config import AttentionConfig, AttentionImpl, MLPKind, ModelConfig, Norm, Positions
 from training.config import COMPILE_MODES, DTYPE_CHOICES, Config, OptimConfig
 
@@ -209,7 +209,7 @@ def check_pitfall_switches(m: ModelConfig, a: AttentionConfig, prefix: str = "mo
 
 
 def check_fused_kernel(model, device: torch.device, dtype: torch.dtype) -> None:
-    """The kernel's self-check on the run's device (model/fused_attention.py, trust_fused_attention):
+    """The kernel's self-check on the run's device (model/fast_paths.py, trust_fused_attention):
     where it fails, impl=auto computes with the reference attention (one warning line), and
     impl=fused, asked for by name, is refused."""
     verdict = trust_fused_attention(model, device, dtype)

@@ -15,16 +15,19 @@ train or eval, or given another variant (CausalSelfAttention.select_fast_path), 
 
 Paths 1-3 need the exact causal mask (is_causal: future weights exactly 0); a leaky pitfall
 runs `equation`, the layer's own equation with its steps. The tests hold each path equal to the
-equation (tests/test_attention.py, tests/test_fused_attention.py).
+equation (tests/test_attention.py, tests/test_fused_attention.py). Whether the kernel may run
+is decided here too, at the end: `fused_refusal` (what it cannot compute) and
+`trust_fused_attention` (impl=auto uses it only where its self-check passed).
 """
 from __future__ import annotations
 
 import functools
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
 
-from model.config import AttentionImpl
+from model.config import AttentionConfig, AttentionImpl
 
 # Query rows per block on a CPU when attention.query_block is null (by device); twice that from
 # 1,024 queries on.
@@ -36,7 +39,6 @@ def choose(layer, device: torch.device):
     attn = layer.attn
     if attn.impl is not AttentionImpl.reference and (
             attn.impl is AttentionImpl.fused or (device.type == "cuda" and layer.fused_trusted)):
-        from model.fused_attention import fused_refusal  # Triton: imported only where it may run
         refusal = fused_refusal(attn, layer.head_dim, layer.dropout if layer.training else 0.0,
                                 device)
         if refusal is None:
@@ -141,10 +143,64 @@ def kernel(layer, q, k, v, mask):
     autocast q is already bf16."""
     if mask is not None:
         return one_pass(layer, q, k, v, mask)
-    import model.fused_attention as fused  # chosen only where Triton was imported already
+    import model.fused_attention as fused  # imported already by fused_refusal, when chosen
     return fused.fused_causal_attention(q, k.to(q.dtype), v.to(q.dtype), scale=layer.scale())
 
 
 def refuse(refusal: str, layer, q, k, v, mask):
     """attention.impl=fused where the kernel cannot compute this attention."""
     raise ValueError(refusal)
+
+
+# ----------------------------------------------------------------------------- may the kernel run?
+# Its facts (head sizes, dtypes, where Triton runs, the self-check) are model/fused_attention.py's,
+# imported only when a CUDA device or attention.impl=fused asks: importing Triton takes a second.
+
+
+def fused_refusal(attn: AttentionConfig, head_dim: Optional[int] = None, dropout: float = 0.0,
+                  device=None, dtype: Optional[torch.dtype] = None) -> Optional[str]:
+    """Why our Triton kernel cannot compute this attention, or None when it can: the correct
+    causal attention only, without dropout on the weights, for the head sizes and dtypes it is
+    built for, on a device it runs on. The one decision, made by the config checks with what a
+    config knows (guard/limits.py) and by `choose` with the layer in hand."""
+    if not attn.is_correct():
+        return (f"attention.impl=fused computes the correct attention only; the pitfall "
+                f"{attn.name!r} always runs the reference code")
+    if dropout > 0:
+        return ("attention.impl=fused has no dropout on the attention weights: set "
+                "model.attn_dropout=0 (dropout elsewhere stays)")
+    if head_dim is None and dtype is None and device is None:
+        return None
+    import model.fused_attention as fused
+    if head_dim is not None and head_dim not in fused.HEAD_DIMS:
+        return f"attention.impl=fused supports head sizes {fused.HEAD_DIMS}, not {head_dim}"
+    if dtype is not None and dtype not in fused.DTYPES:
+        return f"attention.impl=fused takes {[str(d) for d in fused.DTYPES]}, not {dtype}"
+    if device is not None and torch.device(device).type == "mps":  # even under the interpreter
+        return "attention.impl=fused needs Triton and a CUDA device, not mps (no Metal target)"
+    if device is not None and not fused.fused_available(device):
+        return (f"attention.impl=fused needs Triton and a CUDA device (or TRITON_INTERPRET=1), "
+                f"not {torch.device(device).type}")
+    return None
+
+
+def trust_fused_attention(model: torch.nn.Module, device, dtype: torch.dtype):
+    """Run the kernel's self-check for model's attention on device in dtype (the dtype q has:
+    autocast's, or the weights'), and let impl=auto use the kernel only if it passes. Returns
+    the verdict (model/fused_attention.py's KernelCheck), or None when no layer would use the
+    kernel there (not a CUDA device, impl=reference, a pitfall variant). Call it after the model
+    is on its device and before torch.compile traces it."""
+    layers = [m for m in model.modules() if hasattr(m, "fused_trusted")]  # attention layers
+    if not layers or torch.device(device).type != "cuda":
+        return None
+    first = layers[0]
+    if first.attn.impl is AttentionImpl.reference or not first.attn.is_correct():
+        return None
+    import model.fused_attention as fused
+    if not fused.fused_available(device):
+        return None
+    verdict = fused.self_check(device, first.head_dim, dtype, first.n_head // first.n_kv_head)
+    for layer in layers:
+        layer.fused_trusted = verdict.ok
+        layer.select_fast_path()
+    return verdict

@@ -40,10 +40,9 @@ Entry points: `fused_causal_attention` (differentiable), `fused_attention_forwar
 `fused_attention_backward` (the kernels as plain functions, for tests and benchmarks),
 `fused_available(device)` (can the kernels run there?) and `self_check(device, head_dim,
 dtype)` (do they compute the right thing there, against the equation in float64? decided
-once per process, before trusting them), and the policy: `fused_refusal` (what the kernel
-cannot compute) and `trust_fused_attention` (let a model's impl=auto layers use it once the
-self-check passed). This module imports nothing of the model but its config: the layer
-(model/attention.py, model/fast_paths.py) calls it, never the other way. Triton is optional: without it this module still imports and `fused_available` says
+once per process, before trusting them). This module imports nothing of the project: the
+layer's fast paths (model/fast_paths.py: `fused_refusal`, `trust_fused_attention` and the
+kernel's path) call it, never the other way. Triton is optional: without it this module still imports and `fused_available` says
 False, so callers keep the reference path. Under TRITON_INTERPRET=1
 (set before triton is imported) the same kernels run on the CPU through Triton's interpreter,
 which is how the tests check them without a GPU. How it works, step by step:
@@ -59,8 +58,6 @@ from dataclasses import dataclass
 from typing import Optional
 
 import torch
-
-from model.config import AttentionConfig, AttentionImpl
 
 try:
     import triton
@@ -859,53 +856,4 @@ def _largest_error(device: torch.device, head_dim: int, dtype: torch.dtype,
 
     pairs = [(out, ref), (lse, ref_lse), *zip(grads, ref_grads), (step, ref[:, :, -1:])]
     return max(error(a, e.detach()) for a, e in pairs)
-
-
-# ----------------------------------------------------------------------------- the policy
-
-
-def fused_refusal(attn: AttentionConfig, head_dim: Optional[int] = None, dropout: float = 0.0,
-                  device=None, dtype: Optional[torch.dtype] = None) -> Optional[str]:
-    """Why our kernel cannot compute this attention, or None when it can: the correct causal
-    attention only, without dropout on the weights, for the head sizes and dtypes it is built
-    for, on a device it runs on. The one decision, made by the config checks with what a config
-    knows (guard/limits.py) and by the layer when it chooses its path (model/fast_paths.py)."""
-    if not attn.is_correct():
-        return (f"attention.impl=fused computes the correct attention only; the pitfall "
-                f"{attn.name!r} always runs the reference code")
-    if dropout > 0:
-        return ("attention.impl=fused has no dropout on the attention weights: set "
-                "model.attn_dropout=0 (dropout elsewhere stays)")
-    if head_dim is not None and head_dim not in HEAD_DIMS:
-        return f"attention.impl=fused supports head sizes {HEAD_DIMS}, not {head_dim}"
-    if dtype is not None and dtype not in DTYPES:
-        return f"attention.impl=fused takes {[str(d) for d in DTYPES]}, not {dtype}"
-    if device is not None and torch.device(device).type == "mps":  # even under the interpreter
-        return "attention.impl=fused needs Triton and a CUDA device, not mps (no Metal target)"
-    if device is not None and not fused_available(device):
-        return (f"attention.impl=fused needs Triton and a CUDA device (or TRITON_INTERPRET=1), "
-                f"not {torch.device(device).type}")
-    return None
-
-
-def trust_fused_attention(model: torch.nn.Module, device, dtype: torch.dtype
-                          ) -> Optional[KernelCheck]:
-    """Run the kernel's self-check for model's attention on device in dtype (the dtype q has:
-    autocast's, or the weights'), and let impl=auto use the kernel only if it passes. Returns
-    the verdict, or None when no layer would use the kernel there (not a CUDA device,
-    impl=reference, a pitfall variant). Call it after the model is on its device and before
-    torch.compile traces it."""
-    layers = [m for m in model.modules() if hasattr(m, "fused_trusted")]  # attention layers
-    if not layers or torch.device(device).type != "cuda":
-        return None
-    first = layers[0]
-    if first.attn.impl is AttentionImpl.reference or not first.attn.is_correct():
-        return None
-    if not fused_available(device):
-        return None
-    verdict = self_check(device, first.head_dim, dtype, first.n_head // first.n_kv_head)
-    for layer in layers:
-        layer.fused_trusted = verdict.ok
-        layer.select_fast_path()
-    return verdict
 

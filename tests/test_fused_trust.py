@@ -11,7 +11,7 @@ import model.fused_attention as fused_attention
 from guard.cli import UserError
 from guard.limits import check_fused_kernel
 from model.attention import CausalSelfAttention
-from model.fused_attention import trust_fused_attention
+from model.fast_paths import trust_fused_attention
 from model.config import AttentionConfig, AttentionImpl, ModelConfig
 from model.gpt import GPT
 

@@ -18,7 +18,7 @@ from guard.cli import UserError
 from guard.checkpoint import StateMismatch, check_rng
 from guard.limits import available_bytes, check_config, check_training_fits, parse_device
 from guard.preflight import compose
-from model.fused_attention import fused_refusal
+from model.fast_paths import fused_refusal
 from model.config import AttentionConfig
 from training.device import NATIVE_BF16_ENV, float64_home, pick_dtype
 from training.optim import make_optimizer
