@@ -31,7 +31,7 @@ import torch
 from bench.common import (add_overrides_argument, compose_config, fmt, interleaved_medians,
                           make_parser, print_header, print_headline, print_table,
                           resolve_repetitions, setup)
-from model.attention import trust_fused_attention
+from model.fast_paths import trust_fused_attention
 from model.gpt import GPT
 
 PROMPT_LEN = 16

@@ -44,7 +44,7 @@ import torch.nn.functional as F
 from bench.common import (GPU_RECIPE, add_overrides_argument, compose_config, fmt,
                           interleaved_medians, make_parser, print_header, print_headline,
                           print_table, resolve_repetitions, setup, time_once)
-from model.attention import trust_fused_attention
+from model.fast_paths import trust_fused_attention
 from model.gpt import GPT
 from training.config import COMPILE_MODES, Config
 from training.device import autocast, pick_dtype

@@ -23,8 +23,8 @@ from data.config import TokenizerKind
 from data.tokenizer import unknown_characters
 from guard.cli import UserError
 from guard.system import MAX_COUNT, MAX_SEED, available_bytes
-from model.attention import fused_refusal, trust_fused_attention
 from model.config import AttentionConfig, AttentionImpl, MLPKind, ModelConfig, Norm, Positions
+from model.fast_paths import fused_refusal, trust_fused_attention
 from training.config import COMPILE_MODES, DTYPE_CHOICES, Config, OptimConfig
 
 # Below this, logits / temperature overflow float32 and sampling yields NaN: use greedy instead.
@@ -208,7 +208,7 @@ def check_pitfall_switches(m: ModelConfig, a: AttentionConfig, prefix: str = "mo
 
 
 def check_fused_kernel(model, device: torch.device, dtype: torch.dtype) -> None:
-    """The kernel's self-check on the run's device (model/attention.py, trust_fused_attention):
+    """The kernel's self-check on the run's device (model/fast_paths.py, trust_fused_attention):
     where it fails, impl=auto computes with the reference attention (one warning line), and
     impl=fused, asked for by name, is refused."""
     verdict = trust_fused_attention(model, device, dtype)

@@ -26,7 +26,7 @@ from guard.corpus import load_tokenizer
 from guard.files import kind_of, load_run_config, read_text
 from guard.hf import CONFIG, open_folder
 from guard.limits import check_choice, check_config, check_fused_kernel, check_sampling_fits
-from model.attention import fused_refusal
+from model.fast_paths import fused_refusal
 from model.config import AttentionConfig, AttentionImpl, ModelConfig
 from model.gpt import GPT
 from training.checkpoint import find_weights, load_weights

@@ -234,10 +234,3 @@ def gpt2_problems(cfg: ModelConfig) -> list[str]:
         problems.append(f"model.norm_eps={cfg.norm_eps} (GPT-2's LayerNorm has 1e-5)")
     return problems
 
-
-def validate_attention(cfg: AttentionConfig) -> None:
-    """The attention's values, checked as every value is (guard/limits.py), for code that builds
-    a layer from a config of its own."""
-    from guard.limits import check_attention  # the checks stand above the model
-
-    check_attention(cfg)

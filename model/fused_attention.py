@@ -8,7 +8,8 @@ through memory, so the n x m matrix of scores is written out and read back, then
 weights are written out, read back for P V, and kept alive until the backward pass. Q, K, V and
 O are O(T d) per head; S and P are O(T^2). At long context that round trip, not the arithmetic,
 is what the layer spends its time and memory on, and no arrangement of PyTorch ops avoids it
-(skipping the future key blocks, as `_attend_by_query_blocks` does, halves it; it stays T^2).
+(skipping the future key blocks, as model/fast_paths.py's `query_blocks` does, halves it; it
+stays T^2).
 Only a kernel that does all the steps at once can: `F.scaled_dot_product_attention` is
 PyTorch's; this file is ours.
 
@@ -38,8 +39,10 @@ i // (h / h_kv).
 Entry points: `fused_causal_attention` (differentiable), `fused_attention_forward` and
 `fused_attention_backward` (the kernels as plain functions, for tests and benchmarks),
 `fused_available(device)` (can the kernels run there?) and `self_check(device, head_dim,
-dtype)` (do they compute the right thing there? decided once per process, before trusting
-them). Triton is optional: without it this module still imports and `fused_available` says
+dtype)` (do they compute the right thing there, against the equation in float64? decided
+once per process, before trusting them). This module imports nothing of the project: the
+layer's fast paths (model/fast_paths.py: `fused_refusal`, `trust_fused_attention` and the
+kernel's path) call it, never the other way. Triton is optional: without it this module still imports and `fused_available` says
 False, so callers keep the reference path. Under TRITON_INTERPRET=1
 (set before triton is imported) the same kernels run on the CPU through Triton's interpreter,
 which is how the tests check them without a GPU. How it works, step by step:
@@ -444,8 +447,8 @@ KERNELS = ("fwd", "dkdv", "dq")  # the kernels with their own tiles (delta borro
 # accumulators resident and streams queries: the transpose. dQ is shaped like the forward.
 # Each entry is compiled for sm_80 and sm_90 by tests/test_kernel_compile.py, on a CPU: its
 # shared memory fits every GPU of the family (99 KB per block on compute capability 8.6 / 8.9,
-# 163 KB on A100, 227 KB on H100) and nothing spills to local memory. Where a generation wants
-# other tiles, _HOPPER_TILES says so. `python -m tools.kernel_report` prints the table.
+# 163 KB on A100, 227 KB on H100) and nothing spills to local memory, so every generation
+# takes the same table. `python -m tools.kernel_report` prints it.
 _GPU_TILES = {
     "16-bit": {
         "fwd": {32: Tiles(128, 64, 4, 3), 128: Tiles(128, 64, 8, 3)},
@@ -468,8 +471,6 @@ _GPU_TILES = {
         "dq": {64: Tiles(16, 32, 4, 2), 128: Tiles(16, 16, 4, 1)},
     },
 }
-# Compute capability 9.x (H100 / H200): only the entries that differ.
-_HOPPER_TILES: dict = {}
 # The interpreter runs every program one after another in numpy: small tiles keep small test
 # shapes multi-tile, and unequal ones exercise diagonals that straddle tile boundaries.
 _INTERPRETER_TILES = {"fwd": Tiles(16, 16), "dkdv": Tiles(16, 32), "dq": Tiles(32, 16)}
@@ -511,26 +512,17 @@ def _arithmetic(dtype: torch.dtype) -> str:
     return "tf32" if torch.backends.cuda.matmul.allow_tf32 else "fp32"
 
 
-@functools.lru_cache(maxsize=None)
-def _capability(device: torch.device) -> tuple[int, int]:
-    return torch.cuda.get_device_capability(device)
-
-
 def default_tiles(kernel: str, head_dim: int, dtype: torch.dtype, n_q: int, n_k: int,
                   capability: Optional[tuple[int, int]] = None) -> Tiles:
     """The tiles a kernel ("fwd", "dkdv" or "dq") is launched with, shrunk to short sequences.
 
-    `capability` is the GPU's compute capability, (9, 0) for an H100; None under the
-    interpreter (its own small tiles) or for the current CUDA device.
+    `capability`, the GPU's compute capability ((9, 0) for an H100), does not change the
+    answer today: every generation compiled so far (sm_80, sm_90) takes the same table. Under
+    the interpreter the tiles are its own small ones.
     """
     if _INTERPRETED:
         return _fit(_INTERPRETER_TILES[kernel], n_q, n_k)
-    if capability is None:
-        capability = _capability(torch.device("cuda", torch.cuda.current_device()))
-    arithmetic = _arithmetic(dtype)
-    table = _GPU_TILES[arithmetic][kernel]
-    if capability[0] == 9:
-        table = _HOPPER_TILES.get(arithmetic, {}).get(kernel, table)
+    table = _GPU_TILES[_arithmetic(dtype)][kernel]
     tiles = table[min(d for d in table if d >= head_dim)]
     return _fit(tiles, n_q, n_k)
 
@@ -612,8 +604,7 @@ def _tiles_for(kernel: str, q: torch.Tensor, n_k: int, tiles: Optional[Tiles]) -
     n_q, d = q.size(2), q.size(3)
     if tiles is not None:
         return _fit(tiles, n_q, n_k)
-    capability = _capability(q.device) if q.is_cuda else None
-    return default_tiles(kernel, d, q.dtype, n_q, n_k, capability)
+    return default_tiles(kernel, d, q.dtype, n_q, n_k)
 
 
 def fused_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -831,15 +822,12 @@ def _self_check(device: torch.device, head_dim: int, dtype: torch.dtype, kv_grou
 def _largest_error(device: torch.device, head_dim: int, dtype: torch.dtype,
                    kv_group: int) -> float:
     """The largest relative error of out, lse, dq, dk, dv and a decode step's out against the
-    reference layer in float64, on random inputs from a private generator (the caller's random
-    stream is untouched). NaN or inf counts as an infinite error."""
-    from model.attention import causal_pattern, scaled_dot_product_attention
-
+    equation in float64, on random inputs from a private generator (the caller's random stream
+    is untouched). NaN or inf counts as an infinite error."""
     # Long enough for a full tile of the largest kind and a ragged one after it: every kernel
     # then sees full tiles, diagonal tiles and padding rows.
     largest = max(max(t.block_m, t.block_n) for t in (
-        default_tiles(kernel, head_dim, dtype, 1 << 20, 1 << 20,
-                      _capability(device) if device.type == "cuda" else None)
+        default_tiles(kernel, head_dim, dtype, 1 << 20, 1 << 20)
         for kernel in KERNELS))
     B, h_kv, T = 2, 2, largest + 7
     gen = torch.Generator(device=device).manual_seed(0)
@@ -852,12 +840,15 @@ def _largest_error(device: torch.device, head_dim: int, dtype: torch.dtype,
         step, _ = fused_attention_forward(q[:, :, -1:], k, v)  # one query over T keys
     with torch.autocast(device.type, enabled=False), torch.enable_grad():
         q64, k64, v64 = (t.double().requires_grad_() for t in (q, k, v))
+        # the equation, softmax(q k^T / sqrt(d) + M) v, written out: query head i reads kv
+        # head i // kv_group, and the causal M hides the keys after each query
         k_rep, v_rep = (t.repeat_interleave(kv_group, dim=1) for t in (k64, v64))
-        visible = causal_pattern(T, T, device=device)
-        ref, _ = scaled_dot_product_attention(q64, k_rep, v_rep, visible)
+        future = torch.ones(T, T, dtype=torch.bool, device=device).triu(1)
+        scores = ((q64 @ k_rep.transpose(-1, -2)) / math.sqrt(head_dim)).masked_fill(future,
+                                                                                    -math.inf)
+        ref = torch.softmax(scores, dim=-1) @ v_rep
         ref_grads = torch.autograd.grad(ref, (q64, k64, v64), grad_out.double())
-        scores = (q64 @ k_rep.transpose(-1, -2)) / math.sqrt(head_dim)
-        ref_lse = torch.logsumexp(scores.masked_fill(~visible, -math.inf), dim=-1)
+        ref_lse = torch.logsumexp(scores, dim=-1)
 
     def error(actual: torch.Tensor, expected: torch.Tensor) -> float:
         diff = (actual.double() - expected).abs().max().item()
@@ -865,3 +856,4 @@ def _largest_error(device: torch.device, head_dim: int, dtype: torch.dtype,
 
     pairs = [(out, ref), (lse, ref_lse), *zip(grads, ref_grads), (step, ref[:, :, -1:])]
     return max(error(a, e.detach()) for a, e in pairs)
+

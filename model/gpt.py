@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from model.attention import CausalSelfAttention, KVCache
 from model.config import AttentionConfig, MLPKind, ModelConfig, Norm, Positions
 from model.decoding import Decoder
-from model.loss import head_and_loss
+from model.loss import choose_loss
 from model.rotary import rotary_tables
 from model.sampling import sample_next
 
@@ -99,6 +99,7 @@ class GPT(nn.Module):
         if cfg.tie_embeddings:
             self.lm_head.weight = self.tok_emb.weight  # tied: one matrix reads and writes tokens
         self.reset_parameters()
+        self.select_fast_path()
 
     def reset_parameters(self) -> None:
         """GPT-2 init: weights N(0, init_std), biases 0, norms' gains 1 (and biases 0); the
@@ -120,7 +121,7 @@ class GPT(nn.Module):
         resid_std = std / math.sqrt(2 * self.cfg.n_layer)
         for block in self.blocks:
             outputs = [block.mlp.proj.weight]
-            if block.attn.out_proj is not None:
+            if isinstance(block.attn.out_proj, nn.Linear):  # (not the no_out_proj pitfall)
                 outputs.append(block.attn.out_proj.weight)
             for weight in outputs:
                 if self.cfg.zero_init_residual:
@@ -146,9 +147,9 @@ class GPT(nn.Module):
         start = cache.length if cache is not None else 0
         if start + T > self.cfg.block_size:
             raise ValueError(f"sequence of {start + T} tokens exceeds block_size {self.cfg.block_size}")
-        pos = torch.arange(T, device=idx.device)  # [T] positions, after the cached ones
-        if cache is not None and not self.attn_cfg.cache_positions_restart:  # (restart: pitfall)
-            pos = pos + cache.position  # read on the device: a captured decode step replays it
+        pos = torch.arange(T, device=idx.device)  # [T] positions
+        if cache is not None:  # after the cached ones
+            pos = pos + self.blocks[0].attn.first_position(cache)
         x = self.tok_emb(idx)  # [B, T, d_model]
         rotary = None
         if self.rope:  # the (cos, sin) tables of these positions, shared by every layer
@@ -163,12 +164,25 @@ class GPT(nn.Module):
         if cache is not None:
             cache.advance(T)
         x = self.ln_f(x)
-        loss = None
         if targets is None:
-            logits = self.lm_head(x)  # [B, T, vocab_size]
+            logits, loss = self.lm_head(x), None  # [B, T, vocab_size]
         else:  # the same logits, and their mean cross-entropy (model/loss.py)
-            logits, loss = head_and_loss(x, self.lm_head.weight, targets)
+            logits, loss = self.loss(x, self.lm_head.weight, targets)
         return (logits, loss, all_weights) if return_weights else (logits, loss)
+
+    def select_fast_path(self, device=None) -> None:
+        """Choose, for `device` (default: where the weights are), the code that computes the
+        loss (model/loss.py) and each layer's attention (model/fast_paths.py): the same numbers
+        by the fastest code there. Done when the model is built or moved (`.to()`)."""
+        device = self.tok_emb.weight.device if device is None else torch.device(device)
+        self.loss = choose_loss(device, self.vocab_size)
+        for block in self.blocks:
+            block.attn.select_fast_path(device)
+
+    def _apply(self, fn, recurse=True):
+        result = super()._apply(fn, recurse)  # the layers choose their own paths again
+        self.loss = choose_loss(self.tok_emb.weight.device, self.vocab_size)
+        return result
 
     @contextlib.contextmanager
     def attention_variant(self, attn: AttentionConfig) -> Iterator[None]:

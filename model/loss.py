@@ -3,18 +3,21 @@
     loss = mean_i [ logsumexp_j(z_ij) - z_i,y_i ],          z = x W^T    [tokens, vocab]
     d loss / d z = (softmax(z) - onehot(y)) / tokens
 
-`head_and_loss` computes exactly that. On a GPU it is `F.cross_entropy(F.linear(x, W))`. On a
-CPU it runs over blocks of rows (`RowBlockCrossEntropy`), for speed only: at the default size
-the head is a 4,096-way softmax for every token, and the plain version writes and reads the
-[tokens, vocab] logits several times over (the copy to float32, the log-softmax, its zero-filled
-gradient, the log-softmax's backward, the copy back to bf16), each pass far larger than the
-CPU's caches. A block of rows fits in them, and since the loss is the network's last step, the
-gradient of the logits is known in the forward pass up to the one number backward brings (the
-loss's own gradient, 1 in training): each block's gradients of x and W are made while its
-logits are still in the cache, and backward only scales them. The results agree with the plain
-version to rounding (tests/test_loss.py); docs/budget.md, round 3, has what it saves.
+`cross_entropy` computes exactly that: `F.cross_entropy(F.linear(x, W))`. On a CPU the model
+uses `row_block_cross_entropy` instead (GPT.select_fast_path chooses once, with `choose_loss`),
+for speed only: at the default size the head is a 4,096-way softmax for every token, and the
+plain version writes and reads the [tokens, vocab] logits several times over (the copy to
+float32, the log-softmax, its zero-filled gradient, the log-softmax's backward, the copy back to
+bf16), each pass far larger than the CPU's caches. A block of rows fits in them, and since the
+loss is the network's last step, the gradient of the logits is known in the forward pass up to
+the one number backward brings (the loss's own gradient, 1 in training): each block's gradients
+of x and W are made while its logits are still in the cache, and backward only scales them. The
+results agree with the plain version to rounding (tests/test_loss.py); docs/budget.md, round 3,
+has what it saves.
 """
 from __future__ import annotations
+
+import functools
 
 import torch
 import torch.nn.functional as F
@@ -24,27 +27,46 @@ import torch.nn.functional as F
 BLOCK_ELEMENTS = 2**20
 
 
-def head_and_loss(x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
-                  block_rows: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [B, T, C], weight [V, C] (the LM head), targets [B, T] -> (logits [B, T, V], loss).
+def cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [B, T, C], weight [V, C] (the LM head), targets [B, T] -> (logits [B, T, V], loss)."""
+    logits = F.linear(x, weight)  # [B, T, V]
+    return logits, F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
+
+
+def row_block_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                            block_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`cross_entropy`'s results, block_rows rows at a time (RowBlockCrossEntropy).
 
     The logits are those of the forward pass, for reading only (no gradient flows back through
     them; the loss's does). Under autocast the matmuls run in its dtype, as nn.Linear's would,
-    and the softmax in float32. block_rows: rows per block on a CPU (None: by vocabulary size;
-    0: the plain version, everywhere)."""
+    and the softmax in float32."""
     B, T, C = x.shape
-    V = weight.size(0)
-    if block_rows is None:
-        block_rows = max(1, BLOCK_ELEMENTS // V) if x.device.type == "cpu" else 0
-    if not block_rows:
-        logits = F.linear(x, weight)  # [B, T, V]
-        return logits, F.cross_entropy(logits.float().view(-1, V), targets.reshape(-1))
     if torch.is_autocast_enabled(x.device.type):  # what autocast would give F.linear
         dtype = torch.get_autocast_dtype(x.device.type)
         x, weight = x.to(dtype), weight.to(dtype)
     loss, logits = RowBlockCrossEntropy.apply(x.reshape(B * T, C), weight, targets.reshape(-1),
                                               block_rows)
-    return logits.view(B, T, V), loss
+    return logits.view(B, T, -1), loss
+
+
+def choose_loss(device: torch.device, vocab_size: int):
+    """The loss function for `device`: row blocks on a CPU (by vocabulary size), plain elsewhere."""
+    if torch.device(device).type != "cpu":
+        return cross_entropy
+    return functools.partial(row_block_cross_entropy,
+                             block_rows=max(1, BLOCK_ELEMENTS // vocab_size))
+
+
+def head_and_loss(x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                  block_rows: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logits, loss) by row blocks of block_rows rows (None: by device and vocabulary size, as
+    the model chooses; 0: the plain `cross_entropy`)."""
+    if block_rows is None:
+        return choose_loss(x.device, weight.size(0))(x, weight, targets)
+    if not block_rows:
+        return cross_entropy(x, weight, targets)
+    return row_block_cross_entropy(x, weight, targets, block_rows)
 
 
 class RowBlockCrossEntropy(torch.autograd.Function):
@@ -61,7 +83,7 @@ class RowBlockCrossEntropy(torch.autograd.Function):
         if with_grad:
             grad_x = torch.empty(x.shape, dtype=torch.float32, device=x.device)
             grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=x.device)
-        with torch.autocast(x.device.type, enabled=False):  # dtypes as given (see head_and_loss)
+        with torch.autocast(x.device.type, enabled=False):  # dtypes as given (see row_block_cross_entropy)
             for r0 in range(0, N, block_rows):
                 rows = slice(r0, r0 + block_rows)
                 x_b, y_b = x[rows], targets[rows, None]                  # [R, C], [R, 1]

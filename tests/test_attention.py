@@ -9,7 +9,9 @@ import torch
 import torch.nn.functional as F
 
 from model.attention import CausalSelfAttention, KVCache, causal_pattern, scaled_dot_product_attention
+from model import fast_paths
 from model.config import AttentionConfig, MaskMode, Scale
+from model.pitfalls import masked_softmax
 
 ATOL = 1e-10
 D = torch.float64
@@ -169,21 +171,60 @@ def test_sdpa_masks_per_head_with_grouped_heads_match_torch():
         torch.testing.assert_close(out, expected, atol=ATOL, rtol=0)
 
 
-@pytest.mark.parametrize("mode,value", [(MaskMode.add, -math.inf), (MaskMode.add, 0.0),
-                                        (MaskMode.add, -5.0), (MaskMode.fill, 0.0),
-                                        (MaskMode.after_softmax, -math.inf)])
-def test_shared_pattern_path_is_the_equation(mode, value, monkeypatch):
+def test_the_cheat_sheets_shapes_and_both_mask_conventions():
+    """Q [n, d_k], K [m, d_k], V [m, d_v] as on the sheet (and with a batch, and heads): the
+    output is [n, d_v]; a boolean mask (True = may attend) and the additive one (0 / -inf) it
+    stands for give the same numbers as torch's SDPA."""
+    n, m, d_k, d_v = 5, 7, 8, 3
+    for lead in [(), (4,), (2, 3)]:
+        Q, K, V = (torch.randn(*lead, t, d, dtype=D) for t, d in ((n, d_k), (m, d_k), (m, d_v)))
+        out, w = scaled_dot_product_attention(Q, K, V)
+        assert out.shape == (*lead, n, d_v) and w.shape == (*lead, n, m)
+        torch.testing.assert_close(out, F.scaled_dot_product_attention(Q, K, V), atol=ATOL, rtol=0)
+        keep = causal_pattern(n, m)
+        additive = torch.zeros(n, m, dtype=D).masked_fill(~keep, -math.inf)
+        by_bool, _ = scaled_dot_product_attention(Q, K, V, keep)
+        by_add, _ = scaled_dot_product_attention(Q, K, V, additive)
+        expected = F.scaled_dot_product_attention(Q, K, V, attn_mask=keep)
+        torch.testing.assert_close(by_bool, expected, atol=ATOL, rtol=0)
+        torch.testing.assert_close(by_add, expected, atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("dropout_p", [0.0, 0.5])
+def test_shared_pattern_path_is_the_equation(dropout_p, monkeypatch):
     """The model's one-[n, m]-pattern path (fused baddbmm, grouped heads unrepeated) gives the
-    equation's numbers, for every mask mode, and never repeats keys and values."""
+    equation's numbers (dropout included, on the same random stream), and never repeats keys
+    and values."""
     q = torch.randn(2, 4, 7, 8, dtype=D)
     k, v = torch.randn(2, 2, 9, 8, dtype=D), torch.randn(2, 2, 9, 8, dtype=D)
     visible = causal_pattern(7, 9)
-    general = scaled_dot_product_attention(q, k, v, visible[None], mask_mode=mode, mask_value=value)
+    torch.manual_seed(1)
+    general, _ = scaled_dot_product_attention(q, k, v, visible[None], dropout_p=dropout_p)
     import model.attention as attention
     monkeypatch.setattr(attention, "repeat_kv", lambda *a: pytest.fail("keys were repeated"))
-    shared = scaled_dot_product_attention(q, k, v, visible, mask_mode=mode, mask_value=value)
-    for a, b in zip(shared, general):
-        torch.testing.assert_close(a, b, atol=ATOL, rtol=0)
+    torch.manual_seed(1)
+    shared = fast_paths.shared_mask_attention(q, k, v, visible, 1 / math.sqrt(8), dropout_p)
+    torch.testing.assert_close(shared, general, atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("mode,value", [(MaskMode.add, -math.inf), (MaskMode.add, 0.0),
+                                        (MaskMode.add, -5.0), (MaskMode.fill, 0.0),
+                                        (MaskMode.fill, -math.inf),
+                                        (MaskMode.after_softmax, -math.inf)])
+def test_the_mask_modes_are_the_definitions(mode, value):
+    """Each mask mode (model/pitfalls.py, written once) against its definition in plain code."""
+    q, k, v = qkv(2, 3, 6, 6, 8)
+    visible = causal_pattern(6, 6)
+    out, w = scaled_dot_product_attention(q, k, v, visible, masked_softmax=masked_softmax(mode, value))
+    scores = (q @ k.transpose(-2, -1)) / math.sqrt(8)
+    if mode is MaskMode.add:
+        expected = torch.softmax(scores + torch.where(visible, 0.0, value), -1)
+    elif mode is MaskMode.fill:
+        expected = torch.softmax(torch.where(visible, scores, value), -1)
+    else:
+        expected = torch.softmax(scores, -1) * visible
+    torch.testing.assert_close(w, expected, atol=ATOL, rtol=0)
+    torch.testing.assert_close(out, expected @ v, atol=ATOL, rtol=0)
 
 
 # ----------------------------------------------------------------------------- the pitfalls
@@ -195,22 +236,27 @@ def test_pitfall_masks_leak_and_correct_modes_do_not():
     ref_out, _ = reference(q, k, v, visible)
     # correct: add -inf, or fill with -inf
     for mode in (MaskMode.add, MaskMode.fill):
-        out, w = scaled_dot_product_attention(q, k, v, visible, mask_mode=mode)
+        out, w = scaled_dot_product_attention(q, k, v, visible,
+                                              masked_softmax=masked_softmax(mode, -math.inf))
         torch.testing.assert_close(out, ref_out, atol=ATOL, rtol=0)
     # adding 0 = no mask at all
-    out, w = scaled_dot_product_attention(q, k, v, visible, mask_mode=MaskMode.add, mask_value=0.0)
+    out, w = scaled_dot_product_attention(q, k, v, visible,
+                                          masked_softmax=masked_softmax(MaskMode.add, 0.0))
     torch.testing.assert_close(out, reference(q, k, v)[0], atol=ATOL, rtol=0)
     assert (w[..., ~visible] > 0).all()
     # filling with 0: the future keys get weight exp(0)
-    out, w = scaled_dot_product_attention(q, k, v, visible, mask_mode=MaskMode.fill, mask_value=0.0)
+    out, w = scaled_dot_product_attention(q, k, v, visible,
+                                          masked_softmax=masked_softmax(MaskMode.fill, 0.0))
     assert (w[..., ~visible] > 0).all()
     # zeroing after softmax: rows no longer sum to 1 (except the last, which sees everything)
-    out, w = scaled_dot_product_attention(q, k, v, visible, mask_mode=MaskMode.after_softmax)
+    out, w = scaled_dot_product_attention(
+        q, k, v, visible, masked_softmax=masked_softmax(MaskMode.after_softmax, -math.inf))
     assert (w[..., ~visible] == 0).all()
     sums = w.sum(-1)[0, 0]
     assert (sums[:-1] < 1 - 1e-6).all() and abs(sums[-1].item() - 1) < ATOL
     # a large finite negative value: nearly, not exactly, causal
-    out, w = scaled_dot_product_attention(q, k, v, visible, mask_value=-1e4)
+    out, w = scaled_dot_product_attention(q, k, v, visible,
+                                          masked_softmax=masked_softmax(MaskMode.add, -1e4))
     torch.testing.assert_close(out, ref_out, atol=1e-8, rtol=0)
 
 
@@ -295,7 +341,7 @@ def test_output_projection_exists_and_changes_the_output():
     assert (y0 - y1).abs().max() > 1e-3
     # it is the only place heads mix: without W_O, output = concatenated heads
     no_wo = make_module(32, 4, attn=AttentionConfig(out_proj=False))
-    assert no_wo.out_proj is None
+    assert isinstance(no_wo.out_proj, torch.nn.Identity) and not list(no_wo.out_proj.parameters())
     torch.testing.assert_close(no_wo(x)[0], manual_module_forward(no_wo, x, math.sqrt(8), out_proj=False),
                                atol=ATOL, rtol=0)
 

@@ -641,15 +641,16 @@ def test_the_layer_with_impl_fused_matches_the_reference_layer_with_a_cache(monk
 
 
 def test_impl_fused_refuses_what_the_kernel_cannot_do():
-    from model.config import AttentionConfig, AttentionImpl, MaskMode, validate_attention
+    from guard.limits import check_attention
+    from model.config import AttentionConfig, AttentionImpl, MaskMode
     from model.attention import CausalSelfAttention
 
     with pytest.raises(ValueError, match="pitfall 'mask_zero'"):
-        validate_attention(AttentionConfig(name="mask_zero", mask_value=0.0,
-                                           impl=AttentionImpl.fused))
+        check_attention(AttentionConfig(name="mask_zero", mask_value=0.0,
+                                        impl=AttentionImpl.fused))
     with pytest.raises(ValueError, match="pitfall"):
-        validate_attention(AttentionConfig(name="x", mask_mode=MaskMode.after_softmax,
-                                           impl=AttentionImpl.fused))
+        check_attention(AttentionConfig(name="x", mask_mode=MaskMode.after_softmax,
+                                        impl=AttentionImpl.fused))
     layer = CausalSelfAttention(24, 2, 8, AttentionConfig(impl=AttentionImpl.fused)).to(DEVICE)
     with pytest.raises(ValueError, match="head sizes"):  # d_k = 12 is not a power of two
         layer(torch.randn(1, 8, 24, device=DEVICE))

@@ -1,5 +1,5 @@
 """Whether impl=auto may hand a layer to our Triton kernel: only on CUDA, and only once the
-kernel's self-check passed there (model/attention.py, trust_fused_attention; guard/limits.py,
+kernel's self-check passed there (model/fused_attention.py, trust_fused_attention; guard/limits.py,
 check_fused_kernel). The self-check itself is model/fused_attention.py's, tested on a GPU in
 tests/test_fused_attention.py; here it is replaced, to test what its verdict decides."""
 from __future__ import annotations
@@ -10,7 +10,8 @@ import torch
 import model.fused_attention as fused_attention
 from guard.cli import UserError
 from guard.limits import check_fused_kernel
-from model.attention import CausalSelfAttention, trust_fused_attention
+from model.attention import CausalSelfAttention
+from model.fast_paths import trust_fused_attention
 from model.config import AttentionConfig, AttentionImpl, ModelConfig
 from model.gpt import GPT
 

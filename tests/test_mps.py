@@ -19,7 +19,7 @@ from guard.checkpoint import load_state
 from guard.limits import check_config, check_training_fits, parse_device
 from guard.system import available_bytes
 from guard.preflight import compose
-from model.attention import fused_refusal
+from model.fast_paths import fused_refusal
 from model.config import AttentionConfig
 from training.device import NATIVE_BF16_ENV, float64_home, pick_dtype
 from training.optim import make_optimizer

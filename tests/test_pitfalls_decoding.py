@@ -24,7 +24,8 @@ from guard.cli import UserError
 from guard.limits import check_pitfall_switches
 from guard.preflight import compose
 from helpers import VARIANT_NEEDS
-from model.attention import CausalSelfAttention, fused_refusal
+from model.attention import CausalSelfAttention
+from model.fast_paths import fused_refusal
 from model.config import PITFALL_SWITCHES, AttentionConfig, ModelConfig
 from model.gpt import GPT
 from model.rotary import apply_rotary, apply_rotary_interleaved, rotary_angles, rotary_tables

@@ -39,7 +39,7 @@ from bench.common import (REPO_ROOT, add_overrides_argument, compose_config, fmt
 from data.batches import RandomWindows
 from data.prepare import prepare_corpus
 from guard.cli import hydra_string
-from model.attention import trust_fused_attention
+from model.fast_paths import trust_fused_attention
 from model.gpt import GPT
 from training.device import autocast, pick_dtype
 from training.optim import make_optimizer

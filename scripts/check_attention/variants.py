@@ -24,6 +24,7 @@ from omegaconf import OmegaConf
 
 from model.attention import CausalSelfAttention, causal_pattern, scaled_dot_product_attention
 from model.config import AttentionConfig, AttentionImpl, MaskMode, Scale
+from model.pitfalls import masked_softmax
 
 CONF = Path(__file__).resolve().parents[2] / "conf" / "attention"
 PATTERNS = {"causal": 0, "mask_no_diagonal": -1, "mask_one_future": 1}  # tril diagonal offset
@@ -156,8 +157,8 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, h: int, *, scale: 
     _, join = SPLITS[merge]
     visible = pattern(pattern_name, q.size(1))
     y, _ = scaled_dot_product_attention(cut(q.double(), h), cut(k.double(), h), cut(v.double(), h),
-                                        visible, scale=scale, mask_mode=mask_mode,
-                                        mask_value=mask_value)
+                                        visible, scale=scale,
+                                        masked_softmax=masked_softmax(mask_mode, mask_value))
     return join(y)
 
 
@@ -166,7 +167,7 @@ def attend_heads(q, k, v, visible_name: str, *, scale: float, mask_mode: MaskMod
     """The bare equation on [..., n, d] tensors (a scaled dot-product function's reference)."""
     y, _ = scaled_dot_product_attention(q.double(), k.double(), v.double(),
                                         pattern(visible_name, q.size(-2)), scale=scale,
-                                        mask_mode=mask_mode, mask_value=mask_value)
+                                        masked_softmax=masked_softmax(mask_mode, mask_value))
     return y
 
 

@@ -1,0 +1,112 @@
+"""The classic attention mistakes, each as the one step of the correct layer that it replaces.
+
+`conf/attention/*.yaml` names them; each is a diff on `AttentionConfig` (model/config.py). A
+layer given one becomes a `PitfallAttention` (model/attention.py): the methods of `PitfallSteps`
+below in place of the correct layer's steps, and every other line the correct layer's own, so
+that a pitfall's effect on training is measured with the very same code.
+
+    the step                 the correct layer (model/attention.py)      the pitfalls
+    scale                    1 / sqrt(d_k)                               scale: d_model, none
+    masked_softmax           softmax(scores + M), M = 0 / -inf           mask_mode, mask_value
+    make_out_proj            W_O                                         out_proj: false
+    rotate                   RoPE on q and k, rotate-half pairs          rope_on_values,
+                                                                         rotary_interleaved
+    visible                  the causal pattern, right-aligned           upper_left_mask
+    attend (kv heads)        query head i reads kv head i // g           gqa_repeat_mismatch
+    first_position           after the cached tokens                     cache_positions_restart
+
+The steps read the layer's config at each call, so GPT.attention_variant can swap a trained
+pitfall for its causal variant (train.py's causal evaluation).
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable, Optional
+
+import torch
+import torch.nn as nn
+
+from model.config import AttentionConfig, MaskMode, Scale
+from model.rotary import apply_rotary, apply_rotary_interleaved
+
+
+def _add(scores, visible, value):
+    """M added before softmax, with `value` where the correct layer has -inf (0: no mask)."""
+    M = torch.zeros(visible.shape, dtype=scores.dtype, device=scores.device)
+    return torch.softmax(scores + M.masked_fill_(~visible, value), dim=-1)
+
+
+def _fill(scores, visible, value):
+    """Future scores set to `value` before softmax: a filled 0 still competes (exp(0) = 1)."""
+    return torch.softmax(scores.masked_fill(~visible, value), dim=-1)
+
+
+def _after_softmax(scores, visible, value):
+    """Softmax over every key, then the future weights zeroed: rows no longer sum to 1."""
+    return torch.softmax(scores, dim=-1).masked_fill(~visible, 0.0)
+
+
+# How the boolean pattern (True = may attend) meets the scores: steps 3 and 4 of the equation.
+MASK_MODES: dict[MaskMode, Callable] = {
+    MaskMode.add: _add, MaskMode.fill: _fill, MaskMode.after_softmax: _after_softmax}
+
+
+def masked_softmax(mode: MaskMode, value: float) -> Callable:
+    """Steps 3 and 4 as `mode` and `value` say, for scaled_dot_product_attention's
+    `masked_softmax`: (scores [..., n, m], boolean mask or None) -> weights."""
+    def step(scores: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
+        if mask is None:
+            return torch.softmax(scores, dim=-1)
+        return MASK_MODES[MaskMode(mode)](scores, mask, value)
+    return step
+
+
+def replaces_a_step(attn: AttentionConfig) -> bool:
+    """True when `attn` is not the correct layer: some step above is a pitfall's. (fill with
+    -inf is the correct mask, written another way; impl, query_block, qk_init_std and the name
+    do not change what a layer computes.)"""
+    return not attn.is_correct() or Scale(attn.scale) is not Scale.d_k or not attn.out_proj
+
+
+class PitfallSteps:
+    """The steps of CausalSelfAttention that the pitfalls replace (see the module docstring);
+    each falls back to the correct step when its switch is off."""
+
+    def scale(self) -> float:
+        d_model = self.n_head * self.head_dim
+        return {Scale.d_k: 1.0 / math.sqrt(self.head_dim),
+                Scale.d_model: 1.0 / math.sqrt(d_model),  # softmax too flat by sqrt(n_head)
+                Scale.none: 1.0}[Scale(self.attn.scale)]   # softmax saturates as d_k grows
+
+    def masked_softmax(self, scores, mask):
+        return masked_softmax(self.attn.mask_mode, self.attn.mask_value)(scores, mask)
+
+    def make_out_proj(self, n_embd: int, bias: bool) -> nn.Module:
+        # no W_O: the concatenated heads go straight to the residual stream (no parameters)
+        return super().make_out_proj(n_embd, bias) if self.attn.out_proj else nn.Identity()
+
+    def rotate(self, q, k, v, cos, sin):
+        # interleaved: pairs (2j, 2j + 1) where the weights expect rotate-half (j, j + d_k / 2)
+        turn = apply_rotary_interleaved if self.attn.rotary_interleaved else apply_rotary
+        q, k = turn(q, cos, sin), turn(k, cos, sin)
+        # on values: outputs then carry each key's absolute position
+        return q, k, turn(v, cos, sin) if self.attn.rope_on_values else v
+
+    def visible(self, T, m, mask):
+        if self.attn.upper_left_mask:
+            # SDPA's is_causal alignment, query i sees keys 0..i whatever the cache holds: the
+            # same pattern when T == m (training), one key for a decoded token
+            return self.causal[:T, :m]
+        return super().visible(T, m, mask)
+
+    def attend(self, q, k, v, mask, return_weights=False):
+        h, h_kv = self.n_head, k.size(1)
+        if self.attn.gqa_repeat_mismatch and h_kv < h:
+            # the kv heads tiled (query head i reads kv head i % h_kv) where each one belongs
+            # to its g = h / h_kv consecutive query heads (i // g, repeat_kv)
+            k, v = k.repeat(1, h // h_kv, 1, 1), v.repeat(1, h // h_kv, 1, 1)  # [B, h, m, d_k]
+        return super().attend(q, k, v, mask, return_weights)
+
+    def first_position(self, cache):
+        # restart: the new tokens' positions start at 0, ignoring the cached tokens before them
+        return 0 if self.attn.cache_positions_restart else super().first_position(cache)
