@@ -60,12 +60,20 @@ class Limit:
             return None
         if low_ok and not high_ok and not self.words and math.isfinite(self.high):
             return f"{key} must be at most {self.high:,}, got {value:,}"
-        return f"{key} must be {self.words or self._range()}, got {value}"
+        return f"{key} must be {self.words or self._range(value)}, got {value}"
 
-    def _range(self) -> str:
+    def _range(self, value) -> str:
+        """The bounds in words, exact for the value's type: an integer above 0 is from 1."""
         if self.low == 0 and math.isinf(self.high):
             return "positive" if self.above else "non-negative"
-        return f"between {self.low:,} and {self.high:,}"
+        integer = isinstance(value, int) and not isinstance(value, bool)
+        if integer and float(self.low).is_integer() and float(self.high).is_integer():
+            low = self.low + 1 if self.above else self.low
+            high = self.high - 1 if self.below else self.high
+            return f"from {low:,} to {high:,}"
+        low = f"above {self.low:,}" if self.above else f"at least {self.low:,}"
+        high = f"below {self.high:,}" if self.below else f"at most {self.high:,}"
+        return f"{low} and {high}"
 
 
 def positive(key: str, high: float = math.inf, **kw) -> Limit:

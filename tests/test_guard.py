@@ -15,7 +15,8 @@ import torch
 from data.batches import RandomWindows
 from guard.cli import FileRefused, StateMismatch, UserError
 from guard.files import load_run_config, read_bytes
-from guard.limits import CHOICES, SAMPLE, TRAIN, check_attention, check_model
+from guard.limits import (CHOICES, MAX_WORKERS, SAMPLE, TRAIN, check_attention, check_model,
+                          non_negative, positive)
 from model.config import AttentionConfig, ModelConfig
 from model.gpt import GPT
 from training.checkpoint import load_training_state
@@ -249,3 +250,15 @@ def test_files_that_are_not_regular_files_or_too_big_are_refused_without_blockin
         read_bytes(tmp_path, "config", 1000)
     with pytest.raises(FileRefused, match="does not exist"):
         read_bytes(tmp_path / "nope", "config", 1000)
+
+
+@pytest.mark.parametrize("row, value, words", [
+    (positive("threads", MAX_WORKERS), 0, "threads must be from 1 to 1,024, got 0"),
+    (non_negative("seed", 10), -1, "seed must be from 0 to 10, got -1"),
+    (positive("lr", 1.0), 0.0, "lr must be above 0 and at most 1.0, got 0.0"),
+])
+def test_a_refusal_states_the_bound_it_enforces(row, value, words):
+    """The message's range is the one the check applies: `threads=0` was refused by a message
+    that said 0 was allowed ("between 0 and 1,024")."""
+    assert row.problem(value) == words
+    assert row.problem(1) is None
