@@ -204,3 +204,27 @@ def test_a_run_prints_records_and_keeps_its_measured_dtype(tmp_path):
     fresh = train([*base, f"hydra.run.dir={tmp_path / 'run2'}", "train.max_steps=1"], tmp_path,
                   **{NATIVE_BF16_ENV: other})
     assert f"dtype: {'bfloat16' if other == '1' else 'float32'} (auto: " in fresh.stderr
+
+
+def count_steps(monkeypatch) -> list:
+    """The optimizer steps a probe takes (one per training step), counted."""
+    import training.optim
+    real, steps = training.optim.make_optimizer, []
+
+    def counting(*args):
+        optimizer = real(*args)
+        step = optimizer.step
+        optimizer.step = lambda: steps.append(1) or step()
+        return optimizer
+    monkeypatch.setattr(training.optim, "make_optimizer", counting)
+    return steps
+
+
+def test_the_probe_repeats_within_its_budget_and_stops_at_its_cap(tmp_path, monkeypatch):
+    steps = count_steps(monkeypatch)
+    measure(tiny_config(tmp_path), VOCAB, CPU)  # a tiny model: far under BUDGET_S
+    assert len(steps) == 2 * (dtype_probe.WARMUP + dtype_probe.MAX_REPS)
+    steps.clear()
+    monkeypatch.setattr(dtype_probe, "CAP_S", 0.0)  # as if each step took longer than the cap
+    measure(tiny_config(tmp_path), VOCAB, CPU)
+    assert len(steps) == 2 * (dtype_probe.WARMUP + 1)  # one timed step of each, not MIN_REPS

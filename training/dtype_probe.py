@@ -5,10 +5,11 @@ AMX the default step measured 255 ms in bf16 and 226 ms in fp32 (1.13x slower), 
 model 1.47x slower; without bf16 units (AVX2 only) bf16 is emulated and slower still; with AMX
 it is faster. So the run measures: a few training steps of the configured model itself (its
 shapes, attention, optimizer and thread count; random tokens), fp32 and bf16 interleaved, the
-median of each. bf16 is chosen only when it is at least MARGIN faster, as fp32 is the more
-accurate. The timings are cached per machine, torch version, thread count and model shape in
-`<data.cache_dir>/dtype.json`, next to the token cache, so the probe costs seconds once; the
-choice itself is always `decide(timings)`, so a cached entry and a fresh one decide alike.
+median of each: a few seconds (past CAP_S it stops, with fewer repetitions). bf16 is chosen
+only when it is at least MARGIN faster, as fp32 is the more accurate. The timings are cached
+per machine, torch version, thread count and model shape in `<data.cache_dir>/dtype.json`, next
+to the token cache, so the probe costs seconds once; the choice itself is always
+`decide(timings)`, so a cached entry and a fresh one decide alike (docs/dtype.md).
 
 train.py records the resolved dtype in the run's config.yaml: a resumed run keeps it, whatever
 a probe would say on the machine it resumes on. CUDA takes bf16 autocast and MPS fp32 without a
@@ -37,7 +38,8 @@ from training.device import NATIVE_BF16_ENV, autocast, forced_cpu_bf16, pick_dty
 MARGIN = 0.05        # bf16 must be at least 5% faster to be taken over the more accurate fp32
 WARMUP = 1           # untimed steps per dtype (allocator, first-call costs)
 MIN_REPS, MAX_REPS = 3, 7   # timed steps per dtype: at least MIN_REPS, more while in budget
-BUDGET_S = 3.0       # a probe stops adding repetitions once it has run this long
+BUDGET_S = 3.0       # a probe stops adding repetitions once it has run this long ...
+CAP_S = 15.0         # ... and stops short of MIN_REPS past this (a big model, a loaded machine)
 CACHE_FILE = "dtype.json"
 CACHE_FORMAT = 1
 NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
@@ -127,17 +129,20 @@ def measure(cfg: Config, vocab_size: int, device: torch.device) -> tuple[float, 
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
             steps[dtype] = step
+        # the clock starts here: the first optimizer's one-time imports (torch._dynamo, seconds
+        # on a busy machine) are not the probe's to count, as training would pay them anyway
+        started = time.perf_counter()
         for step in steps.values():
             for _ in range(WARMUP):
                 step()
         times = {dtype: [] for dtype in NAMES}
-        started = time.perf_counter()
         for i in range(MAX_REPS):
             for dtype, step in steps.items():
                 tick = time.perf_counter()
                 step()
                 times[dtype].append(time.perf_counter() - tick)
-            if i + 1 >= MIN_REPS and time.perf_counter() - started > BUDGET_S:
+            elapsed = time.perf_counter() - started
+            if (i + 1 >= MIN_REPS and elapsed > BUDGET_S) or elapsed > CAP_S:
                 break
     return statistics.median(times[torch.float32]), statistics.median(times[torch.bfloat16])
 
