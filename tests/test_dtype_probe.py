@@ -3,6 +3,7 @@ and a resumed run keeping the dtype its run started with."""
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -222,9 +223,17 @@ def count_steps(monkeypatch) -> list:
 
 def test_the_probe_repeats_within_its_budget_and_stops_at_its_cap(tmp_path, monkeypatch):
     steps = count_steps(monkeypatch)
+    monkeypatch.setattr(dtype_probe, "CLEAR", math.inf)  # no ratio ends it early
     measure(tiny_config(tmp_path), VOCAB, CPU)  # a tiny model: far under BUDGET_S
     assert len(steps) == 2 * (dtype_probe.WARMUP + dtype_probe.MAX_REPS)
     steps.clear()
     monkeypatch.setattr(dtype_probe, "CAP_S", 0.0)  # as if each step took longer than the cap
     measure(tiny_config(tmp_path), VOCAB, CPU)
     assert len(steps) == 2 * (dtype_probe.WARMUP + 1)  # one timed step of each, not MIN_REPS
+
+
+def test_the_probe_stops_once_one_dtype_is_clearly_slower(tmp_path, monkeypatch):
+    steps = count_steps(monkeypatch)
+    monkeypatch.setattr(dtype_probe, "CLEAR", 1.0)  # any ratio is clear
+    measure(tiny_config(tmp_path), VOCAB, CPU)
+    assert len(steps) == 2 * (dtype_probe.WARMUP + 1)

@@ -5,11 +5,12 @@ AMX the default step measured 255 ms in bf16 and 226 ms in fp32 (1.13x slower), 
 model 1.47x slower; without bf16 units (AVX2 only) bf16 is emulated and slower still; with AMX
 it is faster. So the run measures: a few training steps of the configured model itself (its
 shapes, attention, optimizer and thread count; random tokens), fp32 and bf16 interleaved, the
-median of each: a few seconds (past CAP_S it stops, with fewer repetitions). bf16 is chosen
-only when it is at least MARGIN faster, as fp32 is the more accurate. The timings are cached
-per machine, torch version, thread count and model shape in `<data.cache_dir>/dtype.json`, next
-to the token cache, so the probe costs seconds once; the choice itself is always
-`decide(timings)`, so a cached entry and a fresh one decide alike (docs/dtype.md).
+median of each: a few seconds (fewer repetitions past CAP_S, or when one dtype is CLEAR times
+the other). bf16 is chosen only when it is at least MARGIN faster, as fp32 is the more
+accurate. The timings are cached per machine, torch version, thread count and model shape in
+`<data.cache_dir>/dtype.json`, next to the token cache, so the probe costs seconds once; the
+choice itself is always `decide(timings)`, so a cached entry and a fresh one decide alike
+(docs/dtype.md).
 
 train.py records the resolved dtype in the run's config.yaml: a resumed run keeps it, whatever
 a probe would say on the machine it resumes on. CUDA takes bf16 autocast and MPS fp32 without a
@@ -40,6 +41,7 @@ WARMUP = 1           # untimed steps per dtype (allocator, first-call costs)
 MIN_REPS, MAX_REPS = 3, 7   # timed steps per dtype: at least MIN_REPS, more while in budget
 BUDGET_S = 3.0       # a probe stops adding repetitions once it has run this long ...
 CAP_S = 15.0         # ... and stops short of MIN_REPS past this (a big model, a loaded machine)
+CLEAR = 2.0          # or once one dtype's step is this many times the other's (emulated bf16)
 CACHE_FILE = "dtype.json"
 CACHE_FORMAT = 1
 NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
@@ -142,7 +144,10 @@ def measure(cfg: Config, vocab_size: int, device: torch.device) -> tuple[float, 
                 step()
                 times[dtype].append(time.perf_counter() - tick)
             elapsed = time.perf_counter() - started
-            if (i + 1 >= MIN_REPS and elapsed > BUDGET_S) or elapsed > CAP_S:
+            ratio = statistics.median(times[torch.bfloat16]) / statistics.median(
+                times[torch.float32])
+            if (i + 1 >= MIN_REPS and elapsed > BUDGET_S) or elapsed > CAP_S \
+                    or not 1 / CLEAR < ratio < CLEAR:
                 break
     return statistics.median(times[torch.float32]), statistics.median(times[torch.bfloat16])
 
