@@ -5,12 +5,12 @@ AMX the default step measured 255 ms in bf16 and 226 ms in fp32 (1.13x slower), 
 model 1.47x slower; without bf16 units (AVX2 only) bf16 is emulated and slower still; with AMX
 it is faster. So the run measures: a few training steps of the configured model itself (its
 shapes, attention, optimizer and thread count; random tokens), fp32 and bf16 interleaved, the
-median of each: a few seconds (fewer repetitions past CAP_S, or when one dtype is CLEAR times
-the other). bf16 is chosen only when it is at least MARGIN faster, as fp32 is the more
-accurate. The timings are cached per machine, torch version, thread count and model shape in
-`<data.cache_dir>/dtype.json`, next to the token cache, so the probe costs seconds once; the
-choice itself is always `decide(timings)`, so a cached entry and a fresh one decide alike
-(docs/dtype.md).
+median of each: a few seconds (fewer repetitions past CAP_S; none after the warm-up when one
+dtype is already CLEAR times the other). bf16 is chosen only when it is at least MARGIN
+faster, as fp32 is the more accurate. The timings are cached per machine, torch version, thread
+count and model shape in `<data.cache_dir>/dtype.json`, next to the token cache, so the probe
+costs seconds once; the choice itself is always `decide(timings)`, so a cached entry and a
+fresh one decide alike (docs/dtype.md).
 
 train.py records the resolved dtype in the run's config.yaml: a resumed run keeps it, whatever
 a probe would say on the machine it resumes on. CUDA takes bf16 autocast and MPS fp32 without a
@@ -134,21 +134,29 @@ def measure(cfg: Config, vocab_size: int, device: torch.device) -> tuple[float, 
         # the clock starts here: the first optimizer's one-time imports (torch._dynamo, seconds
         # on a busy machine) are not the probe's to count, as training would pay them anyway
         started = time.perf_counter()
-        for step in steps.values():
-            for _ in range(WARMUP):
-                step()
-        times = {dtype: [] for dtype in NAMES}
-        for i in range(MAX_REPS):
+
+        def one_round(times: dict) -> float:
+            """A step of each dtype, timed; the bf16 / fp32 ratio of the medians so far."""
             for dtype, step in steps.items():
                 tick = time.perf_counter()
                 step()
                 times[dtype].append(time.perf_counter() - tick)
-            elapsed = time.perf_counter() - started
-            ratio = statistics.median(times[torch.bfloat16]) / statistics.median(
+            return statistics.median(times[torch.bfloat16]) / statistics.median(
                 times[torch.float32])
-            if (i + 1 >= MIN_REPS and elapsed > BUDGET_S) or elapsed > CAP_S \
-                    or not 1 / CLEAR < ratio < CLEAR:
-                break
+
+        # The warm-up's times are kept only when they already tell (emulated bf16 can be 10-20x
+        # slower: a further step of it could cost minutes).
+        warm = {dtype: [] for dtype in NAMES}
+        ratio = [one_round(warm) for _ in range(WARMUP)][-1]
+        times = warm
+        if 1 / CLEAR < ratio < CLEAR:
+            times = {dtype: [] for dtype in NAMES}
+            for i in range(MAX_REPS):
+                ratio = one_round(times)
+                elapsed = time.perf_counter() - started
+                if (i + 1 >= MIN_REPS and elapsed > BUDGET_S) or elapsed > CAP_S \
+                        or not 1 / CLEAR < ratio < CLEAR:
+                    break
     return statistics.median(times[torch.float32]), statistics.median(times[torch.bfloat16])
 
 
