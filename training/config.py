@@ -90,7 +90,9 @@ class TrainConfig:
     attention_map_tokens: int = 32
     keep_checkpoints: int = 2       # most recent checkpoints kept (the best one is kept too)
     device: str = "auto"            # auto (cuda, else mps, else cpu) | cpu | mps | cuda | cuda:N
-    dtype: str = "auto"             # auto | float32 | bfloat16 (autocast)
+    # auto | float32 | bfloat16 (autocast). auto: bf16 on CUDA, fp32 on mps, and on a CPU the
+    # faster of the two as measured on this machine (docs/dtype.md); config.yaml records which.
+    dtype: str = "auto"
     # torch.compile the model; null = auto: on for CUDA, off for CPU, where it does not pay for its
     # compilation time (docs/benchmarks.md).
     compile: Optional[bool] = None

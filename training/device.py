@@ -1,25 +1,30 @@
 """In which precision to run: bf16 autocast where it pays (the device string is parsed in
-guard/limits.py)."""
+guard/limits.py; on a CPU, whether it pays is measured: training/dtype_probe.py)."""
 from __future__ import annotations
 
 import contextlib
 import os
 from pathlib import Path
+from typing import Optional
 
 import torch
 
 
-# Set to 1 or 0 to decide what `dtype=auto` takes a CPU for: the test suite's --cpu-bf16 runs
-# everything as on a CPU with bf16 units (bf16 autocast works on any CPU, only slower).
+# Set to 1 or 0 to decide what `dtype=auto` takes on a CPU (bf16 or fp32) without measuring: the
+# test suite's --cpu-bf16 runs everything in bf16 (bf16 autocast works on any CPU, only slower).
 NATIVE_BF16_ENV = "SCRATCH_GPT_CPU_BF16"
 
 
-def cpu_has_native_bf16() -> bool:
-    """True when the CPU has bf16 matrix instructions (AVX512-BF16 or AMX). Without them bf16
-    matmuls are emulated and slower than fp32, so 'auto' keeps fp32."""
+def forced_cpu_bf16() -> Optional[bool]:
+    """What SCRATCH_GPT_CPU_BF16 decides for a CPU: True (bf16), False (fp32) or None (unset)."""
     forced = os.environ.get(NATIVE_BF16_ENV)
-    if forced in ("0", "1"):
-        return forced == "1"
+    return forced == "1" if forced in ("0", "1") else None
+
+
+def cpu_has_native_bf16() -> bool:
+    """True when the CPU has bf16 matrix instructions (AVX512-BF16 or AMX): what it can do, not
+    what is fast (with AVX512-BF16 but no AMX, bf16 can still be the slower choice), so this
+    only annotates benchmarks; `dtype=auto` measures (training/dtype_probe.py)."""
     try:
         flags = Path("/proc/cpuinfo").read_text()
     except OSError:
@@ -37,6 +42,10 @@ def float64_home(device: torch.device) -> torch.device:
 
 
 def pick_dtype(name: str, device: torch.device) -> torch.dtype:
+    """A dtype name as a torch dtype, `auto` as decided without a model to measure: bf16 on CUDA
+    (where supported), fp32 on MPS, and on a CPU what SCRATCH_GPT_CPU_BF16 says, else fp32 (the
+    accurate choice). train.py settles a CPU's auto by measuring its model
+    (training/dtype_probe.py)."""
     if name == "float32":
         return torch.float32
     if name == "bfloat16":
@@ -45,7 +54,7 @@ def pick_dtype(name: str, device: torch.device) -> torch.dtype:
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
     if device.type == "mps":  # Apple GPUs: bf16 needs macOS 14 and is not known to pay; opt in
         return torch.float32
-    return torch.bfloat16 if cpu_has_native_bf16() else torch.float32
+    return torch.bfloat16 if forced_cpu_bf16() else torch.float32
 
 
 def autocast(device: torch.device, dtype: torch.dtype):
