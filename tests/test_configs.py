@@ -109,6 +109,7 @@ def test_the_first_budget_rounds_keep_the_schedule_they_were_measured_with(arm):
     assert optim.min_lr == (3e-4 if arm == "r2_08_lr6e-3" else 2e-4)
 
 
+@pytest.mark.slow  # 6 s on 2 cores: every option of every group
 def test_no_yaml_file_restates_a_default():
     """Each group option holds only what differs from the dataclass defaults (a restated
     default would be a second source of truth that can drift)."""
