@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
 from data.batches import RandomWindows
@@ -44,6 +45,7 @@ def train_curve(dtype: torch.dtype) -> list[float]:
     return curve
 
 
+@pytest.mark.slow  # 9 s on 2 cores
 def test_bf16_autocast_tracks_fp32():
     fp32, bf16 = train_curve(torch.float32), train_curve(torch.bfloat16)
     assert fp32[0] - fp32[-1] > 1.0  # it learns, so tracking is meaningful
