@@ -22,10 +22,15 @@ The cases are grouped by kind, one table each:
     NOT_FILES         FIFOs, devices and sparse giants wherever a path is read
     ENVIRONMENT       torchrun's variables set by hand or left over
     TEXT              text that is not Unicode (bytes that are not UTF-8 on the command line)
-Each case runs once, through the fork server (tests/forkserver.py), in a directory of its own.
+Each case runs once, through the fork server (tests/forkserver.py), in a directory of its own:
+371 processes of about a second each, so these runs are the slow tier (`pytest -m slow`). The
+fast tier checks the values of the tables that are values alone (VALUES, COMMAND_LINE,
+SAMPLING_VALUES, SAVED_CONFIG, ENVIRONMENT, TEXT) in this process, through the same checks the
+scripts make before anything else (`refusal_in_process`), a few milliseconds a case.
 """
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import gzip
 import io
@@ -47,9 +52,10 @@ from forkserver import ForkServer
 from helpers import (build_fake_sdist, corpus_args, fake_sdist_members, ok, one_error_line,
                      shakespeare_like, tree, write_corpus)
 from guard.checkpoint import load_state, state_files
+from guard.cli import MISTAKES, one_line
+from guard.preflight import preflight
 from training.checkpoint import latest_checkpoint
-
-pytestmark = pytest.mark.slow
+from training.runtime import launch_rank
 
 TIMEOUT_S = 20  # a case takes about a second; one that needs this long is hanging
 ROOT_USER = os.geteuid() == 0  # permissions do not bind root
@@ -1269,6 +1275,67 @@ def test_the_tables_hold_at_least_150_cases_with_unique_names():
     assert len(CASES) >= 150
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind, case", CASES, ids=[f"{k}/{c.name}" for k, c in CASES])
 def test_a_bad_input_ends_in_one_error_line_and_touches_nothing(env, tmp_path, kind, case):
     check_case(env, tmp_path, case)
+
+
+# ----------------------------------------------------------------------------- in this process
+
+# The tables whose cases are values alone: the scripts refuse them in their first checks, which
+# this process can run in milliseconds (the fast tier). The runs above prove, for every case, that
+# the same refusal reaches the user as one error: line and leaves every file as it was.
+VALUE_TABLES = ("values", "command_line", "sampling_values", "saved_config", "environment", "text")
+VALUE_CASES = [(kind, case) for kind, case in CASES if kind in VALUE_TABLES]
+# Measured over 2 s here too: Hydra's parser reads ten arguments of 120,000 characters.
+SLOW_IN_PROCESS = {"saved_config/config_over_a_megabyte"}
+
+
+def refusal_in_process(script: str, argv: list[str]) -> str:
+    """The error: line `python SCRIPT ARGV` ends with, from the checks the script makes first,
+    run here: train.py's torchrun environment and `preflight` (train.py's `_start`), generate.py's
+    `sample` (what its `main` runs). Fails the test if they accept the command."""
+    import generate
+    try:
+        if script == "train.py":
+            assert launch_rank() == 0, "a rank > 0 skips preflight"
+            preflight(argv)
+        else:
+            generate.sample(argv)
+    except MISTAKES as exc:  # what run_cli prints as the one error: line (guard/cli.py)
+        return f"error: {one_line(exc)}"
+    pytest.fail(f"{script} accepted {argv}")
+
+
+@contextlib.contextmanager
+def _environment(monkeypatch, changes: Optional[dict]):
+    """The variables a case sets (a None value: unset), as the fork server gives its child."""
+    with monkeypatch.context() as patch:
+        for name, value in (changes or {}).items():
+            if value is None:
+                patch.delenv(name, raising=False)
+            else:
+                patch.setenv(name, value)
+        yield
+
+
+def test_the_value_tables_are_checked_in_process():
+    assert {kind for kind, _ in VALUE_CASES} == set(VALUE_TABLES)
+    assert len(VALUE_CASES) >= 120
+    assert SLOW_IN_PROCESS <= {f"{k}/{c.name}" for k, c in VALUE_CASES}
+
+
+@pytest.mark.parametrize("kind, case", [
+    pytest.param(k, c, id=f"{k}/{c.name}",
+                 marks=[pytest.mark.slow] if f"{k}/{c.name}" in SLOW_IN_PROCESS else [])
+    for k, c in VALUE_CASES])
+def test_a_bad_value_is_refused_in_process(env, tmp_path, monkeypatch, kind, case):
+    ctx = Ctx(env, tmp_path)
+    ctx.cwd.mkdir()
+    argv = _argv(case, ctx)
+    monkeypatch.chdir(ctx.cwd)  # (generate.py's default run is runs/latest of the cwd)
+    with _environment(monkeypatch, case.env):
+        line = refusal_in_process(case.script, argv)
+    assert case.word.lower() in line.lower(), line
+    assert not (tmp_path / "run").exists(), "a run directory was made"

@@ -74,7 +74,13 @@ SCRIPTS = [["generate.py"], ["-m", "scripts.attention_map"], ["-m", "scripts.exp
            ["-m", "scripts.llama_pitfalls"]]
 
 
-@pytest.mark.parametrize("script", SCRIPTS, ids=" ".join)
+# A script that imports torch takes 4-5 s to start on 2 cores: its --help is in the slow tier.
+IMPORTS_TORCH = {"generate.py", "scripts.attention_map", "scripts.export_hf", "scripts.runs",
+                 "scripts.llama_pitfalls"}
+
+
+@pytest.mark.parametrize("script", [pytest.param(s, marks=pytest.mark.slow) if s[-1] in IMPORTS_TORCH
+                                    else s for s in SCRIPTS], ids=" ".join)
 def test_every_script_describes_each_of_its_keys(script):
     proc = subprocess.run([sys.executable, *script, "--help"], cwd=REPO_ROOT, env=SCRIPT_ENV,
                           capture_output=True, text=True, timeout=120)

@@ -142,6 +142,7 @@ def test_round_3_s_last_arm_is_the_default():
     assert arm == default
 
 
+@pytest.mark.slow  # 6 s on 2 cores: every option of every group
 def test_no_yaml_file_restates_a_default():
     """Each group option holds only what differs from the dataclass defaults (a restated
     default would be a second source of truth that can drift)."""

@@ -118,6 +118,7 @@ SWITCHES = {"rope": dict(positions="rope"), "gqa": dict(n_kv_head=1),
                         qk_norm=True, tie_embeddings=False)}
 
 
+@pytest.mark.slow  # 3-5 s each on 2 cores
 @pytest.mark.parametrize("switches", list(SWITCHES))
 def test_every_switch_trains_and_generates_on_the_device(switches):
     """Rotary tables, grouped heads and the rest are made from the device's tensors (the
@@ -175,6 +176,7 @@ def test_generation_stays_on_the_device(use_cache, static_cache):
     assert len(tokens) == 33 and all(t.device == META for t in tokens)
 
 
+@pytest.mark.slow  # 9-15 s each on 2 cores
 @pytest.mark.parametrize("like", ["cuda", "mps"])
 def test_the_whole_training_loop_stays_on_the_device(tmp_path, monkeypatch, like):
     """train.train() end to end, with the model and the batches on the stand-in device:

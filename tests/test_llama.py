@@ -146,6 +146,7 @@ def test_imported_folder_gives_the_same_logits_and_greedy_tokens(folders, name):
     assert len(set(tokens)) > 5  # random weights: a varied continuation, not one repeated token
 
 
+@pytest.mark.slow  # a generate.py process: 8 s of CPU on 2 cores
 def test_generate_samples_from_a_llama_folder_as_transformers_does(folders, tokenizer):
     """python generate.py run=<Llama folder> greedy=true: transformers' greedy text exactly."""
     folder = folders["llama_gqa"]

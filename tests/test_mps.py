@@ -130,6 +130,7 @@ def test_bf16_is_refused_before_macos_14(monkeypatch):
 # ----------------------------------------------------------------------------- branch points
 
 
+@pytest.mark.slow  # 3.4 s on 2 cores
 def test_mps_memory_is_metals_recommended_working_set(monkeypatch):
     monkeypatch.setattr(torch.mps, "recommended_max_memory", lambda: 8 * 10**9)
     assert available_bytes(MPS) == 8 * 10**9

@@ -8,6 +8,7 @@ nat while both fall by more than a nat; a 0.05 tolerance catches a broken mixed-
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from data.batches import RandomWindows
@@ -41,6 +42,7 @@ def train_curve(dtype: torch.dtype) -> list[float]:
     return curve
 
 
+@pytest.mark.slow  # 9 s on 2 cores
 def test_bf16_autocast_tracks_fp32():
     fp32, bf16 = train_curve(torch.float32), train_curve(torch.bfloat16)
     assert fp32[0] - fp32[-1] > 1.0  # it learns, so tracking is meaningful
