@@ -83,6 +83,7 @@ def test_each_mistake_in_each_layout_is_named(sandbox, target, fails, words):
     assert any(f"attention={variant} " in d for d in report.diagnosis), report.diagnosis
 
 
+@pytest.mark.slow
 def test_the_layout_is_recognised(sandbox):
     layout = {t: run(sandbox, t).header["layout"] for t in (
         "fused.py:NoScale", "separate.py:NoScale", "per_head.py:NoScale")}
@@ -93,6 +94,7 @@ def test_the_layout_is_recognised(sandbox):
     assert "4 head modules (heads.*) with query/key/value" in layout["per_head.py:NoScale"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("target, fails, words", [
     # no variant of ours has these: the first difference is found by following the layer
     ("fused.py:ScaleDkNoSqrt", {"scale"}, "divided by d_k = 16, not sqrt(d_k) = 4.0"),
@@ -109,6 +111,7 @@ def test_first_difference_and_combined_mistakes(sandbox, target, fails, words):
     assert words in report.items["equation"].detail
 
 
+@pytest.mark.slow
 def test_a_layout_it_cannot_follow_still_gets_the_black_box_checks(sandbox):
     report = run(sandbox, "odd.py:Rotary")  # rotary q, k: causal, right shape, not the equation
     assert report.items["causal"].status == "PASS"
@@ -146,6 +149,7 @@ def test_dropout_that_ignores_eval_is_reported(sandbox):
     assert report.exit_code == 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float64"])
 def test_tolerance_follows_the_dtype(sandbox, dtype):
     assert run(sandbox, "separate.py:MultiHeadSelfAttention", dtype=dtype).exit_code == 0
@@ -189,6 +193,7 @@ def test_a_function_without_a_mask_parameter_masks_itself(sandbox):
     assert "takes q, k, v only" in report.header["mask"]
 
 
+@pytest.mark.slow
 def test_a_mask_convention_can_be_given(sandbox):
     assert run(sandbox, "functions.py:keep_mask", mask="keep").exit_code == 0
     wrong = run(sandbox, "functions.py:keep_mask", mask="drop")  # its visible keys get hidden
@@ -280,6 +285,7 @@ def test_the_checked_file_cannot_write_into_the_project_or_fool_the_references(s
     assert "not divided at all" in report.items["scale"].detail
 
 
+@pytest.mark.slow
 def test_without_landlock_a_write_into_the_project_is_caught(tmp_path):
     project = tmp_path / "project"
     project.mkdir()
@@ -337,6 +343,7 @@ def test_a_path_with_an_equals_sign_is_the_file(tmp_path):
     assert (file, name, opts.seq_len) == (f"{folder}/layer.py", "Attn", 16)
 
 
+@pytest.mark.slow
 def test_help_lists_every_key():
     result = cli("--help")
     assert result.returncode == 0

@@ -136,6 +136,7 @@ def test_tile_shapes(n, m, fwd, dkdv, dq):
         assert_close(a, b, tol, name)
 
 
+@pytest.mark.slow
 def test_every_diagonal_alignment():
     """Offsets m - n = 0 .. 16 put the diagonal at every position within a 16-wide tile."""
     n, tiles = 17, Tiles(16, 16)
@@ -162,7 +163,8 @@ GQA_CASES = {
 }
 
 
-@pytest.mark.parametrize("case", GQA_CASES)
+@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.slow) if c in ("pairs", "cached")
+                                  else c for c in GQA_CASES])  # those two: 2-4 s each
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["fp64", "fp32"])
 def test_grouped_query_attention_matches_repeated_kv_heads(case, dtype):
     """k, v with h_kv < h heads: the same as the plain layer with each kv head repeated for its
@@ -176,6 +178,7 @@ def test_grouped_query_attention_in_16_bit(dtype):
     check_against_reference(*make_qkv(1, 4, 19, 19, 16, dtype, h_kv=2))
 
 
+@pytest.mark.slow
 def test_grouped_query_attention_from_one_fused_projection():
     """q, k, v split out of one [B, T, (h + 2 h_kv) d] projection (views, no copy), with tiles
     that leave several query tiles per key tile in each head of the group."""
@@ -243,6 +246,7 @@ def test_saves_no_n_by_m_tensor_for_backward():
     assert all(t.grad is not None for t in (q, k, v))
 
 
+@pytest.mark.slow
 def test_torch_compile_sees_one_graph():
     """The kernels are opaque operators to torch.compile (on by default on CUDA): no graph break,
     and the compiled forward and backward equal the eager ones."""
@@ -268,6 +272,7 @@ def test_opcheck_the_forward_operator(h_kv):
     torch.library.opcheck(torch.ops.scratch_gpt.fused_attention_fwd.default, (q, k, v, 0.3))
 
 
+@pytest.mark.slow
 def test_opcheck_the_backward_operator():
     q, k, v = make_qkv(2, 4, 9, 21, 16, torch.float64, requires_grad=False, h_kv=2)
     out, lse = fused_attention_forward(q, k, v, 0.3)
@@ -276,6 +281,7 @@ def test_opcheck_the_backward_operator():
                           (q, k, v, out, lse, grad_out, 0.3))
 
 
+@pytest.mark.slow
 def test_the_whole_model_with_impl_fused_compiles_as_one_graph():
     """GPT with attention.impl=fused under torch.compile(fullgraph=True): the dispatch in the
     layer (fused_available included) and both kernels' operators trace without a graph break,
@@ -602,6 +608,7 @@ def test_gpu_compiled_step_with_cuda_graphs_captures_the_kernels():
 # ----------------------------------------------------------------------------- in the model
 
 
+@pytest.mark.slow
 def test_the_layer_with_impl_fused_matches_the_reference_layer_with_a_cache(monkeypatch):
     """attention.impl=fused routes the layer through the kernel: the same outputs and
     gradients as the reference layer on the same weights, for a full pass and for a prefill

@@ -94,6 +94,7 @@ def test_loss_is_mean_cross_entropy_of_logits():
     assert loss.item() == pytest.approx(expected.item(), abs=1e-5)
 
 
+@pytest.mark.slow
 def test_tiny_model_overfits_one_batch():
     torch.manual_seed(0)
     model = GPT(ModelConfig(n_layer=2, n_head=2, n_embd=32, block_size=16), 20)

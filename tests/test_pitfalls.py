@@ -148,6 +148,7 @@ def test_causal_variant_removes_the_leak_from_the_same_weights(variant):
     assert all(b.attn.attn is model.attn_cfg for b in model.blocks)
 
 
+@pytest.mark.slow
 def test_finite_mask_value_holds_after_training_at_high_lr():
     """A large finite negative mask (as in fp16 code) must still block the future after the model
     has trained hard; a small one (-5) is learned around, which this probe catches."""

@@ -316,6 +316,7 @@ def test_gqa_repeat_mismatch_is_the_correct_layer_with_its_query_heads_relabelle
 # ----------------------------------------------------------------------------- imported weights
 
 
+@pytest.mark.slow
 def test_on_llama_weights_the_correct_layer_agrees_with_transformers_and_each_pitfall_does_not():
     """A tiny random LlamaForCausalLM (transformers, built locally) copied into our GPT: the
     correct layer's logits agree, through the forward pass and the cache; each pitfall's do not,
