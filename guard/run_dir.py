@@ -23,7 +23,7 @@ from tokenizers import Tokenizer
 
 from guard.cli import CorpusError, FormatError, UserError, first_line
 from guard.corpus import load_tokenizer
-from guard.files import kind_of, load_run_config, read_text
+from guard.files import MIB, check_regular, kind_of, load_run_config, read_text
 from guard.hf import CONFIG, open_folder
 from guard.limits import check_choice, check_config, check_fused_kernel, check_sampling_fits
 from model.attention import fused_refusal
@@ -69,6 +69,37 @@ def saved_config(path: Path) -> DictConfig:
         key = getattr(exc, "full_key", None)
         raise FormatError(f"{path} is not a run config of train.py: {first_line(exc)}"
                           + (f" ({key})" if key else "")) from None
+
+
+# TensorBoard's events of a run: scalars every log_interval steps and a few images at each
+# evaluation, a few MB for the default run. More than this is not a run of train.py, and would
+# take minutes to parse.
+MAX_EVENTS_BYTES = 512 * MIB
+
+
+def event_files(run: Path) -> list[Path]:
+    """The files TensorBoard reads as run's events (a name holding "tfevents", in run itself),
+    each checked to be a regular file of at most MAX_EVENTS_BYTES: TensorBoard opens them with a
+    blocking open and reads them to their end, so a FIFO named like one would hang the reader
+    forever, and a link to /dev/zero never end."""
+    try:
+        names = sorted(entry.name for entry in os.scandir(run) if "tfevents" in entry.name)
+    except OSError as exc:
+        raise UserError(f"cannot list the run directory {run}: {exc.strerror}") from None
+    for name in names:
+        check_regular(run / name, "TensorBoard events file", MAX_EVENTS_BYTES)
+    return [run / name for name in names]
+
+
+def read_events(run: Path, size_guidance: dict):
+    """TensorBoard's EventAccumulator of run, loaded, once its files are checked (event_files):
+    every script reads a run's curves through this."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    event_files(run)
+    acc = EventAccumulator(str(run), size_guidance=size_guidance)
+    acc.Reload()
+    return acc
 
 
 # ----------------------------------------------------------------------------- resuming

@@ -65,10 +65,9 @@ def t975(df: float) -> float:
 
 def read_run(run_dir: Path) -> dict:
     """Scalar series of one run: {short name: (steps, values)}."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from guard.run_dir import read_events
 
-    acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0, "images": 1})
-    acc.Reload()
+    acc = read_events(run_dir, {"scalars": 0, "images": 1})
     tags = set(acc.Tags()["scalars"])
     out = {}
     for short, tag in METRICS.items():
