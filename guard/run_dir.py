@@ -230,7 +230,11 @@ def read_source(path: Path) -> ModelSource:
     if not (path / "config.yaml").exists():
         raise UserError(f"{path} has no config.yaml: is it a run directory of train.py (or a "
                         f"model folder with config.json)?")
-    cfg: Config = OmegaConf.to_object(saved_config(path / "config.yaml"))
+    try:  # (the dataclasses' own checks: the legacy model.activation)
+        cfg: Config = OmegaConf.to_object(saved_config(path / "config.yaml"))
+    except OmegaConfBaseException as exc:
+        raise FormatError(f"{path / 'config.yaml'} is not a run config of train.py: "
+                          f"{first_line(exc)}") from None
     return ModelSource(path, cfg, load_tokenizer(path / TOKENIZER), False, path / "config.yaml")
 
 

@@ -66,3 +66,72 @@ def test_scripts_reading_runs_refuse_an_events_fifo(tmp_path, module, arg):
     fifo_run(tmp_path / "study", "base-correct_seed0")
     line = refused(script(module, f"{arg}={tmp_path / 'study'}", cwd=tmp_path))
     assert "is a FIFO" in line and "events" in line
+
+
+# ----------------------------------------------------------------------------- tracebacks
+
+
+def test_the_legacy_activation_out_of_range_is_a_mistake_in_one_line(tmp_path):
+    """model.activation (the old name of model.mlp) is checked while the config becomes a
+    dataclass: a ValueError there was a traceback in train.py and generate.py."""
+    from omegaconf import OmegaConf
+
+    from guard.cli import MISTAKES, FormatError
+    from guard.run_dir import read_source
+    from training.config import Config
+
+    with pytest.raises(MISTAKES, match=r"\['gelu', 'gelu_tanh'\].*got 'relu'"):
+        OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config),
+                                            {"model": {"activation": "relu"}}))
+    with pytest.raises(MISTAKES, match="cannot go with model.positions=rope"):
+        OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), {"model": {
+            "activation": "gelu", "positions": "rope"}}))
+    (tmp_path / "config.yaml").write_text("model:\n  activation: relu\n")
+    with pytest.raises(FormatError, match=r"config.yaml is not a run config.*'gelu_tanh'"):
+        read_source(tmp_path)
+
+
+@pytest.mark.slow
+def test_train_and_generate_with_activation_relu_say_so_in_one_line(tmp_path):
+    line = refused(subprocess.run(
+        [sys.executable, str(REPO_ROOT / "train.py"), "+experiment=smoke", "model.activation=relu",
+         f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path, env=SCRIPT_ENV,
+        capture_output=True, text=True, timeout=TIMEOUT_S))
+    assert "model.activation must be one of ['gelu', 'gelu_tanh']" in line
+    assert not (tmp_path / "run").exists()
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "config.yaml").write_text("model:\n  activation: relu\n")
+    line = refused(subprocess.run(
+        [sys.executable, str(REPO_ROOT / "generate.py"), f"run={tmp_path / 'old'}"], cwd=tmp_path,
+        env=SCRIPT_ENV, capture_output=True, text=True, timeout=TIMEOUT_S))
+    assert "config.yaml" in line and "'gelu_tanh'" in line
+
+
+@pytest.mark.parametrize("arg, words", [
+    ("seed=18446744073709551616", "seed must be an integer from 0 to 2**63 - 2"),
+    ("seed=-1", "seed must be an integer from 0"),
+    ("batch=1000000000", "batch must be at most 256, got 1,000,000,000"),
+    ("batch=0", "batch must be above 0 and at most 256, got 0"),
+    ("tokens=33", "tokens must be at most 32"),
+])
+def test_llama_pitfalls_values_have_their_real_bounds(arg, words):
+    from guard.cli import parse_key_values
+    from scripts.llama_pitfalls import LlamaArgs, check_args
+
+    with pytest.raises(UserError) as info:
+        check_args(parse_key_values([arg], LlamaArgs, "usage"))
+    assert words in str(info.value)
+
+
+def test_llama_pitfalls_without_transformers_says_how_to_install_it(monkeypatch):
+    from scripts.llama_pitfalls import LlamaArgs, check_args
+
+    monkeypatch.setitem(sys.modules, "transformers", None)  # import transformers: ImportError
+    with pytest.raises(UserError, match="pip install transformers"):
+        check_args(LlamaArgs())
+
+
+@pytest.mark.slow
+def test_llama_pitfalls_with_a_huge_seed_says_so_in_one_line(tmp_path):
+    line = refused(script("scripts.llama_pitfalls", "seed=18446744073709551616", cwd=tmp_path))
+    assert "2**63 - 2" in line
