@@ -187,6 +187,41 @@ def _llama():
 FOLDER_FORMATS = {"gpt2": _gpt2, "llama": _llama, "qwen3": _llama}
 
 
+# What a run started from a model folder (init_from=) keeps of its own model config: the folder
+# gives the shape and the tokenizer (guard/preflight.py, start_from_folder).
+KEPT_FROM_THE_RUN = ("model.dropout", "model.attn_dropout")
+FOLDER_GROUPS = ("model", "tokenizer", "arch")  # config groups that choose the shape or tokenizer
+
+
+def refuse_folder_overrides(overrides: list[str]) -> None:
+    """init_from=<model folder> takes the model's shape and the tokenizer from the folder, so an
+    override of either on the same command line (model.n_layer=8, tokenizer=char, +arch=gpt2)
+    would be dropped without a word: it is refused by name. A resume continues its run, whose
+    saved config holds the folder's shape already, and leaves init_from aside."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser, parsed = OverridesParser.create(), []
+    for arg in overrides:
+        if arg.startswith("-"):
+            continue
+        try:
+            parsed += parser.parse_overrides([arg])
+        except Exception:  # (preflight names the override that does not parse)
+            continue
+    values = {o.key_or_group: o.value() for o in parsed if not o.is_delete()}
+    if not values.get("init_from") or values.get("resume"):
+        return
+    for o in parsed:
+        key = o.key_or_group
+        if key in KEPT_FROM_THE_RUN or not (key in FOLDER_GROUPS or key.startswith(
+                tuple(f"{group}." for group in FOLDER_GROUPS))):
+            continue
+        raise UserError(f"{o.input_line} cannot apply to an imported folder: init_from="
+                        f"{values['init_from']} gives the model's shape and its tokenizer (of "
+                        f"the model's values only {' and '.join(KEPT_FROM_THE_RUN)} are the "
+                        f"run's own); leave {o.input_line} out")
+
+
 @dataclass
 class ModelSource:
     """What a run directory or a model folder holds, checked, before any weight is read."""

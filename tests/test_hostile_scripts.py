@@ -135,3 +135,58 @@ def test_llama_pitfalls_without_transformers_says_how_to_install_it(monkeypatch)
 def test_llama_pitfalls_with_a_huge_seed_says_so_in_one_line(tmp_path):
     line = refused(script("scripts.llama_pitfalls", "seed=18446744073709551616", cwd=tmp_path))
     assert "2**63 - 2" in line
+
+
+# ----------------------------------------------------------------------------- imported folders
+
+
+@pytest.mark.parametrize("override", ["model.n_layer=8", "model.positions=rope", "+model.mlp=relu2",
+                                      "tokenizer=char", "tokenizer.vocab_size=300", "+arch=gpt2",
+                                      "model=tiny"])
+def test_overrides_an_imported_folder_would_drop_are_refused_by_name(override):
+    from guard.run_dir import refuse_folder_overrides
+
+    with pytest.raises(UserError) as info:
+        refuse_folder_overrides(["init_from=/models/llama", "train.max_steps=5", override])
+    assert str(info.value).startswith(f"{override} cannot apply to an imported folder")
+
+
+@pytest.mark.parametrize("argv", [
+    ["init_from=/models/llama", "model.dropout=0.1", "model.attn_dropout=0", "train.max_steps=5"],
+    ["model.n_layer=8", "tokenizer=char"],                       # no folder
+    ["init_from=/models/llama", "resume=runs/x", "model.n_layer=8"],  # resume's own config
+    ["init_from=null", "model.n_layer=8"],
+])
+def test_overrides_that_apply_are_let_through(argv):
+    from guard.run_dir import refuse_folder_overrides
+
+    refuse_folder_overrides(argv)
+
+
+@pytest.mark.slow
+def test_train_from_a_folder_with_a_model_override_says_which_in_one_line(tmp_path):
+    folder = tmp_path / "llama"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"model_type": "llama"}')
+    line = refused(subprocess.run(
+        [sys.executable, str(REPO_ROOT / "train.py"), f"init_from={folder}", "model.n_layer=8",
+         f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path, env=SCRIPT_ENV,
+        capture_output=True, text=True, timeout=TIMEOUT_S))
+    assert line.startswith("error: model.n_layer=8 cannot apply to an imported folder")
+    assert not (tmp_path / "run").exists()
+
+
+# ----------------------------------------------------------------------------- check first
+
+
+def test_attention_map_keeps_an_existing_picture_unless_told(tmp_path, capsys):
+    """As every script (scripts/outputs.py): the refusal comes before the run is read."""
+    from scripts.attention_map import main
+
+    picture = tmp_path / "map.png"
+    picture.write_bytes(b"committed")
+    assert main([f"run={tmp_path / 'no_run'}", f"out={picture}"]) == 2
+    assert "overwrite=true" in capsys.readouterr().err
+    assert picture.read_bytes() == b"committed"
+    assert main([f"run={tmp_path / 'no_run'}", f"out={picture}", "overwrite=true"]) == 2
+    assert "does not exist" in capsys.readouterr().err  # past the check: the run is missing
