@@ -190,3 +190,61 @@ def test_attention_map_keeps_an_existing_picture_unless_told(tmp_path, capsys):
     assert picture.read_bytes() == b"committed"
     assert main([f"run={tmp_path / 'no_run'}", f"out={picture}", "overwrite=true"]) == 2
     assert "does not exist" in capsys.readouterr().err  # past the check: the run is missing
+
+
+# ----------------------------------------------------------------------------- a large corpus
+
+
+def test_text_given_in_blocks_is_cut_as_the_whole_text():
+    import random
+
+    from data.tokenizer import ENCODE_CHUNK_CHARS, stream_chunks
+
+    rng = random.Random(0)
+    text = "".join(rng.choice(["word ", "\n", "\n\n", "é", "x" * 300]) for _ in range(20_000))
+    whole = list(stream_chunks([text]))
+    assert "".join(whole) == text and max(map(len, whole)) <= ENCODE_CHUNK_CHARS
+    assert all(p.endswith("\n") for p in whole[:-1] if "\n" in p)  # cut after a line end
+    for size in (1000, ENCODE_CHUNK_CHARS - 1, ENCODE_CHUNK_CHARS + 7, 10**6):
+        blocks = [text[i:i + size] for i in range(0, len(text), size)]
+        assert list(stream_chunks(blocks)) == whole, size
+
+
+@pytest.mark.slow
+def test_a_corpus_is_tokenized_in_memory_that_does_not_grow_with_it(tmp_path, monkeypatch):
+    """Issue 28: a 300 MB text ended in MemoryError (one file, one Python string, then one Python
+    list of its ids). Now a file is read in blocks and its ids written a call at a time: what
+    Python holds at once is the same for a text 4 times longer (docs/data.md measures the whole
+    process)."""
+    import tracemalloc
+
+    import data.corpus
+    from data.config import DataConfig, Source, TokenizerConfig, TokenizerKind
+    from data.prepare import prepare_corpus
+    from helpers import shakespeare_like
+
+    import data.prepare
+
+    # blocks and calls far smaller than the texts (a call is 2 MB of text at full size)
+    monkeypatch.setattr(data.corpus, "READ_BLOCK_CHARS", 1 << 16)
+    monkeypatch.setattr(data.prepare, "ENCODE_CALL_CHUNKS", 2, raising=False)  # (as it was)
+    line = shakespeare_like(100_000, seed=4)
+    (tmp_path / "val.txt").write_text(shakespeare_like(20_000, seed=5))
+
+    def peak_bytes(copies: int) -> int:
+        train = tmp_path / f"train{copies}.txt"
+        train.write_text(line * copies)
+        cfg = DataConfig(source=Source.text_files, train_files=[str(train)],
+                         val_files=[str(tmp_path / "val.txt")], cache_dir=str(tmp_path / "cache"))
+        tracemalloc.start()
+        try:
+            corpus = prepare_corpus(cfg, TokenizerConfig(kind=TokenizerKind.char))
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert len(corpus.train) == corpus.n_chars["train"] == copies * len(line)
+        assert corpus.tokenizer.decode(corpus.train[-len(line):].tolist()) == line
+        return peak
+
+    small, large = peak_bytes(10), peak_bytes(40)  # 1 MB, 4 MB
+    assert large < 1.5 * small, f"{small:,} bytes at once for 1 MB of text, {large:,} for 4 MB"
