@@ -15,7 +15,7 @@ shows the same weights under the correct mask, as at generation time; `mask=cach
 of the generation path itself, the window fed one token at a time through the KV cache (row t:
 the step of token t), where a cache pitfall shows (upper_left_mask). The weights are those
 generate.py samples (`weights=auto`: a leaky run's latest, what the leak learned), and the
-title says which. Any mistake is one `error:` line on stderr and exit status 2.
+title says which. A picture already at out= is replaced only with overwrite=true. Any mistake is one `error:` line on stderr and exit status 2.
 """
 from __future__ import annotations
 
