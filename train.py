@@ -42,7 +42,7 @@ from guard.corpus import check_split_lengths
 from guard.limits import check_fused_kernel, parse_device
 from guard.preflight import preflight, release_run, resolve_run, undo_failed_run
 from guard.files import dump_run_config
-from guard.run_dir import load_folder_weights
+from guard.run_dir import load_folder_weights, refuse_folder_overrides
 from guard.run_lock import release_locks, remember_command
 from model.attention import causal_variant
 from model.gpt import GPT
@@ -601,6 +601,7 @@ def _start() -> None:
         sys.argv += ["hydra.run.dir=.", "hydra.output_subdir=null",
                      "hydra/job_logging=disabled", "hydra/hydra_logging=disabled"]
     else:
+        refuse_folder_overrides(sys.argv[1:])
         sys.argv[1:] = preflight(sys.argv[1:])
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra re-raises instead of printing several lines
     main()

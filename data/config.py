@@ -55,7 +55,8 @@ class DataConfig:
     text_column: str = "text"
     # Cap on documents per split (null = all), to keep a first try on a big corpus short.
     max_documents: Optional[int] = None
-    # Processes tokenizing with datasets.map (null: 1 for small corpora, up to 8 for big ones).
+    # Unused: the corpus is tokenized as a stream, by tokenizers' own threads (data/prepare.py).
+    # It was the number of datasets.map processes; kept so that older runs' config.yaml reads.
     num_proc: Optional[int] = None
 
 

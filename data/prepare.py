@@ -14,6 +14,7 @@ handed over.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import shutil
@@ -28,15 +29,14 @@ from tokenizers import Tokenizer
 
 from data.cache_lock import cache_lock
 from data.config import DataConfig, TokenizerConfig
-from data.corpus import check_split_overlap, corpus_key, load_documents
-from data.tokenizer import build_tokenizer, encode, token_dtype
+from data.corpus import check_split_overlap, corpus_key, documents
+from data.tokenizer import (ENCODE_CALL_CHUNKS, build_tokenizer, in_worker, stream_chunks,
+                            token_dtype)
 from guard.cli import CorpusError, UserError, first_line
 from guard.corpus import MAX_TOKENIZER_BYTES, read_cache_entry
 from guard.files import read_bytes
 
 SPLITS = ("train", "validation")
-# Below this many documents a split is tokenized in this process (starting workers costs more).
-PARALLEL_MIN_DOCUMENTS = 1000
 
 
 @dataclass
@@ -119,50 +119,49 @@ def _build(data: DataConfig, tok_cfg: TokenizerConfig, directory: Path) -> None:
 
 
 def _tokenize(data: DataConfig, tok_cfg: TokenizerConfig, directory: Path) -> None:
-    docs = load_documents(data)
+    """The entry's files, streamed: the tokenizer is fitted on the training text piece by piece,
+    and each split is encoded a few pieces at a time, its ids appended to its .bin file, so that
+    memory holds a block of text and a call's ids whatever the size of the corpus
+    (docs/data.md measures it)."""
     for split in SPLITS:
-        if not any(text.strip() for text in _texts(docs[split])):
+        if not any(piece.strip() for piece in _pieces(data, split, final_separator=True)):
             raise CorpusError(f"the {split} split of the corpus is empty")
     # fitted on the training documents as they appear in the stream: with their separator
-    tokenizer = build_tokenizer(tok_cfg, (t + data.separator for t in _texts(docs["train"])))
+    tokenizer = build_tokenizer(tok_cfg, _pieces(data, "train", final_separator=True))
     dtype = token_dtype(tokenizer.get_vocab_size())
     directory.mkdir(parents=True, exist_ok=True)
     meta = {"n_tokens": {}, "n_chars": {}, "vocab_size": tokenizer.get_vocab_size(),
             "dtype": np.dtype(dtype).name}
     for split in SPLITS:
-        n_docs = len(docs[split])
-        procs = data.num_proc or (1 if n_docs < PARALLEL_MIN_DOCUMENTS else min(8, os.cpu_count() or 1))
-        if procs > 1:
-            os.environ["TOKENIZERS_PARALLELISM"] = "false"  # the processes are the parallelism
-        # Batched map over the documents, in several processes for a big corpus; datasets caches
-        # the result next to a hub dataset's own cache files.
-        encoded = docs[split].map(
-            encode_documents, batched=True, with_indices=True, num_proc=procs if procs > 1 else None,
-            remove_columns=["text"], desc=f"tokenizing {split}",
-            fn_kwargs={"tokenizer": tokenizer, "separator": data.separator, "last": n_docs - 1})
-        n_tokens = 0
+        n_tokens = n_chars = 0
         with open(directory / f"{split}.bin", "wb") as f:
-            for row in encoded:
-                ids = np.asarray(row["ids"], dtype=dtype)
-                f.write(ids.tobytes())
-                n_tokens += ids.size
+            for call in _calls(_pieces(data, split, final_separator=False)):
+                for encoding in in_worker(tokenizer.encode_batch, call, add_special_tokens=False):
+                    ids = np.asarray(encoding.ids, dtype=dtype)
+                    f.write(ids.tobytes())
+                    n_tokens += ids.size
+                n_chars += sum(map(len, call))
             f.flush()
             os.fsync(f.fileno())
-        meta["n_tokens"][split] = n_tokens
-        meta["n_chars"][split] = int(sum(encoded["n_chars"]))
+        meta["n_tokens"][split], meta["n_chars"][split] = n_tokens, n_chars
     tokenizer.save(str(directory / "tokenizer.json"))
     (directory / "meta.json").write_text(json.dumps(meta, indent=2))
 
 
-def _texts(split, batch_size: int = 1000) -> Iterator[str]:
-    """The documents of a split, streamed in batches (a hub corpus need not fit in memory)."""
-    for batch in split.iter(batch_size=batch_size):
-        yield from batch["text"]
+def _pieces(data: DataConfig, split: str, final_separator: bool) -> Iterator[str]:
+    """A split's stream of text, the documents joined by data.separator (and one after the last
+    when final_separator), in pieces of at most ENCODE_CHUNK_CHARS characters cut at line ends
+    (data.tokenizer.stream_chunks): each document's pieces are those of its text whole."""
+    docs = documents(data, split)
+    following = next(docs, None)
+    while following is not None:
+        doc, following = following, next(docs, None)
+        ending = [data.separator] if following is not None or final_separator else []
+        yield from stream_chunks(itertools.chain(doc, ending))
 
 
-def encode_documents(batch: dict, indices: list[int], tokenizer: Tokenizer, separator: str,
-                     last: int) -> dict:
-    """datasets.map function: each document's ids, with data.separator after all but the last
-    document, so the split's stream is the documents joined by the separator."""
-    texts = [t if i == last else t + separator for t, i in zip(batch["text"], indices)]
-    return {"ids": [encode(tokenizer, t) for t in texts], "n_chars": [len(t) for t in texts]}
+def _calls(pieces: Iterator[str]) -> Iterator[list[str]]:
+    """The pieces, ENCODE_CALL_CHUNKS at a time: one encode_batch call, which tokenizers spreads
+    over every core."""
+    while call := list(itertools.islice(pieces, ENCODE_CALL_CHUNKS)):
+        yield call

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Iterator
 
 import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -54,7 +54,7 @@ def build_bpe_tokenizer(train_text: str | Iterable[str], vocab_size: int,
                                   initial_alphabet=alphabet, special_tokens=[EOS],
                                   show_progress=False)
     texts = [train_text] if isinstance(train_text, str) else train_text
-    in_worker(tok.train_from_iterator, (piece for text in texts for piece in _chunks(text)),
+    in_worker(tok.train_from_iterator, (piece for text in texts for piece in stream_chunks([text])),
               trainer=trainer)
     return tok
 
@@ -70,15 +70,24 @@ def build_tokenizer(cfg: TokenizerConfig, train_text: str | Iterable[str]) -> To
 
 def _chunks(text: str) -> list[str]:
     """Split at line ends near every ENCODE_CHUNK_CHARS, so no word is cut in two."""
-    pieces, start = [], 0
-    while start < len(text):
-        end = min(start + ENCODE_CHUNK_CHARS, len(text))
-        if end < len(text):
-            newline = text.rfind("\n", start, end)
+    return list(stream_chunks([text]))
+
+
+def stream_chunks(blocks: Iterable[str]) -> Iterator[str]:
+    """The pieces of a text given as blocks (a file read a block at a time): each of at most
+    ENCODE_CHUNK_CHARS characters, cut after the last line end before that. The pieces are the
+    same whichever the blocks, and only a block and a piece are held at once."""
+    buffer, start = "", 0
+    for block in blocks:
+        buffer, start = buffer[start:] + block, 0
+        while len(buffer) - start > ENCODE_CHUNK_CHARS:
+            end = start + ENCODE_CHUNK_CHARS
+            newline = buffer.rfind("\n", start, end)
             end = newline + 1 if newline > start else end
-        pieces.append(text[start:end])
-        start = end
-    return pieces
+            yield buffer[start:end]
+            start = end
+    if start < len(buffer):
+        yield buffer[start:]
 
 
 def token_dtype(vocab_size: int) -> type:

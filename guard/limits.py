@@ -144,6 +144,18 @@ SAMPLE = [
     Limit("top_p", 0, 1, above=True, optional=True, words="in (0, 1]"),
     SEED,
 ]
+# scripts.llama_pitfalls: a tiny random Llama (float64, on a CPU); a relabelling shows on one
+# sequence, and time grows with the batch (batch=4096: 8 minutes and 1.5 GB on 2 cores).
+MAX_PITFALL_BATCH = 256
+
+
+def llama_pitfalls_rows(positions: int) -> list[Limit]:
+    """scripts.llama_pitfalls' values; positions: its tiny Llama's context."""
+    return [Limit("seed", 0, MAX_SEED - 1, words="an integer from 0 to 2**63 - 2 (seed + 1 "
+                                                 "draws the tokens)"),
+            positive("batch", MAX_PITFALL_BATCH), Limit("tokens", 1, positions)]
+
+
 CHOICES = {"train.compile_mode": COMPILE_MODES, "train.dtype": DTYPE_CHOICES,
            "weights": ("auto", "best", "latest")}
 
@@ -163,6 +175,11 @@ def _check(root, rows: list[Limit], prefix: str = "", shown: Optional[str] = Non
             problem = row.problem(_value(root, key), None if shown is None else shown + key)
             if problem:
                 raise UserError(problem)
+
+
+def check_values(root, rows: list[Limit]) -> None:
+    """A script's values (root: its dataclass of arguments) against its rows of the table."""
+    _check(root, rows)
 
 
 def check_choice(key: str, value) -> None:

@@ -23,7 +23,7 @@ from tokenizers import Tokenizer
 
 from guard.cli import CorpusError, FormatError, UserError, first_line
 from guard.corpus import load_tokenizer
-from guard.files import kind_of, load_run_config, read_text
+from guard.files import MIB, check_regular, kind_of, load_run_config, read_text
 from guard.hf import CONFIG, open_folder
 from guard.limits import check_choice, check_config, check_fused_kernel, check_sampling_fits
 from model.fast_paths import fused_refusal
@@ -69,6 +69,37 @@ def saved_config(path: Path) -> DictConfig:
         key = getattr(exc, "full_key", None)
         raise FormatError(f"{path} is not a run config of train.py: {first_line(exc)}"
                           + (f" ({key})" if key else "")) from None
+
+
+# TensorBoard's events of a run: scalars every log_interval steps and a few images at each
+# evaluation, a few MB for the default run. More than this is not a run of train.py, and would
+# take minutes to parse.
+MAX_EVENTS_BYTES = 512 * MIB
+
+
+def event_files(run: Path) -> list[Path]:
+    """The files TensorBoard reads as run's events (a name holding "tfevents", in run itself),
+    each checked to be a regular file of at most MAX_EVENTS_BYTES: TensorBoard opens them with a
+    blocking open and reads them to their end, so a FIFO named like one would hang the reader
+    forever, and a link to /dev/zero never end."""
+    try:
+        names = sorted(entry.name for entry in os.scandir(run) if "tfevents" in entry.name)
+    except OSError as exc:
+        raise UserError(f"cannot list the run directory {run}: {exc.strerror}") from None
+    for name in names:
+        check_regular(run / name, "TensorBoard events file", MAX_EVENTS_BYTES)
+    return [run / name for name in names]
+
+
+def read_events(run: Path, size_guidance: dict):
+    """TensorBoard's EventAccumulator of run, loaded, once its files are checked (event_files):
+    every script reads a run's curves through this."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    event_files(run)
+    acc = EventAccumulator(str(run), size_guidance=size_guidance)
+    acc.Reload()
+    return acc
 
 
 # ----------------------------------------------------------------------------- resuming
@@ -156,6 +187,41 @@ def _llama():
 FOLDER_FORMATS = {"gpt2": _gpt2, "llama": _llama, "qwen3": _llama}
 
 
+# What a run started from a model folder (init_from=) keeps of its own model config: the folder
+# gives the shape and the tokenizer (guard/preflight.py, start_from_folder).
+KEPT_FROM_THE_RUN = ("model.dropout", "model.attn_dropout")
+FOLDER_GROUPS = ("model", "tokenizer", "arch")  # config groups that choose the shape or tokenizer
+
+
+def refuse_folder_overrides(overrides: list[str]) -> None:
+    """init_from=<model folder> takes the model's shape and the tokenizer from the folder, so an
+    override of either on the same command line (model.n_layer=8, tokenizer=char, +arch=gpt2)
+    would be dropped without a word: it is refused by name. A resume continues its run, whose
+    saved config holds the folder's shape already, and leaves init_from aside."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser, parsed = OverridesParser.create(), []
+    for arg in overrides:
+        if arg.startswith("-"):
+            continue
+        try:
+            parsed += parser.parse_overrides([arg])
+        except Exception:  # (preflight names the override that does not parse)
+            continue
+    values = {o.key_or_group: o.value() for o in parsed if not o.is_delete()}
+    if not values.get("init_from") or values.get("resume"):
+        return
+    for o in parsed:
+        key = o.key_or_group
+        if key in KEPT_FROM_THE_RUN or not (key in FOLDER_GROUPS or key.startswith(
+                tuple(f"{group}." for group in FOLDER_GROUPS))):
+            continue
+        raise UserError(f"{o.input_line} cannot apply to an imported folder: init_from="
+                        f"{values['init_from']} gives the model's shape and its tokenizer (of "
+                        f"the model's values only {' and '.join(KEPT_FROM_THE_RUN)} are the "
+                        f"run's own); leave {o.input_line} out")
+
+
 @dataclass
 class ModelSource:
     """What a run directory or a model folder holds, checked, before any weight is read."""
@@ -199,7 +265,11 @@ def read_source(path: Path) -> ModelSource:
     if not (path / "config.yaml").exists():
         raise UserError(f"{path} has no config.yaml: is it a run directory of train.py (or a "
                         f"model folder with config.json)?")
-    cfg: Config = OmegaConf.to_object(saved_config(path / "config.yaml"))
+    try:  # (the dataclasses' own checks: the legacy model.activation)
+        cfg: Config = OmegaConf.to_object(saved_config(path / "config.yaml"))
+    except OmegaConfBaseException as exc:
+        raise FormatError(f"{path / 'config.yaml'} is not a run config of train.py: "
+                          f"{first_line(exc)}") from None
     return ModelSource(path, cfg, load_tokenizer(path / TOKENIZER), False, path / "config.yaml")
 
 

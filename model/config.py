@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Optional
 
+from omegaconf.errors import ValidationError
+
 
 class Scale(str, Enum):
     """What the raw scores QK^T are divided by."""
@@ -49,8 +51,6 @@ class MLPKind(str, Enum):
     swiglu = "swiglu"        # SiLU(x W_gate) * (x W_up), then W_down (Llama): three matrices
 
 
-# The name of MLPKind before it had the non-GELU kinds (model/hf.py imports it so).
-Activation = MLPKind
 GPT2_ACTIVATIONS = (MLPKind.gelu, MLPKind.gelu_tanh)
 
 
@@ -170,17 +170,20 @@ class ModelConfig:
     activation: Optional[str] = None
 
     def __post_init__(self):
+        """The legacy `activation`, translated. Its mistakes are OmegaConf's ValidationError (a
+        ValueError), raised while a config is turned into this dataclass: the commands say it
+        in one line, as they do a value of the wrong type."""
         if self.activation is None:
             return
         if self.activation not in [a.value for a in GPT2_ACTIVATIONS]:
-            raise ValueError(f"model.activation must be one of "
+            raise ValidationError(f"model.activation must be one of "
                              f"{[a.value for a in GPT2_ACTIVATIONS]} (the old name of model.mlp), "
                              f"got {self.activation!r}")
         defaults = ModelConfig()
         for key, gpt2 in GPT2_SWITCHES.items():
             if getattr(self, key) not in (gpt2, getattr(defaults, key)):  # set by hand
                 value = getattr(self, key)
-                raise ValueError(f"model.activation (the old name of model.mlp) describes GPT-2's "
+                raise ValidationError(f"model.activation (the old name of model.mlp) describes GPT-2's "
                                  f"architecture, so it cannot go with model.{key}="
                                  f"{getattr(value, 'value', value)}; use model.mlp instead")
             setattr(self, key, gpt2)

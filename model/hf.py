@@ -33,7 +33,7 @@ from guard.cli import UserError
 from guard.hf import CONFIG, WEIGHTS, Fields, PathLike, open_folder, read_tensors, size_limit, \
     tensor_names  # CONFIG, WEIGHTS: the folder's file names, which the export writes too
 from guard.limits import check_model, check_sampling_fits
-from model.config import Activation, AttentionConfig, MaskMode, ModelConfig, Scale, gpt2_problems
+from model.config import AttentionConfig, MLPKind, MaskMode, ModelConfig, Scale, gpt2_problems
 from model.gpt import GPT
 
 TOKENIZER = "tokenizer.json"
@@ -44,9 +44,9 @@ TIED_HEAD = "lm_head.weight"  # ours and GPT-2's: the same storage as the token 
 # transformers' names for the activation (ACT2FN keys). "gelu" is the exact erf GELU; "gelu_new"
 # (OpenAI's GPT-2) and "gelu_pytorch_tanh" are both the tanh approximation, written out in
 # Python or by torch: they differ by float rounding only.
-GPT2_ACTIVATIONS = {"gelu": Activation.gelu, "gelu_new": Activation.gelu_tanh,
-                    "gelu_pytorch_tanh": Activation.gelu_tanh}
-EXPORT_ACTIVATION = {Activation.gelu: "gelu", Activation.gelu_tanh: "gelu_pytorch_tanh"}
+GPT2_ACTIVATIONS = {"gelu": MLPKind.gelu, "gelu_new": MLPKind.gelu_tanh,
+                    "gelu_pytorch_tanh": MLPKind.gelu_tanh}
+EXPORT_ACTIVATION = {MLPKind.gelu: "gelu", MLPKind.gelu_tanh: "gelu_pytorch_tanh"}
 
 
 # ----------------------------------------------------------------------------- names and shapes
@@ -141,7 +141,7 @@ def gpt2_config(model_cfg: ModelConfig, vocab_size: int,
 
     Every option transformers would otherwise fill from GPT-2's defaults is written out, since
     several of those defaults (vocabulary 50257, token id 50256, dropout 0.1) are not ours."""
-    activation = EXPORT_ACTIVATION[Activation(model_cfg.mlp)]
+    activation = EXPORT_ACTIVATION[MLPKind(model_cfg.mlp)]
     return {
         "architectures": ["GPT2LMHeadModel"],
         "model_type": "gpt2",

@@ -15,7 +15,7 @@ shows the same weights under the correct mask, as at generation time; `mask=cach
 of the generation path itself, the window fed one token at a time through the KV cache (row t:
 the step of token t), where a cache pitfall shows (upper_left_mask). The weights are those
 generate.py samples (`weights=auto`: a leaky run's latest, what the leak learned), and the
-title says which. Any mistake is one `error:` line on stderr and exit status 2.
+title says which. A picture already at out= is replaced only with overwrite=true. Any mistake is one `error:` line on stderr and exit status 2.
 """
 from __future__ import annotations
 
@@ -32,12 +32,14 @@ from guard.limits import prompt_ids
 from guard.run_dir import load_run, resolve_latest, validation_window
 from model.attention import causal_variant
 from scripts.maps import colorbar, draw_map
+from scripts.outputs import check_outputs
 from training.attention_maps import attention_weights, future_weight, grid_image, token_labels
 from training.checkpoint import LATEST
 from training.weights_choice import choose_weights
 
 USAGE = ("usage: python -m scripts.attention_map [run=RUN_DIR] [prompt=TEXT] [layer=N] "
-         "[head=all|N] [out=PNG] [weights=auto|best|latest] [mask=own|causal|cached] [tokens=N]")
+         "[head=all|N] [out=PNG] [weights=auto|best|latest] [mask=own|causal|cached] [tokens=N] "
+         "[overwrite=true]")
 
 
 @dataclass
@@ -54,6 +56,7 @@ class MapArgs:
     # the validation window's length, 2 to the run's context (null: the run's own setting,
     # train.attention_map_tokens, as in its TensorBoard images)
     tokens: Optional[int] = None
+    overwrite: bool = False         # replace out= if it exists (as every script: scripts/outputs.py)
 
 
 def check(args: MapArgs) -> None:
@@ -71,6 +74,7 @@ def check(args: MapArgs) -> None:
                         "prompt is drawn, all of it: give one or the other")
     if Path(args.out).suffix.lower() != ".png":
         raise UserError(f"out must name a .png file, got {args.out!r}")
+    check_outputs([Path(args.out)], args.overwrite)
 
 
 def window_ids(args: MapArgs, tokenizer, run_cfg, run_dir: Path) -> list[int]:

@@ -27,6 +27,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from guard.cli import UserError, parse_key_values, run_cli  # noqa: E402
+from guard.limits import check_values, llama_pitfalls_rows  # noqa: E402
 from model.config import AttentionConfig, AttentionImpl, ModelConfig, PITFALL_SWITCHES  # noqa: E402
 from model.gpt import GPT  # noqa: E402
 
@@ -139,16 +140,22 @@ class LlamaArgs:
     tokens: int = 32   # tokens per sequence (at most the tiny Llama's 32 positions)
 
 
+def check_args(args: LlamaArgs) -> None:
+    """The values (guard/limits.py's table), and transformers, before anything is built."""
+    check_values(args, llama_pitfalls_rows(LLAMA["max_position_embeddings"]))
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        raise UserError("scripts.llama_pitfalls compares against transformers' Llama, and "
+                        "transformers is not installed: pip install transformers") from None
+
+
 def main(argv: list[str]) -> int:
     usage = "usage: python -m scripts.llama_pitfalls [seed=N] [batch=N] [tokens=N]"
 
     def body() -> None:
         args = parse_key_values(argv, LlamaArgs, usage, about=__doc__.split("\n\n")[0])
-        if not 1 <= args.tokens <= LLAMA["max_position_embeddings"]:
-            raise UserError(f"tokens must be between 1 and {LLAMA['max_position_embeddings']}, "
-                            f"got {args.tokens}")
-        if args.batch < 1 or args.seed < 0:
-            raise UserError("batch must be positive and seed non-negative")
+        check_args(args)
         print(f"tiny random LlamaForCausalLM ({LLAMA['num_hidden_layers']} layers, "
               f"{LLAMA['num_attention_heads']} heads sharing {LLAMA['num_key_value_heads']} "
               f"key/value heads, d_k {LLAMA['hidden_size'] // LLAMA['num_attention_heads']}), "

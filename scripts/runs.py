@@ -58,12 +58,10 @@ def read_scores(run: Path) -> dict:
     """{label: value} of a run's final scores (missing ones left out), its attention variant and
     tokenizer, and its curves: {tag: [(step, value)]}."""
     from omegaconf import OmegaConf
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from guard.run_dir import saved_config
+    from guard.run_dir import read_events, saved_config
 
-    acc = EventAccumulator(str(run), size_guidance={"scalars": 0, "images": 1, "tensors": 1})
-    acc.Reload()
+    acc = read_events(run, {"scalars": 0, "images": 1, "tensors": 1})
     tags = set(acc.Tags()["scalars"])
     curves = {tag: [(e.step, e.value, e.wall_time) for e in acc.Scalars(tag)] for tag in tags}
     cfg = saved_config(run / "config.yaml")

@@ -39,6 +39,7 @@ if str(REPO) not in sys.path:
 from omegaconf import MISSING  # noqa: E402
 
 from guard.cli import UserError, parse_key_values, run_cli  # noqa: E402
+from guard.files import check_output_file  # noqa: E402
 from scripts.outputs import check_outputs  # noqa: E402
 
 RUN_NAME = re.compile(r"^(?P<regime>[^-]+)-(?P<variant>.+)_seed(?P<seed>\d+)$")
@@ -65,10 +66,9 @@ def t975(df: float) -> float:
 
 def read_run(run_dir: Path) -> dict:
     """Scalar series of one run: {short name: (steps, values)}."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from guard.run_dir import read_events
 
-    acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0, "images": 1})
-    acc.Reload()
+    acc = read_events(run_dir, {"scalars": 0, "images": 1})
     tags = set(acc.Tags()["scalars"])
     out = {}
     for short, tag in METRICS.items():
@@ -287,18 +287,21 @@ def load_maps(run_dir: Path, layer: int, cached: bool = False):
     corpus = prepare_corpus(cfg.data, cfg.tokenizer)
     window = map_window(corpus.validation, tokenizer,
                         min(cfg.train.attention_map_tokens, cfg.model.block_size))
+    if layer >= cfg.model.n_layer:
+        raise UserError(f"layer must be below the {cfg.model.n_layer} layers of {run_dir}, got "
+                        f"{layer}")
     weights, _ = attention_weights(model, window, torch.autocast("cpu", enabled=False), cached)
-    return weights[min(layer, len(weights) - 1)], token_labels(tokenizer, window)
+    return weights[layer], token_labels(tokenizer, window)
 
 
-def plot_maps(sweep_dir: Path, arms: dict, path: Path, layer: int = 0) -> bool:
-    """Each regime's correct map beside its pitfalls' (one row per regime), all of the lowest
-    seed every arm has. False, and nothing written, when the sweep kept no checkpoints to draw
-    from."""
-    import torch
-
-    from scripts.maps import colorbar, draw_map
-    from training.attention_maps import future_weight, sharpest_head
+def load_all_maps(sweep_dir: Path, arms: dict, layer: int = 0) -> tuple:
+    """(seed, {(regime, cached): [(variant, weights [h, n, n], labels, head)]}) of the maps
+    figure: each regime's correct map beside its pitfalls' (one row per regime), all of the
+    lowest seed every arm has, each model's sharpest head (the same head in its KV-cache row).
+    Every map is loaded before anything is written, so a run that cannot be drawn (no
+    checkpoint, fewer layers) is refused first. The rows are empty when the sweep kept no
+    checkpoints to draw from."""
+    from training.attention_maps import sharpest_head
 
     seed = min(set.intersection(*(set(runs) for runs in arms.values())), default=None)
     rows = defaultdict(list)  # (regime, cached) -> [(variant, run dir)], correct first
@@ -312,26 +315,37 @@ def plot_maps(sweep_dir: Path, arms: dict, path: Path, layer: int = 0) -> bool:
             rows[(regime, False)].append((variant, run_dir))
             if regime in decodes_differently:  # a second row: the maps of the generation path
                 rows[(regime, True)].append((variant, run_dir))
-    if not rows:
-        return False
+    maps = {}
+    for key, runs in rows.items():
+        maps[key] = []
+        for variant, run_dir in runs:
+            weights, labels = load_maps(run_dir, layer, key[1])
+            head = sharpest_head(load_maps(run_dir, layer)[0] if key[1] else weights)
+            maps[key].append((variant, weights, labels, head))
+    return seed, maps
+
+
+def plot_maps(seed: int, maps: dict, path: Path, layer: int = 0) -> None:
+    """The maps figure of load_all_maps' maps."""
+    import torch
+
+    from scripts.maps import colorbar, draw_map
+    from training.attention_maps import future_weight
 
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    cols = max(len(v) for v in rows.values())
-    fig, axes = plt.subplots(len(rows), cols, figsize=(3.6 * cols + 0.8, 3.7 * len(rows)),
+    cols = max(len(v) for v in maps.values())
+    fig, axes = plt.subplots(len(maps), cols, figsize=(3.6 * cols + 0.8, 3.7 * len(maps)),
                              squeeze=False, layout="constrained")
-    for r, ((regime, cached), runs) in enumerate(rows.items()):
+    for r, ((regime, cached), runs) in enumerate(maps.items()):
         for c in range(cols):
             ax = axes[r][c]
             if c >= len(runs):
                 ax.axis("off")
                 continue
-            variant, run_dir = runs[c]
-            weights, labels = load_maps(run_dir, layer, cached)
-            head = sharpest_head(load_maps(run_dir, layer)[0]) if cached else \
-                sharpest_head(weights)  # the same head in both rows
+            variant, weights, labels, head = runs[c]
             leak = future_weight(torch.from_numpy(weights[head])).item()
             how = " (KV cache)" if cached else ""
             draw_map(ax, weights[head], labels, f"{regime}: {variant}{how}\nhead {head}, max "
@@ -344,7 +358,6 @@ def plot_maps(sweep_dir: Path, arms: dict, path: Path, layer: int = 0) -> bool:
                  f"fed one token at a time, as when decoding)", fontsize=10)
     fig.savefig(path, dpi=100, bbox_inches="tight")
     plt.close(fig)
-    return True
 
 
 @dataclass
@@ -364,15 +377,21 @@ def summarize(args: SummaryArgs) -> list[Path]:
     out = Path(args.out) if args.out else sweep
     files = [out / "ablations.md", out / "ablations.png", out / "ablation_maps.png"]
     check_outputs(files, args.overwrite, own=sweep)
+    for path in files:
+        check_output_file(path, "output")
+    # everything read and checked before anything is written (or replaced)
     arms = collect(sweep)
-    out.mkdir(parents=True, exist_ok=True)
     md = table(arms)
     decoding = decoding_table(arms)
     if decoding:
         md += f"\n\n{DECODING_LEGEND}\n\n{decoding}"
+    seed, maps = load_all_maps(sweep, arms, args.layer)
+    out.mkdir(parents=True, exist_ok=True)
     files[0].write_text(f"Summary of {sweep}\n\n{LEGEND}\n\n{md}\n")
     plot(arms, files[1])
-    written = files[:2] + (files[2:] if plot_maps(sweep, arms, files[2], args.layer) else [])
+    if maps:
+        plot_maps(seed, maps, files[2], args.layer)
+    written = files if maps else files[:2]
     print(md)
     print(f"\nwrote {', '.join(map(str, written))}")
     return written

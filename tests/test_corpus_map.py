@@ -1,8 +1,9 @@
-"""The hub path's tokenization: batched datasets.map over several processes, same result as one.
+"""The hub path's tokenization: records streamed to the token cache, whatever data.num_proc says
+(it was the number of datasets.map processes; it is kept for old configs and changes nothing).
 
 The hub cannot be reached here, so `datasets.load_dataset` is replaced by in-memory datasets
 with the hub's shape (a `story` column, train and validation splits); everything after it is the
-real code path (BPE training on the split, map with num_proc, the token cache).
+real code path (BPE training on the split, the streamed encoding, the token cache).
 """
 from __future__ import annotations
 

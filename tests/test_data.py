@@ -205,16 +205,16 @@ def test_token_cache_is_built_once_and_reused(fake_sdist, tmp_path, monkeypatch)
     assert first.vocab_size == len(set(texts["train"])) + 1
 
     def must_not_run(*a, **k):
-        raise AssertionError("load_documents called although the token cache is complete")
+        raise AssertionError("documents read although the token cache is complete")
 
-    monkeypatch.setattr(data.prepare, "load_documents", must_not_run)
+    monkeypatch.setattr(data.prepare, "documents", must_not_run)
     second = prepare_corpus(cfg, tok_cfg)
     assert second.train.filename == first.train.filename  # the same cache entry, memory-mapped
     assert np.array_equal(second.train, first.train)
     assert np.array_equal(second.validation, first.validation)
     assert second.tokenizer.to_str() == first.tokenizer.to_str()
     # another tokenizer is another cache entry (and so needs the texts again)
-    with pytest.raises(AssertionError, match="load_documents called"):
+    with pytest.raises(AssertionError, match="documents read"):
         prepare_corpus(cfg, TokenizerConfig(kind=TokenizerKind.bpe, vocab_size=300))
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import json
 import socket
+import shutil
 import subprocess
 import sys
 import time
@@ -221,6 +222,29 @@ def test_summary_script_keeps_files_it_did_not_write_unless_told(sweep_dir, tmp_
                            f"sweep={sweep_dir}", f"out={docs}", "overwrite=true"],
                           cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and (docs / "ablations.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_summary_checks_every_run_and_the_layer_before_writing_anything(sweep_dir, tmp_path):
+    """Issue 28: the summary wrote (and replaced) ablations.md and its figure, then failed on a
+    run without a checkpoint; layer=99 drew the last layer titled "layer 99"."""
+    from scripts.summarize_ablations import SummaryArgs, summarize
+    from guard.cli import UserError
+
+    out = tmp_path / "out"
+    with pytest.raises(UserError, match=r"layer must be below the 2 layers of .*, got 99"):
+        summarize(SummaryArgs(sweep=str(sweep_dir), out=str(out), layer=99))
+    assert not out.exists()
+    study = tmp_path / "study"
+    shutil.copytree(sweep_dir, study)
+    (study / "ablations.md").write_text("the study's own summary")
+    broken = next(study.rglob("smoke-mask_zero_seed0"))
+    for entry in (broken / "checkpoints").iterdir():  # the folder stays, its checkpoints go
+        shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+    proc = subprocess.run([sys.executable, "-m", "scripts.summarize_ablations", f"sweep={study}"],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert (study / "ablations.md").read_text() == "the study's own summary"
+    assert not (study / "ablations.png").exists()
 
 
 def test_runs_command_lists_and_compares_the_sweep(sweep_dir):

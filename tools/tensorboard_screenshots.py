@@ -33,6 +33,7 @@ from typing import Optional
 from omegaconf import MISSING
 
 from guard.cli import UserError, parse_key_values, run_cli
+from guard.run_dir import event_files
 from scripts.outputs import check_outputs
 
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
@@ -154,6 +155,8 @@ def photograph(args: ScreenshotArgs) -> list[Path]:
     runs = sorted(set(runs))
     if not runs:
         raise UserError(f"no runs with TensorBoard events in {study}")
+    for run in runs:  # (TensorBoard itself would hang on a FIFO named like an events file)
+        event_files(run)
     out = Path(args.out) if args.out else study
     names = ("tensorboard_scalars.png", "tensorboard_images.png", "tensorboard_hparams.png")
     scalars, images, hparams = files = [out / name for name in names]
