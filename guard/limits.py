@@ -14,7 +14,6 @@ import math
 import os
 import sys
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Optional
 
 import torch
