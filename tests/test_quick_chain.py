@@ -37,7 +37,7 @@ def test_train_interrupt_resume_sample(tmp_path):
     assert proc.returncode == 128 + signal.SIGINT, err[-3000:]
     assert "Traceback" not in out + err
     assert f"python train.py resume={run_dir}" in err  # what to type next
-    stopped = load_state(latest_checkpoint(run_dir) / "state.pt")["step"]
+    stopped = load_state(latest_checkpoint(run_dir))["step"]
     assert 10 <= stopped < 100000
 
     resumed = ok(run([TRAIN, f"resume={run_dir}", f"train.max_steps={stopped + 10}"], cwd=tmp_path))
