@@ -721,6 +721,8 @@ PLACEMENT = [
     Case("run_dir_through_a_symlink_loop", V, lambda c: [
         (c.tmp / "loop").symlink_to(c.tmp / "loop") or f"hydra.run.dir={c.tmp / 'loop' / 'run'}"],
          "loop"),
+    Case("run_dir_holding_an_interpolation", V,
+         lambda c: [f"hydra.run.dir={c.tmp / 'a'}" + "\\${x}"], "interpolation"),
     Case("run_dir_name_too_long", V, lambda c: [f"hydra.run.dir={c.tmp / ('x' * 300)}"],
          "too long"),
     Case("default_dir_new_run_failing_late", V,
@@ -1078,6 +1080,8 @@ SWEEPS = [
     Case("sweep_dir_inside_a_run", V, _sweep_into(lambda c: c.ref / "sweep"), "inside the run"),
     Case("sweep_dir_of_another_sweep", V, _sweep_into(
         lambda c: c.write("old/multirun.yaml", "hydra: {}\n").parent), "another sweep"),
+    Case("sweep_dir_holding_an_interpolation", V, lambda c: [
+        "-m", "seed=1,2", f"hydra.sweep.dir={c.tmp / 's'}" + "\\${x}"], "interpolation"),
     Case("sweep_dir_a_file", V, _sweep_into(lambda c: c.write("f", "x")), "not a directory"),
     Case("arm_dir_is_an_existing_run", V, lambda c: [
         "-m", "seed=1337", f"hydra.sweep.dir={c.ref.parent}", f"hydra.sweep.subdir={c.ref.name}"],
@@ -1276,3 +1280,18 @@ def test_the_tables_hold_at_least_150_cases_with_unique_names():
 @pytest.mark.parametrize("kind, case", CASES, ids=[f"{k}/{c.name}" for k, c in CASES])
 def test_a_bad_input_ends_in_one_error_line_and_touches_nothing(env, tmp_path, kind, case):
     check_case(env, tmp_path, case)
+
+
+def test_a_run_named_as_hydra_names_runs_resumes_as_typed(env, tmp_path):
+    """Hydra's override_dirname names a run `seed=1,lr=0.1`, whose `=` and `,` its override
+    grammar reads as syntax: `resume=` takes the path as it is."""
+    run = tmp_path / "seed=1,lr=0.1"
+    shutil.copytree(env["reference"], run, symlinks=True)
+    ok(env["server"].run("train.py", [f"resume={run}", "train.max_steps=22"], cwd=tmp_path))
+    assert latest_checkpoint(run).name == "step_00000022"
+
+
+def test_an_unparsable_override_says_how_to_quote_it(env, tmp_path):
+    result = env["server"].run("train.py", [f"init_from={tmp_path / 'a=b'}"], cwd=tmp_path)
+    assert result.returncode == 2
+    assert f"\"init_from='{tmp_path / 'a=b'}'\"" in one_error_line(result)
