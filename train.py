@@ -53,7 +53,7 @@ from training.evaluate import (attention_diagnostics, bits_per_char, cached_loss
                                mean_loss, qk_grad_norms, rising_validation)
 from training.optim import Optimizers, lr_at, make_optimizer
 from training.runtime import (StopFlag, World, all_mean, all_sum, barrier, broadcast_from_main,
-                              init_world, launch_rank, shutdown)
+                              init_world, shutdown)
 from training.state import Progress, rng_state, seed_everything, set_rng_state
 from training.tb import open_writer, write_hparams
 
@@ -574,7 +574,7 @@ def cli() -> None:
     shows the traceback), and a new run that fails before it trained leaves nothing behind."""
     trace = os.environ.get("HYDRA_FULL_ERROR") == "1"
     remember_command(sys.argv)  # the lock's holder, as the user typed it
-    launch = Launch(sys.argv[1:], rank=launch_rank())
+    launch = Launch(sys.argv[1:])
     code = run_cli(lambda: [main(job) for job in launch.jobs()] and None, undo=launch.undo,
                    trace=trace, interrupted="interrupted; the last complete checkpoint, if any, "
                                             "is kept")

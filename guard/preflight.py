@@ -38,7 +38,7 @@ from data.corpus import check_split_overlap
 from guard.cli import UserError, first_line, hydra_string, one_line
 from guard.corpus import load_tokenizer
 from guard.files import MAX_CONFIG_BYTES, dump_run_config, literal, parse_run_config
-from guard.limits import check_config, check_text, check_training_fits, parse_device
+from guard.limits import check_config, check_text, check_training_fits, parse_device, parse_launch
 from guard.run_dir import (check_resumable, is_model_folder, is_run, read_source, resolved,
                            resume_target, saved_config)
 from guard.run_lock import lock_run, unlock_run
@@ -348,7 +348,7 @@ class Launch:
     """What `python train.py <argv>` is to do, and what it made (to undo a failure)."""
 
     argv: list[str]
-    rank: int = 0  # under torchrun: a rank > 0 writes nothing and checks what rank 0 does
+    rank: int = 0  # under torchrun (set by jobs): a rank > 0 checks what rank 0 does, writes nothing
     made: list = field(default_factory=list)
     sweep_dir: Optional[Made] = None
 
@@ -365,6 +365,7 @@ class Launch:
     def jobs(self) -> Iterator[Job]:
         """The runs to train, one after the other, each ready (its directory, lock, log and
         record); every check made before the first. None for --help and --cfg."""
+        self.rank = parse_launch(os.environ).rank
         args, overrides = parse_command(self.argv)
         with _hydra():
             if args.multirun:
