@@ -348,7 +348,7 @@ class Launch:
     """What `python train.py <argv>` is to do, and what it made (to undo a failure)."""
 
     argv: list[str]
-    rank: int = 0  # under torchrun (set by jobs): a rank > 0 checks what rank 0 does, writes nothing
+    rank: int = 0  # torchrun's (set by jobs): a rank > 0 checks what rank 0 does, writes nothing
     made: list = field(default_factory=list)
     sweep_dir: Optional[Made] = None
 
@@ -358,8 +358,8 @@ class Launch:
         for made in reversed(self.made):
             made.undo()
         d = self.sweep_dir
-        if d is not None and d.path.is_dir() \
-                and set(os.listdir(d.path)) - (d.names_before or set()) <= {"multirun.yaml", ".lock"}:
+        if d is not None and d.path.is_dir() and \
+                set(os.listdir(d.path)) - (d.names_before or set()) <= {"multirun.yaml", ".lock"}:
             d.undo()
 
     def jobs(self) -> Iterator[Job]:
@@ -413,7 +413,8 @@ class Launch:
         """Every arm composed and checked, and the sweep's directory made."""
         parsed = [o for arg in overrides for o in OverridesParser.create().parse_overrides([arg])]
         hydra_lines = [o.input_line for o in parsed if o.is_hydra_override()]
-        swept_hydra = [o.input_line for o in parsed if o.is_hydra_override() and o.is_sweep_override()]
+        swept_hydra = [o.input_line for o in parsed
+                       if o.is_hydra_override() and o.is_sweep_override()]
         if swept_hydra:
             raise UserError(f"sweeping over Hydra's own configuration ({swept_hydra[0]}) is not "
                             f"supported")
@@ -424,8 +425,8 @@ class Launch:
                             "(hydra/sweeper=basic, hydra/launcher=basic)")
         params = [f"{k}={v}" for k, v in (master.hydra.sweeper.params or {}).items()]
         try:
-            arms, swept = expand(params + [o.input_line for o in parsed if not o.is_hydra_override()],
-                                 GlobalHydra.instance().config_loader())
+            task_lines = [o.input_line for o in parsed if not o.is_hydra_override()]
+            arms, swept = expand(params + task_lines, GlobalHydra.instance().config_loader())
         except UserError:
             raise
         except Exception as exc:
