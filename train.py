@@ -26,23 +26,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-import hydra
 import numpy as np
 import torch
-from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from data.batches import RandomWindows, fixed_windows
 from data.prepare import PreparedCorpus, prepare_corpus
-from guard.cli import UserError, exit_with, mistakes_exit, run_cli
+from guard.cli import UserError, exit_with, run_cli
 from guard.corpus import check_split_lengths
 from guard.limits import check_fused_kernel, parse_device
-from guard.preflight import preflight, release_run, resolve_run, undo_failed_run
+from guard.preflight import Job, Launch
 from guard.files import dump_run_config
-from guard.run_dir import load_folder_weights, refuse_folder_overrides
+from guard.run_dir import load_folder_weights
 from guard.run_lock import release_locks, remember_command
 from model.attention import causal_variant
 from model.gpt import GPT
@@ -50,14 +47,14 @@ from model.sampling import seeded_generator
 from training.attention_maps import log_attention_maps, map_window
 from training.checkpoint import (CHECKPOINTS, WEIGHTS, atomic_write, link_latest, load_weights,
                                  restore, save_best, save_checkpoint)
-from training.config import CONF_DIR, Config, NonFinite, register_configs
+from training.config import Config, NonFinite, register_configs
 from training.device import autocast
 from training.dtype_probe import choose_dtype
 from training.evaluate import (attention_diagnostics, bits_per_char, cached_loss, full_split_loss,
                                mean_loss, qk_grad_norms, rising_validation)
 from training.optim import Optimizers, lr_at, make_optimizer
 from training.runtime import (StopFlag, World, all_mean, all_sum, barrier, broadcast_from_main,
-                              init_world, launch_rank, shutdown)
+                              init_world, shutdown)
 from training.state import Progress, rng_state, seed_everything, set_rng_state
 from training.tb import open_writer, write_hparams
 
@@ -560,51 +557,35 @@ def report(metrics: dict, run_dir: Path) -> None:
 # ----------------------------------------------------------------------------- command line
 
 
-@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
-def main(cfg: DictConfig) -> float:
-    world = run = None
-    # A mistake ends the process here: in a sweep, at the first job that fails.
-    with mistakes_exit():
-        try:
-            run = resolve_run(cfg)  # preflight's (a run, a sweep's arm), or a rank > 0's
-            world = init_world(parse_device(run.cfg.train.device, "train.device"))
-            run_dir = Path(broadcast_from_main(str(run.run_dir), world))  # rank 0's for all
-            metrics = train(run.cfg, run_dir, run.resuming, world)
-        finally:
-            if world is not None:
-                shutdown(world)
-            if run is not None:
-                release_run(run)
+def main(job: Job) -> None:
+    """Train the run `job` holds (on every process under torchrun: rank 0's directory)."""
+    world = None
+    try:
+        world = init_world(parse_device(job.settled.cfg.train.device, "train.device"))
+        run_dir = Path(broadcast_from_main(str(job.settled.run_dir), world))
+        metrics = train(job.settled.cfg, run_dir, job.settled.resuming, world)
+    finally:
+        if world is not None:
+            shutdown(world)
     if world.is_main and metrics:
         report(metrics, run_dir)
-        if HydraConfig.get().mode.name == "RUN":
+        if job.single:
             link_latest(run_dir)
-    return metrics.get("causal_val_loss", math.nan)
 
 
 def cli() -> None:
-    """python train.py ...: `preflight` checks the command and creates a new run's directory
-    before Hydra writes anything into it, then Hydra runs `main`. Every mistake is one `error:`
-    line, Hydra's own too (HYDRA_FULL_ERROR=1 set by the user still shows its traceback), and a
-    new run that fails before it trained leaves nothing behind."""
+    """python train.py ...: the config is composed once (Hydra's Compose API), checked, and the
+    run's directory made, before a byte is written (guard/preflight.py); then each run trains (a
+    -m sweep's arms one after the other). Every mistake is one `error:` line (HYDRA_FULL_ERROR=1
+    shows the traceback), and a new run that fails before it trained leaves nothing behind."""
     trace = os.environ.get("HYDRA_FULL_ERROR") == "1"
     remember_command(sys.argv)  # the lock's holder, as the user typed it
-    code = run_cli(_start, undo=undo_failed_run, trace=trace,
-                   interrupted="interrupted; the last complete checkpoint, if any, is kept")
+    launch = Launch(sys.argv[1:])
+    code = run_cli(lambda: [main(job) for job in launch.jobs()] and None, undo=launch.undo,
+                   trace=trace, interrupted="interrupted; the last complete checkpoint, if any, "
+                                            "is kept")
     release_locks()
     exit_with(code)
-
-
-def _start() -> None:
-    if launch_rank() > 0:
-        # Under torchrun only rank 0 owns a run directory; the others write nothing of Hydra's.
-        sys.argv += ["hydra.run.dir=.", "hydra.output_subdir=null",
-                     "hydra/job_logging=disabled", "hydra/hydra_logging=disabled"]
-    else:
-        refuse_folder_overrides(sys.argv[1:])
-        sys.argv[1:] = preflight(sys.argv[1:])
-    os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra re-raises instead of printing several lines
-    main()
 
 
 if __name__ == "__main__":

@@ -17,8 +17,9 @@ boundary. Inside the core, a broken assumption is an assert.
     run_dir.py     reading a run directory or a model folder, by the same checks: resume targets,
                    load_run for sampling
     run_lock.py    one process at a time in a run directory
-    preflight.py   train.py before Hydra: compose once, place the run, check, undo a failed run
-    sweep.py       a -m sweep planned whole: every arm checked and its directory named first
+    preflight.py   train.py's command line: compose once (Hydra's Compose API), check, place
+                   the run (every arm of a -m sweep first), undo a failed run
+    sweep.py       a -m sweep's arms, and the name of each arm's directory
 
 cli.py and files.py stand on the ground floor (data/ and model/hf.py import them); limits.py
 and what reads runs stand above the config dataclasses and the model.

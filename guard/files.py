@@ -22,7 +22,6 @@ from pathlib import Path
 
 import yaml
 from omegaconf import DictConfig, OmegaConf
-from omegaconf._utils import OmegaConfDumper, get_yaml_loader
 
 from guard.cli import FileRefused, FormatError, first_line
 
@@ -166,15 +165,21 @@ def dump_run_config(cfg) -> str:
                      Dumper=_RunConfigDumper)
 
 
-class _RunConfigDumper(OmegaConfDumper):
-    pass
+class _RunConfigDumper(yaml.SafeDumper):
+    """PyYAML quotes a string that its reader would take for another type (`true`, `12`, `1.5`);
+    OmegaConf's reader also takes a number with an unsigned exponent (`1e3`, `1.5e3`) for a
+    float, so such a string is quoted too (check_saved_config proves each config reads back)."""
+
+
+_RunConfigDumper.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."))
 
 
 def _represent_str(dumper: yaml.Dumper, text: str) -> yaml.ScalarNode:
-    if not text.isprintable():
-        return dumper.represent_scalar(yaml.resolver.BaseResolver.DEFAULT_SCALAR_TAG, text,
-                                       style='"')
-    return OmegaConfDumper.str_representer(dumper, text)
+    return dumper.represent_scalar("tag:yaml.org,2002:str", text,
+                                   style=None if text.isprintable() else '"')
 
 
 _RunConfigDumper.add_representer(str, _represent_str)
@@ -200,7 +205,7 @@ def literal(value):
 # an interpolation that is not escaped: `${` after an even number of backslashes
 _INTERPOLATION = re.compile(r"(?<!\\)(?:\\\\)*\$\{")
 # libyaml's scanner when PyYAML has it (30x faster); the tokens are the same
-_SCANNER = getattr(yaml, "CSafeLoader", None) or get_yaml_loader()
+_SCANNER = getattr(yaml, "CSafeLoader", None) or yaml.SafeLoader
 
 
 def _plain_yaml_problem(text: str) -> str:

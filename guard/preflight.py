@@ -1,32 +1,36 @@
-"""Before Hydra: which run directory a train.py command writes to, and every check made before
-anything is written anywhere.
+"""Before a run: the config composed once, every value and the run's directory checked, and only
+then the directory made.
 
-A new run gets a fresh directory (Hydra's `hydra.run.dir`); `resume=DIR` continues DIR with its
-saved config. Hydra creates hydra.run.dir and writes `.hydra/` into it before train.py's main
-runs, so `preflight` decides first, from the command line alone: it composes the config as Hydra
-will, resolves the directory (through `..`, symbolic links and interpolations), checks every value
-and that the model fits, and only then lets Hydra go on, with the directory spelt out. A resume's
-Hydra directory is the run itself, with no `.hydra/` record rewritten, so a resume never leaves a
-directory behind and writes only what the resumed training writes. A new run is never placed in
-or inside an existing run, and a new run that fails before training leaves nothing.
+train.py composes its config with Hydra's Compose API (`initialize_config_dir` and `compose`), not
+with `@hydra.main`, which creates the run directory and writes `.hydra/` into it before the program
+runs: here the command line is parsed, the config composed, its values, memory and directory
+checked, and the directory created, in that order, so that a command refused writes nothing. What
+`@hydra.main` would do for the run is then done by `Launch.jobs`, which yields each run to train:
+its logging (conf/hydra/job_logging) and the `.hydra/` record of its config and overrides.
 
-Once per process: Hydra composes the config again to run main (it cannot be handed ours), and main
-takes the typed config preflight settled (`resolve_run`). Each job of a `-m` sweep and the ranks
-> 0 of torchrun skip preflight (a sweep's directories are Hydra's; other ranks write nothing), so
-for them `resolve_run` settles the config in main.
+A new run gets a fresh directory (`hydra.run.dir`); `resume=DIR` continues DIR with its saved
+config, writing no `.hydra/` record. A new run is never placed in or inside an existing run, and
+a new run that fails before training leaves nothing (`Launch.undo`). A `-m` sweep (guard/sweep.py)
+composes and checks every arm before the first trains; each arm's directory is made at its turn.
 """
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import logging.config
 import os
 import shutil
+import sys
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Iterator, Optional, Sequence
 
+from hydra import compose as hydra_compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict, read_write
 from omegaconf.errors import OmegaConfBaseException
 
 from data.config import Source, TokenizerConfig, TokenizerKind
@@ -34,11 +38,11 @@ from data.corpus import check_split_overlap
 from guard.cli import UserError, first_line, hydra_string, one_line
 from guard.corpus import load_tokenizer
 from guard.files import MAX_CONFIG_BYTES, dump_run_config, literal, parse_run_config
-from guard.limits import check_config, check_text, check_training_fits, parse_device
-from guard.run_dir import (check_resumable, is_model_folder, is_run, read_source, resolved,
-                           resume_target, saved_config)
+from guard.limits import check_config, check_text, check_training_fits, parse_device, parse_launch
+from guard.run_dir import (check_resumable, is_model_folder, is_run, read_source,
+                           refuse_folder_overrides, resolved, resume_target, saved_config)
 from guard.run_lock import lock_run, unlock_run
-from guard.sweep import SweepPlan, plan_sweep
+from guard.sweep import MAX_NAME, arm_names, expand
 from training.checkpoint import holds_checkpoints
 from training.config import CONF_DIR, Config, register_configs
 
@@ -152,114 +156,172 @@ def merge_saved(run_dir: Path, cfg: DictConfig, task_overrides: list[str]) -> Di
     return merged
 
 
-_this_process: Optional["Preflight"] = None  # what preflight decided, for main and for undo
-
-
-def resolve_run(cfg: DictConfig) -> Settled:
-    """The run main is to train: settled by preflight in this process (a single run, or the arm
-    of a `-m` sweep that Hydra is running), or (a rank > 0 of torchrun) settled here from the
-    config Hydra composed. Rank 0 holds the run's lock from here on (release_run)."""
-    hydra_cfg = HydraConfig.get()
-    if _this_process is not None and _this_process.sweep is not None:
-        arm = _this_process.sweep.arm_at(resolved(Path(hydra_cfg.runtime.output_dir)))
-        if arm is None:
-            raise UserError(f"Hydra runs the sweep job {hydra_cfg.runtime.output_dir}, which "
-                            f"train.py did not plan")
-        lock_run(arm.settled.run_dir)
-        return arm.settled
-    if _this_process is not None and _this_process.settled is not None:
-        return _this_process.settled
-    return settle(cfg, list(hydra_cfg.overrides.task), Path(hydra_cfg.runtime.output_dir))
-
-
-def release_run(settled: Settled) -> None:
-    """A sweep's arm is done: its directory is free for others (a single run's lock is held to
-    the end of the process)."""
-    if _this_process is not None and _this_process.sweep is not None:
-        unlock_run(settled.run_dir)
+# ----------------------------------------------------------------------------- composing
 
 
 def compose(overrides: Sequence[str] = ()) -> Config:
     """The checked config `python train.py <overrides>` would run with, composed by Hydra from
     conf/: benches and tests use the shipped configs instead of restating defaults."""
-    composed = _compose(overrides, hydra_node=False)
-    conf: Config = OmegaConf.to_object(composed)
+    with _hydra():
+        conf: Config = OmegaConf.to_object(_task(_compose(overrides)))
     check_config(conf)
     return conf
 
 
-def _compose(argv: Sequence[str], hydra_node: bool = True) -> DictConfig:
-    """The config Hydra will compose for these overrides (with its `hydra` node). Where it does
-    not compose, Hydra would fail the same way: the reason is reported now (some of Hydra's own
-    reports are tracebacks)."""
-    from hydra import compose as hydra_compose, initialize_config_dir
-
+@contextmanager
+def _hydra() -> Iterator[None]:
+    """Hydra set up to compose conf/ (its job named train: the log is train.log)."""
     register_configs()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="train"):
+        yield
+
+
+def _compose(overrides: Sequence[str]) -> DictConfig:
+    """The config of these overrides, with its `hydra` node; a key added with + that the schema
+    does not have is refused (it would be silently ignored)."""
     try:
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            cfg = hydra_compose("config", overrides=list(argv), return_hydra_config=hydra_node)
+        cfg = hydra_compose("config", overrides=list(overrides), return_hydra_config=True)
     except Exception as exc:
         raise UserError(one_line(exc)) from exc
-    if hydra_node:
-        HydraConfig.instance().set_config(cfg)  # for ${hydra:...} in hydra.run.dir
-    unknown = _added_keys(cfg, "")
+    HydraConfig.instance().set_config(cfg)  # for ${hydra:...}, and the run's record of choices
+    unknown = _added_key(cfg)
     if unknown:
-        raise UserError(f"{unknown[0]} is not a key of the config (added with +); check its "
+        raise UserError(f"{unknown} is not a key of the config (added with +); check its "
                         f"spelling against conf/")
     return cfg
 
 
-def _added_keys(node, prefix: str) -> list[str]:
-    """Keys of node (recursively) that its schema dataclass does not have: `+model.width=3`
-    adds one, which would be silently ignored."""
-    if not isinstance(node, DictConfig):
-        return []
+def _added_key(node: DictConfig, prefix: str = "") -> Optional[str]:
+    """The first key of node (recursively) that its schema dataclass does not have."""
     schema = OmegaConf.get_type(node)
     known = {f.name for f in dataclasses.fields(schema)} if dataclasses.is_dataclass(schema) \
         else None
-    found = []
     for key in node.keys():
         name = f"{prefix}{key}"
-        if known is not None and key not in known and name != "hydra":
-            found.append(name)
-        elif name != "hydra":
-            found += _added_keys(node._get_node(key), f"{name}.")
-    return found
+        if name == "hydra":
+            continue
+        if known is not None and key not in known:
+            return name
+        if not (OmegaConf.is_missing(node, key) or OmegaConf.is_interpolation(node, key)) \
+                and isinstance(node[key], DictConfig):
+            found = _added_key(node[key], f"{name}.")
+            if found:
+                return found
+    return None
 
 
-# ----------------------------------------------------------------------------- before Hydra
+def _task(cfg: DictConfig) -> DictConfig:
+    """The config without its `hydra` node: what the program runs with."""
+    task = cfg.copy()
+    with open_dict(task):
+        del task["hydra"]
+    return task
+
+
+def _select(cfg: DictConfig, key: str) -> str:
+    try:
+        value = OmegaConf.select(cfg, key, throw_on_resolution_failure=True)
+    except Exception as exc:
+        raise UserError(f"cannot resolve {key}: {first_line(exc)}") from None
+    if not isinstance(value, (str, int)) or value == "":
+        raise UserError(f"{key} must be a directory path, got {value!r}")
+    return str(value)
+
+
+# ----------------------------------------------------------------------------- the command line
+
+UNSUPPORTED = ("-cp", "--config-path", "-cn", "--config-name", "-cd", "--config-dir")
+
+
+def parse_command(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    """(the options, the overrides) of `train.py <argv>`; a mistake as one UserError. An override
+    that Hydra cannot parse is named; `resume=` takes any path (one Hydra named with `=`, as
+    override_dirname does, is quoted for it)."""
+    for arg in argv:  # (Hydra's parser would say "token recognition error")
+        check_text(arg, f"the argument {arg[:40]!r}")
+    parser = argparse.ArgumentParser(prog="train.py", add_help=False)
+    parser.add_argument("overrides", nargs="*")
+    parser.add_argument("-h", "--help", action="store_true")
+    parser.add_argument("-m", "--multirun", action="store_true")
+    parser.add_argument("-c", "--cfg", choices=("job", "hydra", "all"))
+    parser.add_argument("--resolve", action="store_true")
+    for short, long in zip(UNSUPPORTED[::2], UNSUPPORTED[1::2]):
+        parser.add_argument(short, long, dest=long[2:].replace("-", "_"))
+
+    def refuse(message: str):
+        raise UserError(f"{message} (python train.py --help lists the options)")
+
+    parser.error = refuse
+    args = parser.parse_intermixed_args(argv)  # (options anywhere, as Hydra takes them)
+    given = next((a for a in argv if a.split("=", 1)[0] in UNSUPPORTED), None)
+    if given:
+        raise UserError(f"{given.split('=', 1)[0]} is not supported: train.py composes "
+                        f"conf/config.yaml (choose configs with overrides such as "
+                        f"+experiment=..., or add a config directory with "
+                        f"hydra.searchpath=[file:///path/to/conf])")
+    if args.multirun and args.cfg:
+        raise UserError("--multirun and --cfg exclude each other: give one of them")
+    if args.resolve and not args.cfg:
+        raise UserError("--resolve only goes with --cfg (job, hydra or all)")
+    overrides, parser = [], OverridesParser.create()
+    for arg in args.overrides:
+        key, _, value = arg.partition("=")
+        try:
+            if not parser.parse_overrides([arg])[0].key_or_group:
+                raise UserError(f"the override {arg!r} names no key")
+        except UserError:
+            raise
+        except Exception as exc:
+            if key != "resume":
+                raise UserError(f"cannot parse the override {arg!r}: {one_line(exc)}; a value "
+                                f"holding = , or brackets as text is quoted for Hydra: "
+                                f"\"{key}={hydra_string(value)}\"") from None
+            arg = f"resume={hydra_string(value)}"
+        overrides.append(arg)
+    return args, overrides
+
+
+def help_text(cfg: DictConfig) -> str:
+    """--help: the usage, the config groups with their options, and the config itself."""
+    groups = sorted(p for p in CONF_DIR.iterdir() if p.is_dir() and p.name != "hydra")
+    defaults = set(cfg.hydra.runtime.choices)
+    lines = ["usage: python train.py [-m] [--cfg job|hydra|all [--resolve]] [group=option ...] "
+             "[key=value ...]", "", "config groups (group=option; those marked + are added "
+             "with +group=option):"]
+    lines += [f"  {'' if p.name in defaults else '+'}{p.name}: "
+              f"{', '.join(sorted(f.stem for f in p.glob('*.yaml')))}" for p in groups]
+    lines += ["", "the config (any key can be overridden: key=value; -m sweeps key=a,b):", "",
+              OmegaConf.to_yaml(_task(cfg))]
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- the runs
 
 
 @dataclass
-class Preflight:
-    """What preflight decided: the command line Hydra gets, the run it settled (or the sweep it
-    planned), and what to undo if the run fails."""
+class Made:
+    """A directory this command made, or entered (names_before: what it held), to take back if
+    its run fails before training; parents: the directories made above it, innermost first."""
 
-    argv: list[str]
-    settled: Optional[Settled] = None
-    run_dir: Optional[Path] = None        # a new run's directory
-    created: list = field(default_factory=list)  # directories it created, innermost first
-    names_before: Optional[set] = None    # entries of run_dir before, if it existed
-    sweep: Optional[SweepPlan] = None     # a -m sweep's arms
+    path: Path
+    names_before: Optional[set] = None
+    parents: list = field(default_factory=list)
 
     def undo(self) -> None:
-        """A new run (or a sweep) failed: remove what this command wrote for any run that never
-        started training (no checkpoint, no TensorBoard events)."""
-        if self.sweep is not None:
-            self.sweep.undo(trained)
-        path = self.run_dir
-        if path is None or not path.is_dir() or trained(path):
+        if not self.path.is_dir() or trained(self.path):
             return
-        if self.names_before is not None:
-            for name in set(os.listdir(path)) - self.names_before:
-                entry = path / name
-                if entry.is_dir() and not entry.is_symlink():
-                    shutil.rmtree(entry, ignore_errors=True)
-                else:
-                    entry.unlink(missing_ok=True)
-            return
-        shutil.rmtree(path, ignore_errors=True)
-        for parent in self.created[1:]:  # created above it (e.g. runs/): only if left empty
+        if self.names_before is None:
+            shutil.rmtree(self.path, ignore_errors=True)
+            return self._remove_parents()
+        for name in set(os.listdir(self.path)) - self.names_before:
+            entry = self.path / name
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
+
+    def _remove_parents(self) -> None:
+        for parent in self.parents:  # only if left empty
             try:
                 parent.rmdir()
             except OSError:
@@ -271,140 +333,172 @@ def trained(path: Path) -> bool:
     return holds_checkpoints(path) or any(path.glob("events.out.tfevents.*"))
 
 
-def preflight(argv: list[str]) -> list[str]:
-    """Checks that must come before Hydra, which creates hydra.run.dir and writes .hydra/ into it
-    before main runs. Returns the command line to give Hydra: the run directory spelt out (a
-    resume's is the run itself, without a new .hydra/ record), or a sweep's directories."""
-    global _this_process
-    _this_process = _preflight(argv)
-    return _this_process.argv
+@dataclass
+class Job:
+    """One run to train: its checked config, and its composed one (Hydra's record of it)."""
+
+    settled: Settled
+    composed: DictConfig
+    record: Optional[str] = ".hydra"  # hydra.output_subdir; None: no record (a resume)
+    single: bool = True               # not an arm of a sweep
 
 
-def undo_failed_run() -> None:
-    """What this process's preflight created for a new run that failed before training."""
-    if _this_process is not None:
-        _this_process.undo()
+@dataclass
+class Launch:
+    """What `python train.py <argv>` is to do, and what it made (to undo a failure)."""
 
+    argv: list[str]
+    rank: int = 0  # torchrun's (set by jobs): a rank > 0 checks what rank 0 does, writes nothing
+    made: list = field(default_factory=list)
+    sweep_dir: Optional[Made] = None
 
-# Hydra's options (hydra/_internal/utils.py): those that only show something, and those that
-# would make Hydra compose another config than the one preflight checks.
-SHOWING = {"--help", "-h", "--hydra-help", "--version", "--cfg", "-c", "--info", "-i",
-           "--shell-completion", "-sc"}
-UNSUPPORTED = {"--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd",
-               "--experimental-rerun"}
+    def undo(self) -> None:
+        """Take back the directories of runs that never trained (and a sweep's own directory,
+        if nothing but its multirun.yaml and lock is left in it)."""
+        for made in reversed(self.made):
+            made.undo()
+        d = self.sweep_dir
+        if d is not None and d.path.is_dir() and \
+                set(os.listdir(d.path)) - (d.names_before or set()) <= {"multirun.yaml", ".lock"}:
+            d.undo()
 
+    def jobs(self) -> Iterator[Job]:
+        """The runs to train, one after the other, each ready (its directory, lock, log and
+        record); every check made before the first. None for --help and --cfg."""
+        self.rank = parse_launch(os.environ).rank
+        args, overrides = parse_command(self.argv)
+        if self.rank == 0:
+            refuse_folder_overrides(overrides)  # init_from= gives the shape and the tokenizer
+        with _hydra():
+            if args.multirun:
+                if self.rank > 0:
+                    raise UserError("a -m sweep cannot run under torchrun; run each arm with it")
+                jobs = self._plan_sweep(overrides)
+            else:
+                cfg = _compose(overrides)
+                if args.help or args.cfg:
+                    print(help_text(cfg) if args.help else OmegaConf.to_yaml(
+                        {"job": _task(cfg), "hydra": {"hydra": cfg.hydra}, "all": cfg}[
+                            args.cfg or "all"], resolve=args.resolve))
+                    return
+                jobs = [self._plan_run(cfg)]
+        for job in jobs:
+            if self.rank == 0:
+                self._begin(job)
+            yield job
+            if not job.single:
+                unlock_run(job.settled.run_dir)
 
-def _options(argv: list[str]) -> tuple[set, list[str]]:
-    """(the options given, the overrides) of a command line, parsed by Hydra's own parser; a
-    mistake in them as a UserError (argparse would print its usage and several lines)."""
-    from hydra._internal.utils import get_args_parser
+    def _plan_run(self, cfg: DictConfig) -> Job:
+        task, overrides = _task(cfg), list(cfg.hydra.overrides.task)
+        given = {o.split("=", 1)[0] for o in cfg.hydra.overrides.hydra}
+        if self.rank > 0:  # rank 0's directory: broadcast when training starts
+            return Job(settle(task, overrides, Path(".")), cfg, None)
+        if task.resume:
+            run = resume_target(task.resume)
+            check_resumable(run)
+            if "hydra.run.dir" in given and resolved(Path(_select(cfg, "hydra.run.dir"))) != run:
+                raise UserError(f"resume={task.resume} continues {run} in place; leave "
+                                f"hydra.run.dir out (it names {cfg.hydra.run.dir})")
+            settled = settle(task, overrides, run)
+            lock_run(run)  # after every check, before anything is written
+            return Job(settled, cfg, None)
+        path = resolved(Path(_select(cfg, "hydra.run.dir")))
+        check_new_run_dir(path, cfg.hydra.output_subdir)
+        settled = settle(task, overrides, path)
+        made = create_dir(path, unique="hydra.run.dir" not in given)
+        self.made.append(made)
+        lock_run(made.path)
+        return Job(replace(settled, run_dir=made.path), cfg, cfg.hydra.output_subdir)
 
-    parser = get_args_parser()
-
-    def refuse(message: str):
-        raise UserError(f"{message} (python train.py --help lists the options)")
-
-    parser.error = refuse
-    parser.exit = lambda status=0, message=None: refuse((message or "").strip() or "bad option")
-    flags = {a.split("=", 1)[0] for a in argv if a.startswith("-")}
-    if "--version" in flags:
-        return flags, argv  # argparse prints and exits: Hydra's own, untouched
-    args = parser.parse_intermixed_args(argv)  # (flags anywhere: Hydra gets them first)
-    unsupported = sorted(flags & UNSUPPORTED)
-    if unsupported and not flags & SHOWING:
-        raise UserError(f"{unsupported[0]} is not supported: train.py composes conf/config.yaml "
-                        f"(choose configs with overrides such as +experiment=..., or add a config "
-                        f"directory with hydra.searchpath=[file:///path/to/conf])")
-    modes = [name for name, given in (("--run", args.run), ("--multirun", args.multirun),
-                                      ("--cfg", args.cfg), ("--info", args.info),
-                                      ("--shell-completion", args.shell_completion)) if given]
-    if len(modes) > 1:
-        raise UserError(f"{' and '.join(modes)} exclude each other: give one of --run, "
-                        f"--multirun, --cfg, --info and --shell-completion")
-    if (args.resolve or args.package) and not args.cfg:
-        raise UserError("--resolve and --package only go with --cfg (job, hydra or all)")
-    return flags, list(args.overrides)
-
-
-def _preflight(argv: list[str]) -> Preflight:
-    for arg in argv:  # (Hydra's parser would say "token recognition error")
-        check_text(arg, f"the argument {arg[:40]!r}")
-    flags, overrides = _options(argv)
-    if flags & SHOWING:  # Hydra prints a config or its help, and runs nothing
-        return Preflight(argv)
-    if flags & {"--multirun", "-m"}:
-        hydra_argv, plan = plan_sweep(overrides, settle, check_new_run_dir, create_run_dir)
+    def _plan_sweep(self, overrides: list[str]) -> list[Job]:
+        """Every arm composed and checked, and the sweep's directory made."""
+        parsed = [o for arg in overrides for o in OverridesParser.create().parse_overrides([arg])]
+        hydra_lines = [o.input_line for o in parsed if o.is_hydra_override()]
+        swept_hydra = [o.input_line for o in parsed
+                       if o.is_hydra_override() and o.is_sweep_override()]
+        if swept_hydra:
+            raise UserError(f"sweeping over Hydra's own configuration ({swept_hydra[0]}) is not "
+                            f"supported")
+        master = _compose([o.input_line for o in parsed if not o.is_sweep_override()])
+        choices = master.hydra.runtime.choices
+        if (choices.get("hydra/sweeper"), choices.get("hydra/launcher")) != ("basic", "basic"):
+            raise UserError("train.py runs sweeps with Hydra's basic sweeper and launcher only "
+                            "(hydra/sweeper=basic, hydra/launcher=basic)")
+        params = [f"{k}={v}" for k, v in (master.hydra.sweeper.params or {}).items()]
         try:
-            lock_run(plan.sweep_dir)
-        except BaseException:
-            plan.undo(trained)
+            task_lines = [o.input_line for o in parsed if not o.is_hydra_override()]
+            arms, swept = expand(params + task_lines, GlobalHydra.instance().config_loader())
+        except UserError:
             raise
-        return Preflight(hydra_argv, sweep=plan)
-    argv = overrides
-    parser = OverridesParser.create()
-    parsed = []
-    for arg in argv:
-        try:
-            parsed += parser.parse_overrides([arg])
         except Exception as exc:
-            raise UserError(f"cannot parse the override {arg!r}: {one_line(exc)}") from None
-        if not parsed[-1].key_or_group:
-            raise UserError(f"the override {arg!r} names no key")
-    options = {o.key_or_group: o.value() for o in parsed if not o.is_delete()}
-    placement = {"hydra.run.dir", "hydra.output_subdir"}
-    rest = [o.input_line for o in parsed if o.key_or_group not in placement]
-    if options.get("resume"):
-        run = resume_target(options["resume"])
-        check_resumable(run)
-        composed = _compose(argv)
-        if "hydra.run.dir" in options:
-            given = _hydra_run_dir(composed)
-            if not isinstance(given, str) or resolved(Path(given)) != run:
-                raise UserError(f"resume={options['resume']} continues {run} in place; leave "
-                                f"hydra.run.dir out (it names {given})")
-        settled = settle(_task_config(composed), list(composed.hydra.overrides.task), run)
-        lock_run(run)  # after every check, before anything is written
-        return Preflight(rest + [f"hydra.run.dir={_quoted(run)}", "hydra.output_subdir=null"],
-                         settled)
-    composed = _compose(argv)
-    raw = _hydra_run_dir(composed)
-    if not isinstance(raw, str) or not raw:
-        raise UserError(f"hydra.run.dir must be a directory path, got {raw!r}")
-    path = resolved(Path(raw))
-    check_new_run_dir(path, composed.hydra.output_subdir)
-    settled = settle(_task_config(composed), list(composed.hydra.overrides.task), path)
-    plan = create_run_dir(path, unique="hydra.run.dir" not in options)
-    try:
-        lock_run(plan.run_dir)
-    except BaseException:
-        plan.undo()
-        raise
-    plan.settled = dataclasses.replace(settled, run_dir=plan.run_dir)
-    plan.argv = rest + [f"hydra.run.dir={_quoted(plan.run_dir)}"] \
-        + [o.input_line for o in parsed if o.key_or_group == "hydra.output_subdir"]
-    return plan
+            raise UserError(one_line(exc)) from exc
+        if "resume" in swept or any(a.split("=", 1)[0] == "resume" for arm in arms for a in arm):
+            raise UserError("resume= continues one run in place and cannot be part of a -m sweep; "
+                            "resume each run with python train.py resume=<run>")
+        root = resolved(Path(_select(master, "hydra.sweep.dir")))
+        check_sweep_dir(root)
+        if len(arms) > 4:
+            print(f"checking the {len(arms)} arms of this sweep before the first one starts ...",
+                  file=sys.stderr)
+        jobs = []
+        for i, arm in enumerate(arms):
+            cfg = _compose(hydra_lines + arm)
+            OmegaConf.copy_cache(from_config=master, to_config=cfg)  # the same ${now:...}
+            with read_write(cfg.hydra.job), open_dict(cfg.hydra.job):
+                cfg.hydra.job.num = cfg.hydra.job.id = i
+            jobs.append(Job(None, cfg, single=False))
+        configured = []
+        for job in jobs:
+            HydraConfig.instance().set_config(job.composed)
+            configured.append(_select(job.composed, "hydra.sweep.subdir"))
+        names = arm_names(arms, configured, swept)
+        given = {a.split("=", 1)[0] for a in hydra_lines}
+        shared = next((n for n in names if names.count(n) > 1), None)
+        if shared or "hydra.sweep.subdir" in given and names != configured:
+            raise UserError(f"several arms of this sweep would write to "
+                            f"{root / (shared or configured[0])}; set hydra.sweep.subdir so that "
+                            f"it tells them apart (e.g. '${{run_name}}_${{optim.lr}}')")
+        for job, arm, name in zip(jobs, arms, names):
+            if not name or len(name) > MAX_NAME:
+                raise UserError(f"hydra.sweep.subdir gives the arm {' '.join(arm)} the directory "
+                                f"name {name[:60]!r}: it must be 1 to {MAX_NAME} characters")
+            path = resolved(root / name)
+            if root not in path.parents:
+                raise UserError(f"the arm {' '.join(arm)} would write to {path}, outside the "
+                                f"sweep's directory {root} (hydra.sweep.subdir={name!r})")
+            check_new_run_dir(path, job.composed.hydra.output_subdir)
+            job.settled = settle(_task(job.composed), arm, path)
+            job.record = job.composed.hydra.output_subdir
+        for a in jobs:
+            for b in jobs:
+                if a.settled.run_dir in b.settled.run_dir.parents:
+                    raise UserError(f"the arm in {b.settled.run_dir} would lie inside the arm in "
+                                    f"{a.settled.run_dir}; give hydra.sweep.subdir a flat name")
+        self.sweep_dir = create_dir(root, unique="hydra.sweep.dir" not in given)
+        lock_run(self.sweep_dir.path)
+        OmegaConf.save(master, self.sweep_dir.path / "multirun.yaml")
+        for job in jobs:  # the name was taken a moment ago: the arms move with it
+            job.settled.run_dir = self.sweep_dir.path / job.settled.run_dir.relative_to(root)
+        return jobs
 
-
-def _hydra_run_dir(cfg: DictConfig):
-    try:
-        return OmegaConf.select(cfg, "hydra.run.dir", throw_on_resolution_failure=True)
-    except Exception as exc:
-        raise UserError(f"cannot resolve hydra.run.dir: {first_line(exc)}") from None
-
-
-def _task_config(composed: DictConfig) -> DictConfig:
-    cfg = composed.copy()
-    with open_dict(cfg):
-        del cfg["hydra"]
-    return cfg
-
-
-def _quoted(path: Path) -> str:
-    """path as a Hydra override value; `${` would be read as an interpolation even quoted."""
-    if "${" in str(path):
-        raise UserError(f"the run directory {path} contains '${{', which Hydra would read as an "
-                        f"interpolation; choose another hydra.run.dir")
-    return hydra_string(str(path))
+    def _begin(self, job: Job) -> None:
+        """What @hydra.main would do for the run: its directory (an arm's, at its turn), its
+        logging (train.log in it) and its record (.hydra/: config, hydra config, overrides)."""
+        cfg, run_dir = job.composed, job.settled.run_dir
+        if not job.single:
+            self.made.append(create_dir(run_dir, unique=False))
+            lock_run(run_dir)
+        with read_write(cfg.hydra.runtime):
+            cfg.hydra.runtime.output_dir = str(run_dir)
+        HydraConfig.instance().set_config(cfg)
+        logging.config.dictConfig(OmegaConf.to_container(cfg.hydra.job_logging, resolve=True))
+        if job.record is not None:
+            record = run_dir / job.record
+            record.mkdir(parents=True, exist_ok=True)
+            OmegaConf.save(_task(cfg), record / "config.yaml")
+            OmegaConf.save({"hydra": cfg.hydra}, record / "hydra.yaml")
+            OmegaConf.save(cfg.hydra.overrides.task, record / "overrides.yaml")
 
 
 # ----------------------------------------------------------------------------- placement
@@ -421,6 +515,9 @@ def check_new_run_dir(path: Path, output_subdir: Optional[str]) -> None:
     """A new run's directory (resolved) must not hold a checkpoint, lie inside a run, or hold
     files of something that is not a run; and it must be possible to create."""
     refuse_checkpointed(path)
+    if "${" in str(path):  # resume= would read it as an interpolation
+        raise UserError(f"the run directory {path} contains '${{', which an override (resume=) "
+                        f"would read as an interpolation; choose another directory")
     for parent in path.parents:
         if is_run(parent) or holds_checkpoints(parent):
             raise UserError(f"hydra.run.dir {path} is inside the run {parent}; a new run goes "
@@ -449,10 +546,31 @@ def check_new_run_dir(path: Path, output_subdir: Optional[str]) -> None:
         raise UserError(f"cannot create the run directory {path}: {existing} is not writable")
 
 
-def create_run_dir(path: Path, unique: bool) -> Preflight:
-    """Create the new run's directory (recording what was created, to undo a failed run). With
-    unique (the default timestamped name), a directory another run created in the same second
-    is not shared: this run takes the name with _2, _3, ... appended."""
+def check_sweep_dir(path: Path) -> None:
+    """A sweep's directory holds runs, and is none itself: not a run, not inside one, not another
+    sweep's (its multirun.yaml would be overwritten)."""
+    if is_run(path) or holds_checkpoints(path):
+        raise UserError(f"hydra.sweep.dir {path} is a run directory; a sweep goes into a "
+                        f"directory of its own")
+    for parent in path.parents:
+        if is_run(parent) or holds_checkpoints(parent):
+            raise UserError(f"hydra.sweep.dir {path} is inside the run {parent}; a sweep goes "
+                            f"into a directory of its own")
+    if "${" in str(path):
+        raise UserError(f"the sweep directory {path} contains '${{', which an override would "
+                        f"read as an interpolation; choose another hydra.sweep.dir")
+    if os.path.lexists(path / "multirun.yaml"):
+        raise UserError(f"hydra.sweep.dir {path} holds another sweep (its multirun.yaml); "
+                        f"choose a new hydra.sweep.dir")
+    if os.path.lexists(path) and not path.is_dir():
+        raise UserError(f"cannot create the sweep directory {path}: it exists and is not a "
+                        f"directory")
+
+
+def create_dir(path: Path, unique: bool) -> Made:
+    """Create a run's (or a sweep's) directory, recording what was created. With unique (the
+    default timestamped name), a directory another run created in the same second is not shared:
+    this one takes the name with _2, _3, ... appended."""
     missing = []
     parent = path.parent
     while not parent.exists():
@@ -464,11 +582,10 @@ def create_run_dir(path: Path, unique: bool) -> Preflight:
             candidate = path if i == 1 else path.with_name(f"{path.name}_{i}")
             try:
                 candidate.mkdir()
-                return Preflight([], run_dir=candidate, created=[candidate, *missing])
+                return Made(candidate, parents=missing)
             except FileExistsError:
                 if not unique:
-                    return Preflight([], run_dir=candidate, created=[],
-                                     names_before=set(os.listdir(candidate)))
+                    return Made(candidate, names_before=set(os.listdir(candidate)))
     except OSError as exc:
         raise UserError(f"cannot create the run directory {path}: {exc.strerror}") from exc
     raise UserError(f"cannot create the run directory {path}: too many runs of that name")

@@ -53,7 +53,8 @@ from helpers import (build_fake_sdist, corpus_args, fake_sdist_members, ok, one_
                      shakespeare_like, tree, write_corpus)
 from guard.checkpoint import load_state, state_files
 from guard.cli import MISTAKES, one_line
-from guard.preflight import preflight
+from guard.preflight import Launch
+from guard.run_lock import release_locks
 from training.checkpoint import latest_checkpoint
 from training.runtime import launch_rank
 
@@ -722,6 +723,8 @@ PLACEMENT = [
     Case("run_dir_through_a_symlink_loop", V, lambda c: [
         (c.tmp / "loop").symlink_to(c.tmp / "loop") or f"hydra.run.dir={c.tmp / 'loop' / 'run'}"],
          "loop"),
+    Case("run_dir_holding_an_interpolation", V,
+         lambda c: [f"hydra.run.dir={c.tmp / 'a'}" + "\\${x}"], "interpolation"),
     Case("run_dir_name_too_long", V, lambda c: [f"hydra.run.dir={c.tmp / ('x' * 300)}"],
          "too long"),
     Case("default_dir_new_run_failing_late", V,
@@ -1080,6 +1083,8 @@ SWEEPS = [
     Case("sweep_dir_inside_a_run", V, _sweep_into(lambda c: c.ref / "sweep"), "inside the run"),
     Case("sweep_dir_of_another_sweep", V, _sweep_into(
         lambda c: c.write("old/multirun.yaml", "hydra: {}\n").parent), "another sweep"),
+    Case("sweep_dir_holding_an_interpolation", V, lambda c: [
+        "-m", "seed=1,2", f"hydra.sweep.dir={c.tmp / 's'}" + "\\${x}"], "interpolation"),
     Case("sweep_dir_a_file", V, _sweep_into(lambda c: c.write("f", "x")), "not a directory"),
     Case("arm_dir_is_an_existing_run", V, lambda c: [
         "-m", "seed=1337", f"hydra.sweep.dir={c.ref.parent}", f"hydra.sweep.subdir={c.ref.name}"],
@@ -1281,6 +1286,21 @@ def test_a_bad_input_ends_in_one_error_line_and_touches_nothing(env, tmp_path, k
     check_case(env, tmp_path, case)
 
 
+def test_a_run_named_as_hydra_names_runs_resumes_as_typed(env, tmp_path):
+    """Hydra's override_dirname names a run `seed=1,lr=0.1`, whose `=` and `,` its override
+    grammar reads as syntax: `resume=` takes the path as it is."""
+    run = tmp_path / "seed=1,lr=0.1"
+    shutil.copytree(env["reference"], run, symlinks=True)
+    ok(env["server"].run("train.py", [f"resume={run}", "train.max_steps=22"], cwd=tmp_path))
+    assert latest_checkpoint(run).name == "step_00000022"
+
+
+def test_an_unparsable_override_says_how_to_quote_it(env, tmp_path):
+    result = env["server"].run("train.py", [f"init_from={tmp_path / 'a=b'}"], cwd=tmp_path)
+    assert result.returncode == 2
+    assert f"\"init_from='{tmp_path / 'a=b'}'\"" in one_error_line(result)
+
+
 # ----------------------------------------------------------------------------- in this process
 
 # The tables whose cases are values alone: the scripts refuse them in their first checks, which
@@ -1294,13 +1314,18 @@ SLOW_IN_PROCESS = {"saved_config/config_over_a_megabyte"}
 
 def refusal_in_process(script: str, argv: list[str]) -> str:
     """The error: line `python SCRIPT ARGV` ends with, from the checks the script makes first,
-    run here: train.py's torchrun environment and `preflight` (train.py's `_start`), generate.py's
+    run here: train.py's torchrun environment and `Launch.jobs` (what train.py's `cli` runs first), generate.py's
     `sample` (what its `main` runs). Fails the test if they accept the command."""
     import generate
     try:
         if script == "train.py":
-            assert launch_rank() == 0, "a rank > 0 skips preflight"
-            preflight(argv)
+            assert launch_rank() == 0, "a rank > 0 checks what rank 0 does, and writes nothing"
+            launch = Launch(argv)
+            try:
+                next(launch.jobs(), None)  # every check; the first run's directory if accepted
+            finally:
+                launch.undo()
+                release_locks()
         else:
             generate.sample(argv)
     except MISTAKES as exc:  # what run_cli prints as the one error: line (guard/cli.py)

@@ -187,3 +187,35 @@ def test_the_pitfall_regimes_keep_the_architecture_they_were_measured_with(regim
     optim = asdict(cfg.optim)
     assert {k: getattr(optim[k], "value", optim[k]) for k in STUDY_OPTIM} == STUDY_OPTIM
     assert cfg.tokenizer.kind.value == "char" and cfg.attention.query_block is None
+
+
+@pytest.mark.parametrize("sweep", [False, True], ids=["run", "sweep"])
+@pytest.mark.slow
+def test_train_py_composes_each_run_once(sweep, tmp_path, monkeypatch):
+    """A run's config is composed once (a sweep: once per arm, and once without the swept values
+    for hydra.sweep.*), every arm before the first trains, and what is trained is that config."""
+    import guard.preflight as preflight
+    from guard.run_lock import release_locks
+    from helpers import corpus_args, write_corpus
+
+    calls = []
+
+    def counting(*args, **kwargs):
+        calls.append(kwargs["overrides"])
+        return compose_with_hydra(*args, **kwargs)
+
+    compose_with_hydra = preflight.hydra_compose
+    monkeypatch.setattr(preflight, "hydra_compose", counting)
+    monkeypatch.setattr(preflight.Launch, "_begin", lambda self, job: None)  # no log, no record
+    argv = ["+experiment=smoke", *corpus_args(write_corpus(tmp_path), tmp_path / "cache"),
+            *(["-m", "seed=1,2", f"hydra.sweep.dir={tmp_path / 's'}"] if sweep
+              else [f"hydra.run.dir={tmp_path / 'run'}"])]
+    try:
+        jobs = preflight.Launch(argv).jobs()
+        first = next(jobs)
+        assert len(calls) == (3 if sweep else 1), calls
+        assert first.settled.cfg.seed == (1 if sweep else 1337)
+        assert first.settled.run_dir.parent == (tmp_path / "s" if sweep else tmp_path)
+        jobs.close()
+    finally:
+        release_locks()
