@@ -38,10 +38,11 @@ from data.corpus import check_split_overlap
 from guard.cli import UserError, first_line, hydra_string, one_line
 from guard.corpus import load_tokenizer
 from guard.files import MAX_CONFIG_BYTES, dump_run_config, literal, parse_run_config
-from guard.limits import check_config, check_text, check_training_fits, parse_device, parse_launch
+from guard.limits import check_config, check_text, check_training_fits, parse_device
 from guard.run_dir import (check_resumable, is_model_folder, is_run, read_source,
                            refuse_folder_overrides, resolved, resume_target, saved_config)
 from guard.run_lock import lock_run, unlock_run
+from guard.system import parse_launch
 from guard.sweep import MAX_NAME, arm_names, expand
 from training.checkpoint import holds_checkpoints
 from training.config import CONF_DIR, Config, register_configs
