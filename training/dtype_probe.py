@@ -28,7 +28,6 @@ import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 import torch
 
