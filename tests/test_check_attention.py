@@ -237,12 +237,14 @@ def test_outputs_it_cannot_compare_are_refused(sandbox, name, words):
         run(sandbox, f"outputs.py:{name}")
 
 
+@pytest.mark.slow  # a subprocess, measured over 2 s on 2 cores
 def test_a_forged_exit_is_refused_and_the_next_check_is_not_confused(sandbox):
     with pytest.raises(CheckError, match="malformed answer"):
         run(sandbox, "outputs.py:ForgedExit")
     assert run(sandbox, "fused.py:CausalSelfAttention").exit_code == 0
 
 
+@pytest.mark.slow  # a subprocess, measured over 2 s on 2 cores
 def test_a_layer_that_hangs_is_stopped(sandbox):
     with pytest.raises(CheckError, match="took more than 2 s"):
         run(sandbox, "hostile.py:hangs", timeout=2.0)

@@ -1286,6 +1286,7 @@ def test_a_bad_input_ends_in_one_error_line_and_touches_nothing(env, tmp_path, k
     check_case(env, tmp_path, case)
 
 
+@pytest.mark.slow  # a subprocess, measured over 2 s on 2 cores
 def test_a_run_named_as_hydra_names_runs_resumes_as_typed(env, tmp_path):
     """Hydra's override_dirname names a run `seed=1,lr=0.1`, whose `=` and `,` its override
     grammar reads as syntax: `resume=` takes the path as it is."""
@@ -1295,6 +1296,7 @@ def test_a_run_named_as_hydra_names_runs_resumes_as_typed(env, tmp_path):
     assert latest_checkpoint(run).name == "step_00000022"
 
 
+@pytest.mark.slow  # a subprocess, measured over 2 s on 2 cores
 def test_an_unparsable_override_says_how_to_quote_it(env, tmp_path):
     result = env["server"].run("train.py", [f"init_from={tmp_path / 'a=b'}"], cwd=tmp_path)
     assert result.returncode == 2

@@ -263,7 +263,8 @@ def test_torch_compile_sees_one_graph():
         torch.testing.assert_close(g, e, rtol=0, atol=1e-12)
 
 
-@pytest.mark.parametrize("h_kv", [2, 1], ids=["heads", "grouped"])
+@pytest.mark.parametrize("h_kv", [pytest.param(2, marks=pytest.mark.slow), 1],  # heads: 4.7 s
+                         ids=["heads", "grouped"])
 def test_opcheck_the_forward_operator(h_kv):
     """torch.library's own tests of a custom op: schema, fake (meta) implementation against the
     real one (shapes, strides, dtypes), autograd registration, and the op under AOT autograd
