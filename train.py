@@ -183,7 +183,8 @@ def build_run(cfg: Config, run_dir: Path, resuming: bool, world: World) -> Optio
                                  if world.is_main else None, world)
     t.dtype, dtype = choice.name, choice.dtype
     if world.is_main:
-        log.info(choice.line)
+        if not resuming:  # (a resume logs it once its checkpoint has been read and judged)
+            log.info(choice.line)
         run_dir.mkdir(parents=True, exist_ok=True)
         if not resuming:
             atomic_write(run_dir / "tokenizer.json", corpus.tokenizer.to_str().encode())
@@ -206,6 +207,7 @@ def build_run(cfg: Config, run_dir: Path, resuming: bool, world: World) -> Optio
                      f"{t.max_steps} steps); raise train.max_steps to train further.")
             return None
         log.info(f"resuming {run_dir} from step {progress.step}")
+        log.info(choice.line)
 
     # DDP averages gradients over ranks during backward; with accumulation, only the last
     # micro-step of an optimizer step synchronises (no_sync on the others).

@@ -18,7 +18,7 @@ from typing import Iterator, Optional
 from data.config import DataConfig, Source
 from data.shakespeare import shakespeare_works, split_works
 from guard.cli import CorpusError
-from guard.corpus import overlap_refusal, overlap_warning, split_overlap, text_files
+from guard.corpus import check_room, overlap_refusal, overlap_warning, split_overlap, text_files
 
 
 def local_splits(cfg: DataConfig) -> dict[str, list[Path]]:
@@ -31,8 +31,10 @@ def local_splits(cfg: DataConfig) -> dict[str, list[Path]]:
     if not cfg.train_files or not cfg.val_files:
         raise CorpusError("data.source=text_files needs data.train_files and data.val_files "
                           "(lists of .txt files or folders)")
-    return {"train": text_files(list(cfg.train_files), "data.train_files"),
-            "validation": text_files(list(cfg.val_files), "data.val_files")}
+    splits = {"train": text_files(list(cfg.train_files), "data.train_files"),
+              "validation": text_files(list(cfg.val_files), "data.val_files")}
+    check_room(splits["train"] + splits["validation"], cache)
+    return splits
 
 
 def corpus_key(cfg: DataConfig) -> str:

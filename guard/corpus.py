@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
 import tarfile
 import zlib
@@ -21,6 +22,8 @@ from tokenizers import Tokenizer
 
 from guard.cli import CorpusError, FileRefused, FormatError, UserError, first_line
 from guard.files import MIB, check_regular, kind_of, read_json, read_text
+
+GIB = 1 << 30
 
 
 def text_files(paths: list[str], what: str) -> list[Path]:
@@ -44,6 +47,20 @@ def text_files(paths: list[str], what: str) -> list[Path]:
                 raise CorpusError(f"{what}: {f} is {kind_of(st.st_mode)}, not a regular file")
         out.extend(found)
     return out
+
+
+def check_room(files: list[Path], cache: Path) -> None:
+    """The token cache holds at most one token per byte of text, 4 bytes each: texts whose cache
+    cannot fit on the cache's disk (a sparse terabyte, say) are refused before hours of reading."""
+    need = 4 * sum(f.stat().st_size for f in files)
+    probe = cache.expanduser().absolute()
+    while not probe.exists():
+        probe = probe.parent
+    free = shutil.disk_usage(probe).free
+    if need > free:
+        raise CorpusError(f"the texts ({need // 4 / GIB:,.1f} GiB) need up to {need / GIB:,.1f} GiB "
+                          f"of token cache on the disk of {cache}, which has {free / GIB:,.1f} GiB "
+                          f"free: give data.cache_dir on a larger disk, or smaller texts")
 
 
 def split_overlap(train: list[Path], validation: list[Path], digest: Callable[[Path], str]

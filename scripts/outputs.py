@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Optional
 
 from guard.cli import UserError
+from guard.files import check_output_file
 
 
 def check_outputs(files: list[Path], overwrite: bool, own: Optional[Path] = None) -> None:
@@ -15,6 +16,7 @@ def check_outputs(files: list[Path], overwrite: bool, own: Optional[Path] = None
     for path in files:
         if path.is_dir():
             raise UserError(f"{path} is a directory; give another out=")
+        check_output_file(path, "out=")  # a FIFO or a device is named as what it is
         inside = own is not None and path.resolve().parent == own.resolve()
         if path.exists() and not inside and not overwrite:
             raise UserError(f"{path} exists (a committed picture?); add overwrite=true to replace "

@@ -1212,7 +1212,7 @@ NOT_FILES = [
     Case("attention_map_out_a_fifo", M, lambda c: [f"run={c.ref}", f"out={c.fifo('m.png')}",
                                                    "prompt=ROMEO"], "FIFO"),
     Case("training_text_sparse_huge", V, _special_train_file(lambda c: _sparse(c, "t.txt", 1 << 40)),
-         "memory"),
+         "token cache"),
 ]
 
 _NO_RUN = {"WORLD_SIZE": None, "LOCAL_RANK": None, "MASTER_ADDR": None, "MASTER_PORT": None}
