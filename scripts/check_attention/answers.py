@@ -66,6 +66,12 @@ def check_answer(cmd: str, request: dict, answer) -> None:
             _of(entry.get("cls"), str, "a Linear's class")
         for key, value in _of(answer.get("attrs"), dict, "attrs").items():
             _of(key, str, "an attribute's name"), _of(value, (int, float), key)
+        for entry in _list(answer.get("norms", []), "norms"):
+            _of(entry.get("name") if isinstance(entry, dict) else None, str, "a norm's name")
+            _of(entry.get("cls"), str, "a norm's class")
+            _of(entry.get("eps"), (int, float, type(None)), "a norm's eps")
+        for name, b in _of(answer.get("buffers", {}), dict, "buffers").items():
+            _tensor(b, f"buffer {_of(name, str, 'a buffer name')}")
         for entry in _list(answer.get("modules"), "modules"):
             for part in _list(entry, "a module entry", 2):
                 _of(part, str, "a module entry")

@@ -19,7 +19,7 @@ import torch
 
 from model.attention import causal_pattern
 from model.config import MaskMode
-from scripts.check_attention import layouts
+from scripts.check_attention import layouts, modern
 from scripts.check_attention.compare import (INPUT_SCALES, PROBES, QKV_SCALES, TOLERANCE, Leaks,
                                              golden, leak_matrix, rel_err, same)
 from scripts.check_attention.diagnosis import closest_words, first_difference, match, report_match
@@ -206,6 +206,15 @@ def _check_module(child, info: dict, opts: Options, report: Report) -> None:
             report_match(report, found, D, tol, info, captures[0])
             return
         why = "no variant of ours reproduces it"
+    # rotary positions, grouped key/value heads, QK-norm (modern.py)
+    modern_found = modern.judge(report, info, captures[0], xs, ys[:3], tol, D, h,
+                                classic=bool(maps)) if shape_ok else None
+    if modern_found is not None:
+        if not modern_found:
+            _black_box_items(report, leaks, rows_sum_to_one, shape_ok,
+                             "no variant of ours reproduces it")
+        return
+    if maps:
         difference = first_difference(maps, captures[:3], xs, ys[:3], tol, D)
         if difference:
             m, words, verdicts = difference

@@ -22,6 +22,11 @@ import traceback
 import torch
 import torch.nn as nn
 
+try:  # the host imports this folder's files as top-level modules (sandbox.py)
+    from course import adapter_factory, adapter_kind
+except ImportError:
+    from scripts.check_attention.course import adapter_factory, adapter_kind
+
 # The spellings a constructor's parameters go by, for each size the checker builds with.
 D_MODEL = {"d_model", "n_embd", "n_embed", "embed_dim", "embedding_dim", "emb_dim", "embed_size",
            "emb_size", "hidden_size", "hidden_dim", "dim", "d", "model_dim", "d_in", "in_dim",
@@ -216,6 +221,11 @@ class Session:
             self.layer, self.how, consumed = self._prepare(obj), f"{name} (an instance)", set()
         elif isinstance(obj, type) and not issubclass(obj, nn.Module):
             raise UserError(f"{name} is a class but not a torch.nn.Module")
+        elif not isinstance(obj, type) and callable(obj) and adapter_kind(obj):
+            # a course's adapter (course.py): built as a layer holding weights the checker made
+            self.obj = adapter_factory(obj, adapter_kind(obj))
+            self.layer, self.how, consumed = self._build(self.obj, self.sizes)
+            self.how = f"the adapter {self.how}, weights made by the checker"
         elif not isinstance(obj, type) and callable(obj) and is_scaled_dot_product(obj):
             params = inspect.signature(obj).parameters
             self.takes_mask = len(params) >= 4 or any(
@@ -270,10 +280,16 @@ class Session:
             module = layer.get_submodule(entry["name"]) if entry["name"] else layer
             module.register_forward_hook(self._hook(entry["name"]))
         dropouts = sum(isinstance(m, nn.Dropout) for m in layer.modules())
+        # norms (QK-norm reads their kind and eps) and small 1-D buffers (a rotary inv_freq)
+        norms = [{"name": n, "cls": type(m).__name__, "eps": getattr(m, "eps", None)}
+                 for n, m in layer.named_modules() if "norm" in type(m).__name__.lower()]
+        buffers = {n: b.detach().cpu() for n, b in layer.named_buffers()
+                   if b.dim() == 1 and b.is_floating_point() and b.numel() <= 4096}
         return {"kind": "module", "how": self.how, "consumed": sorted(consumed),
                 "dtype": str(dtype).replace("torch.", ""), "device": self.device,
                 "params": {n: p.detach().cpu() for n, p in params.items()},
                 "linears": linears, "attrs": attrs, "dropouts": dropouts,
+                "norms": norms, "buffers": buffers,
                 "class": type(layer).__name__,
                 "modules": [(n, type(m).__name__) for n, m in layer.named_modules()][:200]}
 

@@ -1,0 +1,89 @@
+"""A Llama-style attention layer: rotary positions on q and k (rotate-half pairs, theta kept as an
+attribute), grouped-query attention (n_kv_heads key/value heads shared by groups of query heads;
+4 query heads read 2 key/value heads by default), separate projections without biases. Built as
+LlamaAttention(d_model, n_heads). Subclasses: correct variations (QK-norm, interleaved pairs,
+multi-query) and the second study's mistakes (values rotated, query heads reading another
+group's keys).
+
+Test material for tests/test_check_modern.py; not part of the package.
+"""
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class LlamaAttention(nn.Module):
+    rope_on_values = False   # mistake: v turned by its position too
+    tiled_groups = False     # mistake: query head i reads kv head i % n_kv (another group's)
+    interleaved = False      # pairs (2j, 2j + 1) instead of (j, j + d/2): correct if used alike
+    qk_norm = False          # RMSNorm of each head's q and k
+
+    def __init__(self, d_model: int, n_heads: int, n_kv_heads: int | None = None,
+                 rope_theta: float = 10000.0):
+        super().__init__()
+        self.n_heads = n_heads
+        self.n_kv_heads = n_kv_heads or max(1, n_heads // 2)
+        self.head_dim = d_model // n_heads
+        self.rope_theta = rope_theta
+        kv_width = self.n_kv_heads * self.head_dim
+        self.q_proj = nn.Linear(d_model, d_model, bias=False)
+        self.k_proj = nn.Linear(d_model, kv_width, bias=False)
+        self.v_proj = nn.Linear(d_model, kv_width, bias=False)
+        self.o_proj = nn.Linear(d_model, d_model, bias=False)
+        if self.qk_norm:
+            self.q_norm = nn.RMSNorm(self.head_dim, eps=1e-6)
+            self.k_norm = nn.RMSNorm(self.head_dim, eps=1e-6)
+            with torch.no_grad():  # gains away from 1, so that reading them matters
+                self.q_norm.weight.uniform_(0.5, 1.5)
+                self.k_norm.weight.uniform_(0.5, 1.5)
+
+    def rotate(self, t: torch.Tensor) -> torch.Tensor:
+        """t [B, heads, T, d] turned by each position's angles."""
+        T, d = t.shape[-2], t.shape[-1]
+        freqs = self.rope_theta ** (-torch.arange(0, d, 2, dtype=torch.float32) / d)  # [d/2]
+        angle = torch.arange(T, dtype=torch.float32)[:, None] * freqs[None, :]        # [T, d/2]
+        cos, sin = angle.cos().to(t.dtype), angle.sin().to(t.dtype)
+        if self.interleaved:
+            a, b = t[..., 0::2], t[..., 1::2]
+            return torch.stack([a * cos - b * sin, a * sin + b * cos], dim=-1).flatten(-2)
+        a, b = t[..., : d // 2], t[..., d // 2:]
+        return torch.cat([a * cos - b * sin, a * sin + b * cos], dim=-1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, D = x.shape
+        q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.rotate(q), self.rotate(k)
+        if self.rope_on_values:
+            v = self.rotate(v)
+        group = self.n_heads // self.n_kv_heads
+        if self.tiled_groups:  # [k0, k1, k0, k1]: head 1 reads kv head 1, not 0
+            k, v = k.repeat(1, group, 1, 1), v.repeat(1, group, 1, 1)
+        else:                  # [k0, k0, k1, k1]: heads 0, 1 read kv head 0
+            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.o_proj(y.transpose(1, 2).reshape(B, T, D))
+
+
+class QKNorm(LlamaAttention):
+    qk_norm = True
+
+
+class Interleaved(LlamaAttention):
+    interleaved = True
+
+
+class MultiQuery(LlamaAttention):
+    def __init__(self, d_model: int, n_heads: int):
+        super().__init__(d_model, n_heads, n_kv_heads=1)
+
+
+class RopeOnValues(LlamaAttention):
+    rope_on_values = True
+
+
+class TiledGroups(LlamaAttention):
+    tiled_groups = True
