@@ -281,31 +281,41 @@ def _check_function(child, info: dict, opts: Options, report: Report) -> None:
     keep = causal_pattern(T, T)
     masks = {"keep": keep, "drop": ~keep,
              "add": torch.zeros(T, T, dtype=torch.float64).masked_fill(~keep, float("-inf"))}
-    probes = [tuple(rand(B, h, T, d_k, scale=s) for _ in range(3)) for s in QKV_SCALES]
     if not info["takes_mask"]:
         conventions = ["keep"]  # f(q, k, v) must mask the future itself
     else:
         conventions = list(MASKS) if opts.mask == "auto" else [opts.mask]
-    calls = [(*p, masks[c]) for c in conventions for p in probes]
-    answer = ask(child, "call", calls=calls)
-    outs = {c: answer["outs"][i * 3:(i + 1) * 3] for i, c in enumerate(conventions)}
-    errors = {c: next((e for e in answer["errors"][i * 3:(i + 1) * 3] if e), None)
-              for i, c in enumerate(conventions)}
-    usable = [c for c in conventions if errors[c] is None]
-    if not usable:
-        raise CheckError(f"calling {info['how']} on q, k, v [{B}, {h}, {T}, {d_k}] with a "
-                         f"[{T}, {T}] mask failed: {errors[conventions[0]]}")
+    # [B, h, n, d_k] first; a function that takes none of those, on the sheet's own 2-D shapes:
+    # Q [n, d_k], K [n, d_k], V [n, d_v]
+    first_error = None
+    for lead in ((B, h), ()):
+        probes = [tuple(rand(*lead, T, d_k, scale=s) for _ in range(3)) for s in QKV_SCALES]
+        calls = [(*p, masks[c]) for c in conventions for p in probes]
+        answer = ask(child, "call", calls=calls)
+        outs = {c: answer["outs"][i * 3:(i + 1) * 3] for i, c in enumerate(conventions)}
+        errors = {c: next((e for e in answer["errors"][i * 3:(i + 1) * 3] if e), None)
+                  for i, c in enumerate(conventions)}
+        usable = [c for c in conventions if errors[c] is None]
+        if usable:
+            break
+        first_error = first_error or errors[conventions[0]]
+    else:
+        raise CheckError(f"calling {info['how']} on q, k, v [{B}, {h}, {T}, {d_k}] (and on "
+                         f"[{T}, {d_k}]) with a [{T}, {T}] mask failed: {first_error}")
+    dims = ", ".join(map(str, (*lead, T, d_k)))
     report.kind = "function"
-    report.header["layer"] = f"the function {info['how']}, {str(dtype).replace('torch.', '')}"
-    report.header["probes"] = (f"q, k, v [{B}, {h}, {T}, {d_k}] ~ N(0, 1) times "
+    report.header["layer"] = f"the function {info['how']}, {str(dtype).replace('torch.', '')}" \
+        + ("" if lead else "; it takes the sheet's 2-D shapes, Q [n, d_k], K, V [n, d], not "
+                           "[batch, heads, n, d_k]")
+    report.header["probes"] = (f"q, k, v [{dims}] ~ N(0, 1) times "
                                f"{', '.join(f'{s:g}' for s in QKV_SCALES)}, seed {opts.seed}; "
                                f"tolerance {tol:.0e} relative")
-    expected = [B, h, T, d_k]
-    q, k, v = (torch.cat([p[i] for p in probes]) for i in range(3))
+    expected = [*lead, T, d_k]
+    q, k, v = (torch.stack([p[i] for p in probes]) for i in range(3))
     variants = [var for var in all_variants() if var.attn.out_proj]
     results = {}
     for c in usable:
-        y = torch.cat([o.double() for o in outs[c]]) if all(
+        y = torch.stack([o.double() for o in outs[c]]) if all(
             list(o.shape) == expected for o in outs[c]) else None
         best = None
         for var in variants if y is not None else []:
@@ -335,26 +345,31 @@ def _check_function(child, info: dict, opts: Options, report: Report) -> None:
     # shape for several head counts, with d_v != d_k
     shapes, wrong = [], []
     d_v = next(d for d in (d_k // 2, d_k + 1, d_k + 3) if d > 0 and d not in (d_k, T))
-    for hh in head_choices(D, h):
-        call = (rand(B, hh, T, d_k), rand(B, hh, T, d_k), rand(B, hh, T, d_v), masks[chosen])
+    for hh in head_choices(D, h) if lead else [None]:
+        lead_h = (B, hh) if lead else ()
+        call = (rand(*lead_h, T, d_k), rand(*lead_h, T, d_k), rand(*lead_h, T, d_v),
+                masks[chosen])
         got = ask(child, "call", calls=[call])
         out = got["outs"][0]
         shapes.append(hh)
-        if out is None or list(out.shape) != [B, hh, T, d_v]:
-            wrong.append(f"{hh} heads, d_v = {d_v}: "
+        if out is None or list(out.shape) != [*lead_h, T, d_v]:
+            wrong.append((f"{hh} heads, d_v = {d_v}: " if lead else f"d_v = {d_v}: ")
                          + (got["errors"][0] if out is None else f"{list(out.shape)}"))
     if wrong:
-        report.set("shape", "FAIL", f"{wrong[0]}, not [{B}, heads, {T}, {d_v}]"
+        report.set("shape", "FAIL", (f"{wrong[0]}, not [{B}, heads, {T}, {d_v}]" if lead else
+                                     f"{wrong[0]}, not [{T}, {d_v}]")
                    + (f" (and {len(wrong) - 1} more head counts)" if len(wrong) > 1 else ""))
-    else:
+    elif lead:
         report.set("shape", "PASS", f"[{B}, heads, {T}, d_v] for {', '.join(map(str, shapes))} "
                    f"heads and d_v != d_k")
+    else:
+        report.set("shape", "PASS", f"[{T}, d_v] for Q [{T}, {d_k}], V [{T}, {d_v}]: d_v != d_k")
     # causality: change key and value j; queries before j must not move
     base_q, base_k, base_v = probes[1]
     calls = []
     for j in range(T):
         kk, vv = base_k.clone(), base_v.clone()
-        kk[..., j, :], vv[..., j, :] = rand(B, h, d_k, scale=2.0), rand(B, h, d_k, scale=2.0)
+        kk[..., j, :], vv[..., j, :] = rand(*lead, d_k, scale=2.0), rand(*lead, d_k, scale=2.0)
         calls.append((base_q, kk, vv, masks[chosen]))
     got = ask(child, "call", calls=calls + [probes[1] + (masks[chosen],)])
     if all(o is not None and o.dim() >= 2 and o.size(-2) == T for o in got["outs"]):

@@ -67,6 +67,15 @@ class AdapterLayer(nn.Module):
                        token_positions=positions)
 
 
+def adapter_words(fn, kind: str, d_model: int, num_heads: int) -> str:
+    """How the checker calls the adapter, for the report's `layer:` line."""
+    rope = f"max_seq_len, theta={ROPE_THETA:g}, " if kind == "mha_rope" else ""
+    positions = ", token_positions=[[0, 1, ...]]" if kind == "mha_rope" else ""
+    return (f"the CS336 adapter {getattr(fn, '__name__', 'adapter')}(d_model={d_model}, "
+            f"num_heads={num_heads}, {rope}W_Q, W_K, W_V, W_O [{d_model}, {d_model}] made by the "
+            f"checker, in_features{positions})")
+
+
 def adapter_factory(fn, kind: str):
     """A factory the runner builds (and rebuilds with other head counts) like a layer class."""
     def make(d_model: int, num_heads: int, max_seq_len: int) -> AdapterLayer:

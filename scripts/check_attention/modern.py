@@ -58,6 +58,7 @@ class Reading:
     b: tuple          # (bq, bk, bv), each a tensor or None
     wo: Optional[torch.Tensor]
     bo: Optional[torch.Tensor]
+    o_name: Optional[str] = None
     norm: Optional[dict] = None   # {"cls": "RMSNorm" | "LayerNorm", "q": (w, b), "k": (w, b), "eps"}
 
 
@@ -103,7 +104,7 @@ def readings(info: dict, captures: dict, D: int, h: Optional[int]) -> list[Readi
                     f"separate Linears {q.name} [{q.shape()}], {k.name}, {v.name} [{k.shape()}]"
                     + (f" + output {o.name}" if o else ", no output Linear"),
                     hh, r // d_k, q.w, k.w, v.w, (q.b, k.b, v.b), o.w if o else None,
-                    o.b if o else None))
+                    o.b if o else None, o.name if o else None))
         for f in named["qkv"]:
             rows = f.w.size(0) - D
             if rows > 0 and rows % 2 == 0 and (rows // 2) % d_k == 0 \
@@ -114,7 +115,8 @@ def readings(info: dict, captures: dict, D: int, h: Optional[int]) -> list[Readi
                 found.append(Reading(
                     f"fused q/k/v Linear {f.name} [{f.shape()}] (q, then k and v of {r} rows)"
                     + (f" + output {o.name}" if o else ", no output Linear"),
-                    hh, r // d_k, *w, tuple(b), o.w if o else None, o.b if o else None))
+                    hh, r // d_k, *w, tuple(b), o.w if o else None, o.b if o else None,
+                    o.name if o else None))
     norm = qk_norm(info, D)
     return [replace(r, norm=norm) for r in found if norm is None or norm["d"] == D // r.h]
 
@@ -233,12 +235,11 @@ def match(rs: list[Reading], info: dict, xs: list, ys: list, tol: float
 
 def layout_words(f: Found, D: int) -> str:
     r = f.reading
-    kv = ("multi-query: 1 key/value head" if r.h_kv == 1 else
-          f"{r.h_kv} key/value heads for {r.h} query heads" if r.h_kv < r.h else
-          f"{r.h} key/value heads")
+    kv = ("; multi-query: 1 key/value head" if r.h_kv == 1 < r.h else
+          f"; {r.h_kv} key/value heads for {r.h} query heads" if r.h_kv < r.h else "")
     norm = "" if r.norm is None else (f"; QK-norm: {r.norm['cls']} of each head's q and k "
                                       f"({', '.join(r.norm['names'])})")
-    return f"{r.words}; {r.h} heads, d_k = {D // r.h}, {kv}; {f.rotary.words()}{norm}"
+    return f"{r.words}; {r.h} heads, d_k = {D // r.h}{kv}; {f.rotary.words()}{norm}"
 
 
 def report(rep: Report, f: Found, D: int, tol: float) -> None:
@@ -249,7 +250,7 @@ def report(rep: Report, f: Found, D: int, tol: float) -> None:
     words = mistake_words(v, d_k, r.h)
     by_item = {item: w for item, w in words if item}
     passes = {"scale": f"divided by sqrt(d_k) = {num(math.sqrt(d_k))}",
-              "w_o": "the output Linear mixes the heads",
+              "w_o": f"{r.o_name} mixes the heads",
               "before_softmax": "each row of weights sums to 1 over the visible keys",
               "mask_value": "future keys get weight 0"}
     for item, ok in passes.items():

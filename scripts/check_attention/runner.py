@@ -23,9 +23,9 @@ import torch
 import torch.nn as nn
 
 try:  # the host imports this folder's files as top-level modules (sandbox.py)
-    from course import adapter_factory, adapter_kind
+    from course import adapter_factory, adapter_kind, adapter_words
 except ImportError:
-    from scripts.check_attention.course import adapter_factory, adapter_kind
+    from scripts.check_attention.course import adapter_factory, adapter_kind, adapter_words
 
 # The spellings a constructor's parameters go by, for each size the checker builds with.
 D_MODEL = {"d_model", "n_embd", "n_embed", "embed_dim", "embedding_dim", "emb_dim", "embed_size",
@@ -223,9 +223,10 @@ class Session:
             raise UserError(f"{name} is a class but not a torch.nn.Module")
         elif not isinstance(obj, type) and callable(obj) and adapter_kind(obj):
             # a course's adapter (course.py): built as a layer holding weights the checker made
-            self.obj = adapter_factory(obj, adapter_kind(obj))
-            self.layer, self.how, consumed = self._build(self.obj, self.sizes)
-            self.how = f"the adapter {self.how}, weights made by the checker"
+            kind = adapter_kind(obj)
+            self.obj = adapter_factory(obj, kind)
+            self.layer, _, consumed = self._build(self.obj, self.sizes)
+            self.how = adapter_words(obj, kind, self.sizes["d_model"], self.sizes["n_head"])
         elif not isinstance(obj, type) and callable(obj) and is_scaled_dot_product(obj):
             params = inspect.signature(obj).parameters
             self.takes_mask = len(params) >= 4 or any(

@@ -1,0 +1,17 @@
+"""The cheat sheet's own shapes: a scaled dot-product function on 2-D tensors, Q [n, d_k],
+K [m, d_k], V [m, d_v], written with K.T as the sheet writes it (so it takes no batch or head
+dimensions), and the mask given as an additive [n, m] matrix of 0 and -inf. One wrong twin.
+
+Test material for tests/test_check_modern.py; not part of the package.
+"""
+import math
+
+import torch
+
+
+def attention(Q, K, V, M):
+    return torch.softmax(Q @ K.T / math.sqrt(K.shape[1]) + M, dim=1) @ V
+
+
+def attention_no_scale(Q, K, V, M):
+    return torch.softmax(Q @ K.T + M, dim=1) @ V
