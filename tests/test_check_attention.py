@@ -113,7 +113,7 @@ def test_first_difference_and_combined_mistakes(sandbox, target, fails, words):
 
 @pytest.mark.slow
 def test_a_layout_it_cannot_follow_still_gets_the_black_box_checks(sandbox):
-    report = run(sandbox, "odd.py:Rotary")  # rotary q, k: causal, right shape, not the equation
+    report = run(sandbox, "odd.py:ALiBi")  # position biases: causal, right shape, not the equation
     assert report.items["causal"].status == "PASS"
     assert report.items["shape"].status == "PASS"
     assert report.items["scale"].status == "SKIP"

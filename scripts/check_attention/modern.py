@@ -225,8 +225,8 @@ def match(rs: list[Reading], info: dict, xs: list, ys: list, tol: float
             found = Found(r, rot, variant, sw, err)
             if err <= tol and best is None:
                 best = found
-            if closest is None or err < closest.err:
-                closest = found
+            if not variant.mistakes and not sw and (closest is None or err < closest.err):
+                closest = found  # the nearest correct reading (its rotary positions, its theta)
     return best, closest
 
 
@@ -276,10 +276,9 @@ def no_match(rep: Report, closest: Found, D: int) -> None:
     """No reading reproduces it: say what was tried and the closest, and let the black-box
     checks (causality, shape, rows summing to 1) judge the rest."""
     rep.header["layout"] = f"{layout_words(closest, D)}? (no variant of ours reproduces it)"
-    name = "+".join(([closest.variant.name]) + list(closest.pitfalls))
     rep.set("equation", "FAIL", f"no variant of ours reproduces it, with or without rotary "
             f"positions (rotate-half, interleaved; theta {', '.join(f'{t:g}' for t in THETAS)} "
-            f"or the layer's own); the closest, attention={name} with "
+            f"or the layer's own); the closest correct reading, with "
             f"{closest.rotary.words()}, differs by {closest.err:.2g} relative")
 
 

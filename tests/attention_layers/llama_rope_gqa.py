@@ -87,3 +87,19 @@ class RopeOnValues(LlamaAttention):
 
 class TiledGroups(LlamaAttention):
     tiled_groups = True
+
+
+class MixedPairs(LlamaAttention):
+    """q turned with rotate-half pairs, k with interleaved ones: no longer relative positions,
+    and no variant reproduces it."""
+
+    def rotate(self, t):
+        self.interleaved = t.shape[1] != self.n_heads  # k and v have n_kv_heads heads
+        return super().rotate(t)
+
+
+class Theta500k(LlamaAttention):
+    """Llama 3's theta, 500,000."""
+
+    def __init__(self, d_model: int, n_heads: int):
+        super().__init__(d_model, n_heads, rope_theta=500000.0)

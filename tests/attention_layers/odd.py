@@ -140,3 +140,19 @@ class BareParameters(nn.Module):
 
 class BareParametersScaleDModel(BareParameters):
     divisor = "d_model"
+
+
+class ALiBi(Rotary):
+    """Correct attention with ALiBi's linear position biases on the scores (no rotation): not
+    the sheet's equation, though causal and well-formed; no variant of ours has it."""
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = (w(x).view(B, T, self.n_head, -1).transpose(1, 2)
+                   for w in (self.wq, self.wk, self.wv))
+        slopes = 2.0 ** (-8.0 * torch.arange(1, self.n_head + 1, dtype=x.dtype) / self.n_head)
+        i = torch.arange(T)
+        bias = slopes[:, None, None] * (i[None, :] - i[:, None]).to(x.dtype)  # [h, T, T]
+        bias = bias.masked_fill(i[None, :] > i[:, None], float("-inf"))
+        y = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+        return self.wo(y.transpose(1, 2).reshape(B, T, C))
