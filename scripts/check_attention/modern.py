@@ -59,7 +59,7 @@ class Reading:
     wo: Optional[torch.Tensor]
     bo: Optional[torch.Tensor]
     o_name: Optional[str] = None
-    norm: Optional[dict] = None   # {"cls": "RMSNorm" | "LayerNorm", "q": (w, b), "k": (w, b), "eps"}
+    norm: Optional[dict] = None   # {"cls": RMSNorm | LayerNorm, "q": (w, b), "k": (w, b), "eps"}
 
 
 @dataclass(frozen=True)

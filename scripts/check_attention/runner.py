@@ -43,6 +43,12 @@ DROPOUT = {"dropout", "p", "attn_pdrop", "resid_pdrop", "dropout_p", "attn_dropo
            "attention_dropout", "resid_dropout", "dropout_rate", "drop", "attn_drop",
            "proj_drop", "pdrop", "dropout_prob", "attention_probs_dropout_prob", "embd_pdrop"}
 TRUE = {"bias", "qkv_bias", "use_bias", "causal", "is_causal", "masked"}
+# A modern layer's sizes (modern.py reads what the layer did with them from its weights): the
+# key/value heads (half the query heads, so a grouped layer is built grouped), rotary theta, eps
+KV_HEADS = {"n_kv_heads", "n_kv_head", "num_kv_heads", "num_key_value_heads", "kv_heads",
+            "n_kv", "num_kv", "n_kv_groups", "num_query_groups", "n_groups", "num_groups"}
+THETA = {"rope_theta", "theta", "rope_base", "rotary_base", "base"}
+EPS = {"eps", "norm_eps", "rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon"}
 CONFIG = {"config", "cfg", "args", "params", "hparams", "conf", "model_config", "configs", "c",
           "opt", "options", "hp"}
 QKV = ({"q", "query", "queries", "xq"}, {"k", "key", "keys", "xk"}, {"v", "value", "values", "xv"})
@@ -80,12 +86,15 @@ class LayerConfig:
         s = self._sizes
         for names, value in ((D_MODEL, s["d_model"]), (N_HEAD, s["n_head"]),
                              (HEAD_SIZE, s["d_model"] // s["n_head"]),
-                             (BLOCK, s["block_size"]), (DROPOUT, 0.0), (TRUE, True)):
+                             (BLOCK, s["block_size"]), (DROPOUT, 0.0), (TRUE, True),
+                             (KV_HEADS, kv_heads(s["n_head"])), (THETA, 10000.0),
+                             (EPS, 1e-6)):
             if name in names:
                 return value
         raise AttributeError(
             f"the layer reads config.{name}, which the checker does not know (it offers the "
-            f"width, head count, head size, context length, dropout and bias); write a "
+            f"width, head count, head size, context length, dropout, bias, key/value heads, "
+            f"rotary theta and norm eps); write a "
             f"zero-argument factory in the file and check that instead")
 
     def __getattr__(self, name: str):
@@ -110,6 +119,12 @@ class LayerConfig:
         self._sizes[name] = value
 
 
+def kv_heads(n_head: int) -> int:
+    """Key/value heads for a grouped layer built with n_head query heads: half of them (2 for 4),
+    or as many when n_head is odd."""
+    return n_head // 2 if n_head % 2 == 0 else n_head
+
+
 def bind(fn, sizes: dict) -> tuple[list, dict, str, set]:
     """Arguments for fn built from `sizes`, by parameter name. Returns (args, kwargs, how the call
     reads, which sizes it consumed). Raises UserError for a required parameter we cannot fill."""
@@ -123,7 +138,7 @@ def bind(fn, sizes: dict) -> tuple[list, dict, str, set]:
     if params is None:
         return [d, h], {}, f"{name}({d}, {h})", {"d_model", "n_head"}
     required = [p for p in params if p.default is p.empty]
-    known = D_MODEL | N_HEAD | HEAD_SIZE | BLOCK | DROPOUT | TRUE | CONFIG
+    known = D_MODEL | N_HEAD | HEAD_SIZE | BLOCK | DROPOUT | TRUE | CONFIG | KV_HEADS | THETA | EPS
     if len(required) == 2 and not any(p.name in known for p in required):
         return [d, h], {}, f"{name}({d}, {h})", {"d_model", "n_head"}  # Name(d_model, n_head)
     kwargs, consumed, config = {}, set(), None
@@ -138,6 +153,12 @@ def bind(fn, sizes: dict) -> tuple[list, dict, str, set]:
             kwargs[p.name] = sizes["block_size"]
         elif p.default is not p.empty:
             continue  # its own default (dropout is off in eval mode anyway)
+        elif p.name in KV_HEADS:
+            kwargs[p.name] = kv_heads(h)
+        elif p.name in THETA:
+            kwargs[p.name] = 10000.0
+        elif p.name in EPS:
+            kwargs[p.name] = 1e-6
         elif p.name in DROPOUT:
             kwargs[p.name] = 0.0
         elif p.name in TRUE:

@@ -103,3 +103,10 @@ class Theta500k(LlamaAttention):
 
     def __init__(self, d_model: int, n_heads: int):
         super().__init__(d_model, n_heads, rope_theta=500000.0)
+
+
+class FromConfig(LlamaAttention):
+    """Built from a config object, as a model's blocks are: config.n_kv_heads, config.rope_theta."""
+
+    def __init__(self, config):
+        super().__init__(config.dim, config.n_heads, config.n_kv_heads, config.rope_theta)
