@@ -66,8 +66,8 @@ def test_theta_is_the_layers_own_then_ours():
 @pytest.mark.slow
 def test_correct_modern_layers_pass_every_item(sandbox):
     layouts = {}
-    for name in ("LlamaAttention", "QKNorm", "Interleaved", "MultiQuery", "Theta500k",
-                 "FromConfig"):
+    for name in ("LlamaAttention", "QKNorm", "QKLayerNorm", "Interleaved", "MultiQuery",
+                 "Theta500k", "FromConfig", "FusedQKV"):
         report = run(sandbox, f"llama_rope_gqa.py:{name}")
         assert [report.items[k].status for k in ITEMS] == ["PASS"] * 7, text(report)
         assert report.exit_code == 0
@@ -76,6 +76,9 @@ def test_correct_modern_layers_pass_every_item(sandbox):
     assert "2 key/value heads for 4 query heads" in layouts["LlamaAttention"]
     assert "rotary positions (rotate-half pairs, theta 10000)" in layouts["LlamaAttention"]
     assert "QK-norm: RMSNorm of each head's q and k (q_norm, k_norm)" in layouts["QKNorm"]
+    assert "QK-norm: LayerNorm" in layouts["QKLayerNorm"]
+    assert "fused q/k/v Linear qkv_proj [64 -> 128] (q, then k and v of 32 rows)" in \
+        layouts["FusedQKV"]
     assert "interleaved pairs" in layouts["Interleaved"]
     assert "multi-query: 1 key/value head" in layouts["MultiQuery"]
     assert "theta 500000" in layouts["Theta500k"]

@@ -110,3 +110,28 @@ class FromConfig(LlamaAttention):
 
     def __init__(self, config):
         super().__init__(config.dim, config.n_heads, config.n_kv_heads, config.rope_theta)
+
+
+class QKLayerNorm(LlamaAttention):
+    """QK-norm as a LayerNorm (with a bias) of each head's q and k."""
+
+    def __init__(self, d_model: int, n_heads: int):
+        super().__init__(d_model, n_heads)
+        self.qk_norm = True
+        self.q_norm, self.k_norm = nn.LayerNorm(self.head_dim), nn.LayerNorm(self.head_dim)
+        with torch.no_grad():
+            for norm in (self.q_norm, self.k_norm):
+                norm.weight.uniform_(0.5, 1.5), norm.bias.uniform_(-0.5, 0.5)
+
+
+class FusedQKV(LlamaAttention):
+    """q, k and v from one Linear of d_model + 2 n_kv_heads d_k rows (as Phi-3 and our model)."""
+
+    def __init__(self, d_model: int, n_heads: int):
+        super().__init__(d_model, n_heads)
+        kv_width = self.n_kv_heads * self.head_dim
+        del self.q_proj, self.k_proj, self.v_proj
+        self.qkv_proj = nn.Linear(d_model, d_model + 2 * kv_width, bias=True)
+        self.q_proj = lambda x: self.qkv_proj(x)[..., :d_model]
+        self.k_proj = lambda x: self.qkv_proj(x)[..., d_model:d_model + kv_width]
+        self.v_proj = lambda x: self.qkv_proj(x)[..., d_model + kv_width:]
