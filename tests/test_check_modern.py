@@ -67,7 +67,7 @@ def test_theta_is_the_layers_own_then_ours():
 def test_correct_modern_layers_pass_every_item(sandbox):
     layouts = {}
     for name in ("LlamaAttention", "QKNorm", "QKLayerNorm", "Interleaved", "MultiQuery",
-                 "Theta500k", "FromConfig", "FusedQKV"):
+                 "Theta500k", "HiddenTheta", "FromConfig", "FusedQKV"):
         report = run(sandbox, f"llama_rope_gqa.py:{name}")
         assert [report.items[k].status for k in ITEMS] == ["PASS"] * 7, text(report)
         assert report.exit_code == 0
@@ -81,7 +81,8 @@ def test_correct_modern_layers_pass_every_item(sandbox):
         layouts["FusedQKV"]
     assert "interleaved pairs" in layouts["Interleaved"]
     assert "multi-query: 1 key/value head" in layouts["MultiQuery"]
-    assert "theta 500000" in layouts["Theta500k"]
+    assert "theta 500000)" in layouts["Theta500k"]
+    assert "theta 1000000, fitted)" in layouts["HiddenTheta"]
     assert "2 key/value heads for 4 query heads" in layouts["FromConfig"]  # config.n_kv_heads
     # a layer with rotary positions and the classic layout (it was "not judged" before)
     assert run(sandbox, "odd.py:Rotary").exit_code == 0

