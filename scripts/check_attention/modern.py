@@ -11,11 +11,12 @@ with n_kv_head, the QK-norm and the rotary tables.
 What is not in the weights is found by trying: the rotary layout (rotate-half, as Llama and our
 model pair dimensions (j, j + d_k/2), or interleaved, (2j, 2j + 1), as GPT-J and CS336 do;
 either is correct when used for q and k alike) and theta (the layer's own attribute or
-inv_freq buffer if it has one, else 10,000 and 500,000; failing those, fitted). Mistakes are the second study's
-switches (scripts/llama_pitfalls.py, model/pitfalls.py) where one reproduces the layer:
-`rope_on_values` (v rotated too) and `gqa_repeat_mismatch` (query head i reads key/value head
-i % n_kv_head: another group's keys), alone or with the checklist's own variants. Positions
-restarting on a cached call need a cache, which a layer called as layer(x) has not: not probed.
+inv_freq buffer if it has one, else 10,000 and 500,000; failing those, fitted). Mistakes are
+the second study's switches (scripts/llama_pitfalls.py, model/pitfalls.py) where one reproduces
+the layer: `rope_on_values` (v rotated too) and `gqa_repeat_mismatch` (query head i reads
+key/value head i % n_kv_head: another group's keys), alone or with the checklist's own variants.
+Positions restarting on a cached call need a cache, which a layer called as layer(x) has not:
+not probed.
 """
 from __future__ import annotations
 
