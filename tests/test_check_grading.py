@@ -247,14 +247,14 @@ def test_the_docs_pytest_example_runs(tmp_path):
 
 @pytest.mark.slow
 def test_check_takes_an_object_or_a_path_and_reports_an_unusable_one():
+    from scripts.check_attention import check
     sys.path.insert(0, str(LAYERS))
     try:
         from separate import ScaleDModel  # only defines classes: safe to import here
+        got = check(ScaleDModel)
     finally:
         sys.path.remove(str(LAYERS))
         sys.modules.pop("separate", None)
-    from scripts.check_attention import check
-    got = check(ScaleDModel)
     assert not got.passed and got.items["scale"].status == "FAIL"
     assert got.target == f"{LAYERS / 'separate.py'}:ScaleDModel"
     assert "FAIL  The scaling divisor" in str(got) and got.text == str(got)

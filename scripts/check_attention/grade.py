@@ -19,7 +19,8 @@ import json
 import os
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Optional
@@ -155,13 +156,12 @@ def grade(folder: str, names: tuple[str, ...], opts: Options, progress=None) -> 
             for i, path in enumerate(files):
                 record(i, _grade_one(path, names, opts, box))
         return rows
-    import multiprocessing
     # spawn: a fresh interpreter per worker (forking a process that holds torch's threads can
     # hang the copy)
-    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
-                             initializer=_start_worker, initargs=(opts,)) as pool:
+    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
+                               initializer=_start_worker, initargs=(opts,))
+    try:
         futures = {pool.submit(_grade_one, path, names, opts): i for i, path in enumerate(files)}
-        from concurrent.futures import as_completed
         for future in as_completed(futures):
             i = futures[future]
             try:
@@ -171,6 +171,12 @@ def grade(folder: str, names: tuple[str, ...], opts: Options, progress=None) -> 
                     f"{files[i]}:{names[0]}", error=f"the checker's worker failed: "
                                                     f"{type(exc).__name__}: {exc}"), 0.0)
             record(i, row)
+    except BaseException:  # Ctrl-C, SIGTERM: stop now, not after the files still queued
+        for process in list((getattr(pool, "_processes", None) or {}).values()):
+            process.terminate()  # its sandbox host and child die with it (PR_SET_PDEATHSIG)
+        raise
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
     return rows
 
 
@@ -261,7 +267,10 @@ def resolve(target) -> tuple[str, str]:
     if obj.__qualname__ != obj.__name__:
         raise ValueError(f"{obj.__qualname__} is not defined at the top level of its file; the "
                          f"checker imports the file and looks the name up there")
-    file = inspect.getsourcefile(obj)
+    try:
+        file = inspect.getsourcefile(obj)
+    except (TypeError, OSError):  # built in, or its module is gone from sys.modules
+        file = None
     if file is None or not file.endswith(".py"):
         raise ValueError(f"{obj.__name__} has no .py file the checker could import")
     return file, obj.__name__
