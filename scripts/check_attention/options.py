@@ -1,26 +1,49 @@
-"""What a check can be told: the options, their defaults and what each means (no torch here,
-so that a mistyped command is refused at once)."""
+"""What a check can be told: the options, their defaults, their ranges, and what each means (the
+comment on each field is its line of `--help`, guard/key_help.py). No torch here, so that a
+mistyped command is refused at once."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Optional
+
+from guard.cli import UserError
 
 DTYPES = ("float32", "float64", "bfloat16", "float16")
 MASKS = {"keep": "boolean, True = may attend", "drop": "boolean, True = masked out",
          "add": "additive, 0 or -inf added to the scores"}
+OUTPUTS = (".md", ".csv", ".json")  # the formats of a grading table, by out='s extension
 
 
 @dataclass
 class Options:
+    # width the layer is built with and fed (read from the layer if it takes none), 1 to 8,192
     d_model: int = 64
+    # heads the layer is built with (dividing d_model); the shape check also tries other counts
     n_head: int = 4
+    # positions per probe sequence (also passed as block_size / context length), 2 to 512; the
+    # causality check runs the layer once per position, so time and memory grow with its square
     seq_len: int = 8
-    batch: int = 2
+    batch: int = 2           # sequences per probe batch, 1 to 64
+    # seed of the random probe inputs and of the layer's initial weights, 0 to 2^64 - 1
     seed: int = 0
+    # cast the layer to float32, float64, bfloat16 or float16 (null: as built); the tolerance
+    # follows the dtype
     dtype: Optional[str] = None
-    device: str = "cpu"
+    device: str = "cpu"      # where the layer runs: cpu, cuda, cuda:1, ...
+    # a function's mask convention: keep (True = may attend), drop (True = masked), add (0 / -inf
+    # added to the scores), or auto (found by trying all three)
     mask: str = "auto"
+    # seconds the layer's code may take in all before it is stopped (above 0, at most 86,400)
     timeout: float = 120.0
+    # GiB of memory the layer's process may map beyond what the sandbox's host already holds
+    # (above 0, at most 1,024; null: no limit; on cpu only: CUDA maps more than it uses)
+    memory: Optional[float] = 4.0
+    # grading a folder: processes checking files at once (null: one per CPU core), 1 to 256
+    workers: Optional[int] = None
+    # grading a folder: also write the table to this .md, .csv or .json file
+    out: Optional[str] = None
+    overwrite: bool = False    # replace out= if it exists (as every script: scripts/outputs.py)
 
 
 # The range of each number, and why its ends are where they are. The causality check runs the
@@ -28,8 +51,11 @@ class Options:
 # took 60 s and 0.44 GB on a busy 2-core machine (2026-12-02), and both grow with its square.
 RANGES = {"d_model": (1, 8192), "n_head": (1, 8192), "seq_len": (2, 512), "batch": (1, 64),
           "seed": (0, 2**64 - 1),  # what torch.manual_seed takes
-          "timeout": (0.0, 86400.0)}  # seconds, above 0: a day at most
+          "workers": (1, 256),
+          "timeout": (0.0, 86400.0),  # seconds, above 0: a day at most
+          "memory": (0.0, 1024.0)}  # GiB, above 0
 MAX_PROBE_BYTES = 2 << 30
+GRADING_ONLY = ("workers", "out")  # keys that mean something only for a folder
 
 
 def probe_bytes(opts: Options) -> int:
@@ -38,17 +64,35 @@ def probe_bytes(opts: Options) -> int:
     return 4 * 8 * opts.seq_len ** 2 * opts.batch * opts.d_model
 
 
-HELP = {
-    "d_model": "width the layer is built with and fed (read from the layer if it takes none)",
-    "n_head": "heads the layer is built with; the shape check also tries other counts",
-    "seq_len": "positions per probe sequence (also passed as block_size / context length); "
-               "time and memory grow with its square",
-    "batch": "sequences per probe batch",
-    "seed": "seed of the random probe inputs",
-    "dtype": f"cast the layer to {', '.join(DTYPES)} (default: as built); the tolerance "
-             f"follows the dtype",
-    "device": "where the layer runs: cpu, cuda, cuda:1, ...",
-    "mask": "a function's mask convention: keep (True = may attend), drop (True = masked), "
-            "add (0 / -inf added to the scores), or auto (found by trying all three)",
-    "timeout": "seconds the layer's code may take in all before it is stopped",
-}
+def check_options(opts: Options) -> Options:
+    """Each value within its real bound (RANGES and the choices above), or a UserError saying the
+    bound; checked before anything runs."""
+    for key, (lo, hi) in RANGES.items():
+        got = getattr(opts, key)
+        if got is None and key in ("memory", "workers"):
+            continue
+        if isinstance(lo, float):  # also refuses nan and inf
+            if not (isinstance(got, (int, float)) and not isinstance(got, bool)
+                    and math.isfinite(got) and lo < got <= hi):
+                unit = "seconds" if key == "timeout" else "GiB"
+                raise UserError(f"{key} must be a number of {unit} above 0 and at most {hi:,g}, "
+                                f"got {got}")
+        elif not (isinstance(got, int) and not isinstance(got, bool) and lo <= got <= hi):
+            raise UserError(f"{key} must be a whole number from {lo:,} to {hi:,}, got {got}")
+    if opts.dtype is not None and opts.dtype not in DTYPES:
+        raise UserError(f"dtype must be one of {', '.join(DTYPES)}, got {opts.dtype!r}")
+    if opts.mask not in (*MASKS, "auto"):
+        raise UserError(f"mask must be keep, drop, add or auto, got {opts.mask!r}")
+    if not opts.device:
+        raise UserError("device must be cpu, cuda or cuda:N")
+    if opts.out is not None and not opts.out.lower().endswith(OUTPUTS):
+        raise UserError(f"out must name a {', '.join(OUTPUTS)} file, got {opts.out!r}")
+    if opts.d_model % opts.n_head:
+        raise UserError(f"d_model ({opts.d_model}) must be divisible by n_head ({opts.n_head})")
+    need = probe_bytes(opts)
+    if need > MAX_PROBE_BYTES:
+        raise UserError(f"seq_len={opts.seq_len}, batch={opts.batch} and d_model={opts.d_model} "
+                        f"need about {need / 2**30:.1f} GiB for the causality probes "
+                        f"(seq_len^2 x batch x d_model x 32 bytes); the limit is "
+                        f"{MAX_PROBE_BYTES / 2**30:g} GiB: lower one of them")
+    return opts

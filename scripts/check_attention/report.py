@@ -1,9 +1,11 @@
 """What a check found, item by item, and how it is printed: the checklist's own words, then
 PASS / FAIL / SKIP (could not be judged) / N/A (does not apply) and the detail, a diagnosis and
-the verdict."""
+the verdict. A file or object the checker could not use is a report too (`error`), so that a
+folder of submissions (grade.py) and a course's own tests (`check`) see every file the same way."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Optional
 
 ITEM_WORDS = {
     "scale": "The scaling divisor is the per-head d_k (d_model / h), not the full d_model",
@@ -33,16 +35,31 @@ class Report:
     kind: str = "module"
     items: dict = field(default_factory=dict)
     diagnosis: list = field(default_factory=list)
+    error: Optional[str] = None  # why the file or object could not be used (then no items)
 
     def set(self, key: str, status: str, detail: str = "") -> None:
         self.items[key] = Item(status, detail)
 
     @property
     def exit_code(self) -> int:
+        if self.error is not None:
+            return 2
         return 0 if all(i.status in ("PASS", "N/A") for i in self.items.values()) else 1
 
     @property
+    def passed(self) -> bool:
+        """Every applicable item passes (the command's exit status 0)."""
+        return self.exit_code == 0
+
+    @property
+    def outcome(self) -> str:
+        """PASS, FAIL, NOT VERIFIED or ERROR: the verdict's first words."""
+        return "ERROR" if self.error is not None else self.verdict.split(" (")[0]
+
+    @property
     def verdict(self) -> str:
+        if self.error is not None:
+            return "ERROR (the checker could not use it)"
         judged = [k for k, i in self.items.items() if i.status != "N/A"]
         failed = [k for k in judged if self.items[k].status == "FAIL"]
         skipped = [k for k in judged if self.items[k].status == "SKIP"]
@@ -55,6 +72,8 @@ class Report:
 
     def lines(self) -> list[str]:
         out = [f"check_attention {self.target}"]
+        if self.error is not None:
+            return out + [f"error: {self.error}", f"verdict: {self.verdict}"]
         out += [f"  {label + ':':<8} {self.header[label]}"
                 for label in HEADER if label in self.header]
         for key in ITEM_WORDS:
@@ -69,3 +88,15 @@ class Report:
         out += [f"diagnosis: {d}" for d in self.diagnosis]
         out.append(f"verdict: {self.verdict}")
         return out
+
+    @property
+    def text(self) -> str:
+        """The report as the command prints it (a string: pytest shows an assertion message that
+        is one in full, and any other object's repr cut to 240 characters)."""
+        return "\n".join(self.lines())
+
+    def __str__(self) -> str:
+        return self.text
+
+    def __repr__(self) -> str:
+        return f"<check_attention {self.target}: {self.verdict}>"

@@ -54,8 +54,10 @@ CONFIG = {"config", "cfg", "args", "params", "hparams", "conf", "model_config", 
 QKV = ({"q", "query", "queries", "xq"}, {"k", "key", "keys", "xk"}, {"v", "value", "values", "xv"})
 
 
-class UserError(Exception):
-    """The file or the object cannot be used (one sentence; the checker exits 2)."""
+class SubmissionError(Exception):
+    """The file or the object cannot be used (one sentence; the checker exits 2). Not the
+    project's guard.cli.UserError: this file runs in the sandboxed child and imports nothing of
+    the project."""
 
 
 def describe(exc: BaseException, file: str) -> str:
@@ -127,7 +129,8 @@ def kv_heads(n_head: int) -> int:
 
 def bind(fn, sizes: dict) -> tuple[list, dict, str, set]:
     """Arguments for fn built from `sizes`, by parameter name. Returns (args, kwargs, how the call
-    reads, which sizes it consumed). Raises UserError for a required parameter we cannot fill."""
+    reads, which sizes it consumed). Raises SubmissionError for a required parameter we cannot
+    fill."""
     name = getattr(fn, "__name__", type(fn).__name__)
     try:
         params = [p for p in inspect.signature(fn).parameters.values()
@@ -167,7 +170,7 @@ def bind(fn, sizes: dict) -> tuple[list, dict, str, set]:
             config = kwargs[p.name] = LayerConfig(dict(sizes))
             consumed |= {"d_model", "n_head"}
         else:
-            raise UserError(
+            raise SubmissionError(
                 f"cannot build {name}: its parameter {p.name!r} is none the checker knows (it "
                 f"passes the width as d_model / n_embd / embed_dim ..., the head count as "
                 f"n_head / num_heads ..., or a config); write a zero-argument factory in the "
@@ -228,20 +231,20 @@ class Session:
             sys.modules[module_name] = module
             spec.loader.exec_module(module)
         except BaseException as exc:
-            raise UserError(f"importing {os.path.basename(self.file)} failed: "
-                            f"{describe(exc, self.file)}") from None
+            raise SubmissionError(f"importing {os.path.basename(self.file)} failed: "
+                                  f"{describe(exc, self.file)}") from None
         name = req["name"]
         if not hasattr(module, name):
             found = sorted(n for n, v in vars(module).items() if not n.startswith("_") and (
                 (isinstance(v, type) and issubclass(v, nn.Module)) or inspect.isfunction(v))
                 and getattr(v, "__module__", None) == module_name)
-            raise UserError(f"{os.path.basename(self.file)} has no {name!r}"
-                            + (f" (it defines {', '.join(found)})" if found else ""))
+            raise SubmissionError(f"{os.path.basename(self.file)} has no {name!r}"
+                                  + (f" (it defines {', '.join(found)})" if found else ""))
         self.obj = obj = getattr(module, name)
         if isinstance(obj, nn.Module):
             self.layer, self.how, consumed = self._prepare(obj), f"{name} (an instance)", set()
         elif isinstance(obj, type) and not issubclass(obj, nn.Module):
-            raise UserError(f"{name} is a class but not a torch.nn.Module")
+            raise SubmissionError(f"{name} is a class but not a torch.nn.Module")
         elif not isinstance(obj, type) and callable(obj) and adapter_kind(obj):
             # a course's adapter (course.py): built as a layer holding weights the checker made
             kind = adapter_kind(obj)
@@ -257,23 +260,23 @@ class Session:
         elif callable(obj):
             self.layer, self.how, consumed = self._build(obj, self.sizes)
         else:
-            raise UserError(f"{name} is an object of type {type(obj).__name__}, not an "
-                            f"nn.Module class, a factory or a function f(q, k, v, mask)")
+            raise SubmissionError(f"{name} is an object of type {type(obj).__name__}, not an "
+                                  f"nn.Module class, a factory or a function f(q, k, v, mask)")
         return self._describe_layer(consumed)
 
     def _build(self, obj, sizes: dict):
         args, kwargs, how, consumed = bind(obj, sizes)
         try:
             layer = obj(*args, **kwargs)
-        except UserError:
+        except SubmissionError:
             raise
         except BaseException as exc:
-            raise UserError(f"building {how} failed: {describe(exc, self.file)}") from None
+            raise SubmissionError(f"building {how} failed: {describe(exc, self.file)}") from None
         config = next((v for v in kwargs.values() if isinstance(v, LayerConfig)), None)
         if config is not None and config.read:
             how += " with " + ", ".join(f"config.{k}={v!r}" for k, v in config.read.items())
         if not isinstance(layer, nn.Module):
-            raise UserError(f"{how} returned a {type(layer).__name__}, not an nn.Module")
+            raise SubmissionError(f"{how} returned a {type(layer).__name__}, not an nn.Module")
         return self._prepare(layer), how, consumed
 
     def _prepare(self, layer: nn.Module) -> nn.Module:
@@ -283,8 +286,8 @@ class Session:
             layer = layer.to(self.device)
         except BaseException as exc:
             where = self.device + (f" as {self.dtype}" if self.dtype else "")
-            raise UserError(f"moving the layer to {where} failed: "
-                            f"{describe(exc, self.file)}") from None
+            raise SubmissionError(f"moving the layer to {where} failed: "
+                                  f"{describe(exc, self.file)}") from None
         layer.eval()  # dropout off: the comparisons need the deterministic layer
         return layer
 
@@ -335,8 +338,8 @@ class Session:
         if isinstance(out, (tuple, list)) and out:
             out = out[0]
         if not isinstance(out, torch.Tensor):
-            raise UserError(f"forward returned a {type(out).__name__}, not a tensor or a tuple "
-                            f"whose first element is one")
+            raise SubmissionError(f"forward returned a {type(out).__name__}, not a tensor or a "
+                                  f"tuple whose first element is one")
         return plain(out, "forward")
 
     def forward(self, req: dict) -> dict:
@@ -347,7 +350,7 @@ class Session:
             try:
                 ys.append(self._forward(self.layer, x, seed))
                 errors.append(None)
-            except UserError as exc:
+            except SubmissionError as exc:
                 ys.append(None), errors.append(str(exc))
             except BaseException as exc:
                 ys.append(None), errors.append(describe(exc, self.file))
@@ -361,7 +364,7 @@ class Session:
         try:
             layer, _, _ = self._build(self.obj, sizes)
             return {"shape": list(self._forward(layer, req["x"], 0).shape)}
-        except UserError as exc:
+        except SubmissionError as exc:
             return {"error": str(exc)}
         except BaseException as exc:
             return {"error": describe(exc, self.file)}
@@ -378,9 +381,9 @@ class Session:
                 if isinstance(out, (tuple, list)) and out:
                     out = out[0]
                 if not isinstance(out, torch.Tensor):
-                    raise UserError(f"it returned a {type(out).__name__}, not a tensor")
+                    raise SubmissionError(f"it returned a {type(out).__name__}, not a tensor")
                 outs.append(plain(out, "it")), errors.append(None)
-            except UserError as exc:
+            except SubmissionError as exc:
                 outs.append(None), errors.append(str(exc))
             except BaseException as exc:
                 outs.append(None), errors.append(describe(exc, self.file))
@@ -393,9 +396,10 @@ def plain(out: torch.Tensor, who: str) -> torch.Tensor:
     kind = ("sparse" if out.layout != torch.strided else "quantized" if out.is_quantized else
             "complex" if out.is_complex() else "")
     if kind:
-        raise UserError(f"{who} returned a {kind} tensor ({str(out.dtype).replace('torch.', '')}"
-                        f", {str(out.layout).replace('torch.', '')}); attention outputs are "
-                        f"dense real tensors")
+        raise SubmissionError(f"{who} returned a {kind} tensor "
+                              f"({str(out.dtype).replace('torch.', '')}, "
+                              f"{str(out.layout).replace('torch.', '')}); attention outputs are "
+                              f"dense real tensors")
     return out.detach().cpu()
 
 
@@ -421,7 +425,7 @@ def serve(proto_in: int, proto_out: int, user_cwd: str, read_frame, write_frame)
             return
         try:
             answer = handlers[req["cmd"]](req)
-        except UserError as exc:
+        except SubmissionError as exc:
             answer = {"error": str(exc)}
         except BaseException as exc:  # the user's code raised where we did not expect it
             answer = {"error": describe(exc, session.file or "")}

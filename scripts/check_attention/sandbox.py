@@ -144,6 +144,23 @@ def _wait(pid: int, deadline: float) -> tuple[int, bool]:
     return os.waitstatus_to_exitcode(status), timed_out
 
 
+def limit_memory(extra: Optional[int]) -> None:
+    """Let this process map at most `extra` bytes more than it holds now (RLIMIT_AS): a layer
+    that allocates without bound gets a MemoryError (torch: "can't allocate memory") instead of
+    exhausting the machine. The base is what the host had mapped when it forked us (torch's
+    libraries, a few GiB of address space), so the limit is on what the layer adds."""
+    if not extra:
+        return
+    import resource
+    try:
+        with open("/proc/self/statm") as f:
+            mapped = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:  # no /proc (another OS): the limit counts the libraries too
+        mapped = 0
+    limit = mapped + int(extra)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
 def _host(root: str, user_cwd: str, how: str, ctl: int) -> None:
     """The host's loop: confine, import torch, then fork one child per `fork` request. What only
     the host may say (ready, the child's pid, its exit) goes over `ctl`, a pipe no child holds."""
@@ -182,6 +199,7 @@ def _host(root: str, user_cwd: str, how: str, ctl: int) -> None:
             code = 0
             try:
                 os.close(ctl)
+                limit_memory(req.get("memory"))
                 die_with_parent()
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
                 os.setpgid(0, 0)  # its group dies with it where there is no /proc to walk
@@ -231,7 +249,7 @@ class Child:
         self.sandbox, self.deadline, self.timeout = sandbox, time.monotonic() + timeout, timeout
         self.exit: Optional[dict] = None
         self.spoiled = False
-        sandbox._send({"cmd": "fork", "timeout": timeout})
+        sandbox._send({"cmd": "fork", "timeout": timeout, "memory": sandbox.memory})
         self.pid = sandbox._recv(time.monotonic() + 30, sandbox.ctl)["pid"]
 
     def ask(self, cmd: str, **fields) -> dict:
@@ -288,11 +306,13 @@ class Sandbox:
     serve many files one after the other (the tests check dozens with one host)."""
 
     def __init__(self, user_cwd: Optional[str] = None, project_root: Path = PROJECT_ROOT,
-                 confine: bool = True, gpu: bool = False):
+                 confine: bool = True, gpu: bool = False, memory: Optional[int] = None):
         """confine=False skips confine.py (as on a system without its mechanisms); project_root
         is the tree the checker watches for changes when writes are not confined; gpu grants
-        the GPU's device nodes."""
+        the GPU's device nodes; memory: the bytes each child may map beyond what the host holds
+        (None: no limit; CUDA reserves far more address space than it uses, so none with gpu)."""
         self.project_root = Path(project_root)
+        self.memory = None if gpu else memory
         self.user_cwd = os.path.abspath(user_cwd or os.getcwd())
         self.how = "open" if not confine else "gpu" if gpu else "cpu"
         self.gpu = gpu or not confine  # may the children use the GPU

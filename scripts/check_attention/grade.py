@@ -1,0 +1,311 @@
+"""Check many files, or one object, and never stop at a broken one: a folder of submissions as one
+table (`python -m scripts.check_attention submissions/ NAME ...`), and `check(...)`, the call a
+course's own tests assert on.
+
+Each file is checked as the command checks one (checks.check): in a fresh sandboxed child, with
+the time limit `timeout=` and the memory limit `memory=`. A file the checker cannot use (a syntax
+error, no such NAME, a crash, a timeout) is a row whose diagnosis says why, like any other. The
+files are spread over `workers=` processes, each with its own sandbox host: the references are
+computed in the checker's process, so threads would wait on each other; processes use the cores.
+"""
+from __future__ import annotations
+
+import ast
+import atexit
+import csv
+import inspect
+import io
+import json
+import os
+import sys
+import time
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Optional
+
+from guard.cli import FileRefused, UserError
+from guard.files import check_output_file, check_regular, read_text
+from scripts.check_attention.options import Options, check_options
+from scripts.check_attention.report import ITEM_WORDS, Report
+
+# A submission is a page or two of Python; a bigger .py file is not one to read for its names.
+MAX_SUBMISSION_BYTES = 4 << 20
+OUT_OF_MEMORY = ("can't allocate memory", "MemoryError", "Cannot allocate memory")
+
+
+# ----------------------------------------------------------------------------- one file
+
+
+def sandbox_for(opts: Options):
+    """A sandbox host for opts' device, its children held to opts.memory GiB."""
+    from scripts.check_attention.sandbox import Sandbox
+    memory = None if opts.memory is None else int(opts.memory * 2**30)
+    return Sandbox(gpu=opts.device != "cpu", memory=memory)
+
+
+def check_file(file: str, name: str, opts: Options, sandbox) -> Report:
+    """The report on FILE:NAME; a file or object the checker cannot use is a report whose
+    `error` says why (the command prints it as its one `error:` line)."""
+    from scripts.check_attention.checks import CheckError, check
+    try:
+        return check(file, name, opts, sandbox=sandbox)
+    except CheckError as exc:
+        words = " ".join(str(exc).split())
+        if opts.memory is not None and opts.device == "cpu" and any(
+                w in words for w in OUT_OF_MEMORY):
+            words += f" (the layer's process may use {opts.memory:g} GiB: memory=)"
+        return Report(f"{file}:{name}", error=words)
+
+
+def defined_name(path: Path, names: tuple[str, ...]) -> str:
+    """The first of `names` that the file binds at its top level, read from its syntax tree
+    (nothing is run); names[0] when none is, or the file cannot be parsed (the child then says
+    why: no such name, or the syntax error and its line)."""
+    try:
+        tree = ast.parse(read_text(path, "submission", MAX_SUBMISSION_BYTES))
+    except Exception:  # noqa: BLE001  (a syntax error, a deep nesting, bytes that are not text)
+        return names[0]
+    bound, todo = set(), list(tree.body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            bound |= {(a.asname or a.name).split(".")[0] for a in node.names}
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            bound |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+        elif isinstance(node, (ast.If, ast.Try, ast.With, ast.For, ast.While)):
+            todo += [s for part in ("body", "orelse", "finalbody") for s in getattr(node, part, [])]
+            todo += [s for h in getattr(node, "handlers", []) for s in h.body]
+    return next((n for n in names if n in bound), names[0])
+
+
+# ----------------------------------------------------------------------------- a folder
+
+
+@dataclass
+class Row:
+    file: str          # the file's name in the folder
+    name: str          # the object checked in it
+    report: Report
+    seconds: float
+
+    @property
+    def diagnosis(self) -> str:
+        """Why, in one line: the error, else the diagnosis lines, else the first item that
+        failed or could not be judged."""
+        r = self.report
+        if r.error is not None:
+            return r.error
+        if r.diagnosis:
+            return "; ".join(r.diagnosis)
+        for status in ("FAIL", "SKIP"):
+            for key, item in r.items.items():
+                if item.status == status:
+                    return f"{key}: {item.detail}"
+        return ""
+
+
+def submissions(folder: Path) -> list[Path]:
+    """Every .py entry of the folder, sorted by name (not its subfolders)."""
+    return sorted((p for p in folder.iterdir() if p.suffix == ".py"), key=lambda p: p.name)
+
+
+_worker_box = None
+
+
+def _start_worker(opts: Options) -> None:
+    global _worker_box
+    _worker_box = sandbox_for(opts)
+    atexit.register(_worker_box.close)
+
+
+def _grade_one(path: str, names: tuple[str, ...], opts: Options, sandbox=None) -> Row:
+    """One file's row, whatever happens: the checker's own failure is a row too."""
+    start, file = time.monotonic(), Path(path)
+    name = names[0]
+    try:
+        check_regular(file, "submission", MAX_SUBMISSION_BYTES)
+        name = defined_name(file, names)
+        report = check_file(path, name, opts, sandbox or _worker_box)
+    except FileRefused as exc:
+        report = Report(f"{path}:{name}", error=str(exc))
+    except Exception as exc:  # noqa: BLE001  (never stop at one file: say what happened)
+        report = Report(f"{path}:{name}", error=f"the checker failed on it: "
+                                                f"{type(exc).__name__}: {exc}")
+    return Row(file.name, name, report, time.monotonic() - start)
+
+
+def grade(folder: str, names: tuple[str, ...], opts: Options, progress=None) -> list[Row]:
+    """A row for every .py file of the folder, in name order, checked `opts.workers` at a time
+    (one per CPU core by default). progress(row, done, total) is called as each row is made."""
+    files = [str(p) for p in submissions(Path(folder))]
+    workers = min(opts.workers or os.cpu_count() or 1, len(files)) or 1
+    rows: list[Optional[Row]] = [None] * len(files)
+
+    def record(i: int, row: Row) -> None:
+        rows[i] = row
+        if progress:
+            progress(row, sum(r is not None for r in rows), len(files))
+
+    if workers == 1:
+        with sandbox_for(opts) as box:
+            for i, path in enumerate(files):
+                record(i, _grade_one(path, names, opts, box))
+        return rows
+    # spawn: a fresh interpreter per worker (forking a process that holds torch's threads can
+    # hang the copy)
+    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
+                               initializer=_start_worker, initargs=(opts,))
+    try:
+        futures = {pool.submit(_grade_one, path, names, opts): i for i, path in enumerate(files)}
+        for future in as_completed(futures):
+            i = futures[future]
+            try:
+                row = future.result()
+            except Exception as exc:  # noqa: BLE001  (a worker that died: the row says so)
+                row = Row(Path(files[i]).name, names[0], Report(
+                    f"{files[i]}:{names[0]}", error=f"the checker's worker failed: "
+                                                    f"{type(exc).__name__}: {exc}"), 0.0)
+            record(i, row)
+    except BaseException:  # Ctrl-C, SIGTERM: stop now, not after the files still queued
+        for process in list((getattr(pool, "_processes", None) or {}).values()):
+            process.terminate()  # its sandbox host and child die with it (PR_SET_PDEATHSIG)
+        raise
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+    return rows
+
+
+# ----------------------------------------------------------------------------- the table
+
+
+def item_keys(rows: list[Row]) -> list[str]:
+    """The checklist's items in its order, then any other item a report has."""
+    seen = [k for row in rows for k in row.report.items]
+    return [k for k in ITEM_WORDS if k in seen] + sorted(set(seen) - set(ITEM_WORDS))
+
+
+def _cell(text: str) -> str:
+    return " ".join(text.split()).replace("|", "\\|")
+
+
+def markdown(rows: list[Row]) -> str:
+    keys = item_keys(rows)
+    head = ["file", "name", "verdict", *keys, "diagnosis"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for row in rows:
+        items = [row.report.items[k].status if k in row.report.items else "" for k in keys]
+        lines.append("| " + " | ".join(_cell(c) for c in (
+            row.file, row.name, row.report.outcome, *items, row.diagnosis)) + " |")
+    counts = {}
+    for row in rows:
+        counts[row.report.outcome] = counts.get(row.report.outcome, 0) + 1
+    lines += ["", f"{len(rows)} file{'s' * (len(rows) != 1)}: "
+              + ", ".join(f"{n} {outcome}" for outcome, n in sorted(counts.items())), ""]
+    lines += [f"- {key}: {ITEM_WORDS.get(key, key)}" for key in keys]
+    return "\n".join(lines)
+
+
+def csv_text(rows: list[Row]) -> str:
+    keys = item_keys(rows)
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(["file", "name", "verdict", *keys, "diagnosis"])
+    for row in rows:
+        writer.writerow([row.file, row.name, row.report.outcome,
+                         *(row.report.items[k].status if k in row.report.items else ""
+                           for k in keys), row.diagnosis])
+    return buf.getvalue()
+
+
+def json_text(rows: list[Row], folder: str, names: tuple[str, ...], opts: Options) -> str:
+    keys = item_keys(rows)
+    return json.dumps({
+        "folder": folder, "names": list(names), "options": vars(opts),
+        "items": {k: ITEM_WORDS.get(k, k) for k in keys},
+        "rows": [{"file": r.file, "name": r.name, "verdict": r.report.outcome,
+                  "summary": r.report.verdict, "error": r.report.error,
+                  "items": {k: {"status": i.status, "detail": i.detail}
+                            for k, i in r.report.items.items()},
+                  "diagnosis": r.diagnosis, "seconds": round(r.seconds, 2)} for r in rows]},
+        indent=2) + "\n"
+
+
+def write_table(rows: list[Row], out: str, folder: str, names: tuple[str, ...],
+                opts: Options) -> None:
+    """out= in the format its extension names (.md, .csv, .json)."""
+    path = Path(out)
+    suffix = path.suffix.lower()
+    text = (csv_text(rows) if suffix == ".csv" else
+            json_text(rows, folder, names, opts) if suffix == ".json" else markdown(rows) + "\n")
+    check_output_file(path, "out=")
+    path.absolute().parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+# ----------------------------------------------------------------------------- check(...)
+
+
+def resolve(target) -> tuple[str, str]:
+    """"path/file.py:Name", or the class or function itself -> (file, name). An object is found
+    again by its file and name, and run from there in the sandbox like any file."""
+    if isinstance(target, (str, os.PathLike)):
+        file, sep, name = str(target).rpartition(":")
+        if not sep or not file.endswith(".py") or not name.isidentifier():
+            raise ValueError(f"check() takes 'path/file.py:Name' or the class or function "
+                             f"itself, got {str(target)!r}")
+        return file, name
+    obj = target
+    if not (inspect.isclass(obj) or inspect.isfunction(obj)):
+        raise TypeError(f"check() takes a class, a function or 'path/file.py:Name', got "
+                        f"{type(obj).__name__} (the checker builds the layer itself: pass its "
+                        f"class, or a factory function)")
+    if obj.__qualname__ != obj.__name__:
+        raise ValueError(f"{obj.__qualname__} is not defined at the top level of its file; the "
+                         f"checker imports the file and looks the name up there")
+    try:
+        file = inspect.getsourcefile(obj)
+    except (TypeError, OSError):  # built in, or its module is gone from sys.modules
+        file = None
+    if file is None or not file.endswith(".py"):
+        raise ValueError(f"{obj.__name__} has no .py file the checker could import")
+    return file, obj.__name__
+
+
+_boxes: dict = {}  # one sandbox host per process and kind, started by the first check()
+
+
+def check(target, *, sandbox=None, **options) -> Report:
+    """Check a layer or a scaled dot-product function against the cheat sheet, sandboxed as the
+    command does, and return its Report (`.passed`, `.items`, `.diagnosis`, `.text`).
+
+        report = check("path/to/file.py:Name", seq_len=16)   # or check(TheClass)
+        assert report.passed, report.text
+
+    options: the command's keys (d_model=, n_head=, dtype=, ...); a value out of range is a
+    ValueError (guard.cli.UserError). A file or object that cannot be used gives a report whose
+    `.error` says why. Checks share one sandbox host per process unless one is given."""
+    file, name = resolve(target)
+    unknown = sorted(set(options) - set(Options.__dataclass_fields__))
+    if unknown:
+        raise UserError(f"unknown option {unknown[0]!r} (known: "
+                        f"{', '.join(Options.__dataclass_fields__)})")
+    opts = check_options(replace(Options(), **options))
+    if sandbox is None:
+        key = (opts.device != "cpu", opts.memory)
+        if key not in _boxes:
+            _boxes[key] = sandbox_for(opts)
+            atexit.register(_boxes[key].close)
+        sandbox = _boxes[key]
+    if not Path(file).is_file():
+        return Report(f"{file}:{name}", error=f"{file}: no such file")
+    return check_file(file, name, opts, sandbox)
+
+
+def progress_line(row: Row, done: int, total: int) -> None:
+    print(f"[{done}/{total}] {row.file}:{row.name} {row.report.outcome} ({row.seconds:.1f} s)",
+          file=sys.stderr, flush=True)
