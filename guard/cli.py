@@ -23,7 +23,7 @@ from hydra.errors import HydraException
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from guard.key_help import help_text, key_value_spelling, type_words, written_out
+from guard.key_help import help_text, type_words, written_out
 
 
 class UserError(ValueError):
@@ -234,13 +234,11 @@ def exit_with(code: int) -> None:
     sys.exit(code)
 
 
-def parse_key_values(argv: list[str], schema: type, usage: str, about: str = "",
-                     positional: tuple[str, ...] = ()):
+def parse_key_values(argv: list[str], schema: type, usage: str, about: str = ""):
     """key=value arguments as an instance of the dataclass `schema`, its defaults for the keys
     not given. Text-valued keys keep their value verbatim (prompt=ROMEO: is text, not YAML); the
     others are parsed by OmegaConf and a value of the wrong type is refused in our words; a key
-    whose default is MISSING ("???") must be given. The older spellings still work: `--key value`
-    and `--key=value`, and bare values for the `positional` keys, in order. -h or --help prints
+    whose default is MISSING ("???") must be given. -h or --help prints
     `about`, the usage and every key with its default and description (`key_help`)."""
     if any(a in ("-h", "--help") for a in argv):
         print(help_text(schema, usage, about))
@@ -249,9 +247,11 @@ def parse_key_values(argv: list[str], schema: type, usage: str, about: str = "",
     keys = [f.name for f in dataclasses.fields(schema)]
     text = {k for k in keys if hints[k] in (str, Optional[str])}
     given = {}
-    flags = frozenset(k for k in keys if hints[k] is bool)
-    for arg in key_value_spelling(argv, positional, keys, flags):
+    for arg in argv:
         key, sep, value = arg.partition("=")
+        if arg.startswith("--"):
+            raise UserError(f"arguments are key=value: write {key[2:].replace('-', '_')}=..., "
+                            f"not {arg!r}. {usage}")
         if not sep:
             raise UserError(f"arguments must be key=value, got {arg!r}. {usage}")
         if key not in keys:

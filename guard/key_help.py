@@ -1,6 +1,5 @@
 """The words of a key=value command line (guard.cli.parse_key_values): --help with a line per
-key, read from the comments of the schema's dataclass; a type as a message names it; and the
-older spellings (`--out docs`, a bare positional value) turned into key=value."""
+key, read from the comments of the schema's dataclass, and a type as a message names it."""
 from __future__ import annotations
 
 import dataclasses
@@ -11,31 +10,6 @@ import re
 import textwrap
 import tokenize
 import typing
-
-
-def key_value_spelling(argv: list[str], positional: tuple[str, ...], keys: list[str],
-                       flags: frozenset = frozenset()) -> list[str]:
-    """`--out docs`, `--out=docs`, a flag `--quick` (one of the boolean `flags`; `--quick false`
-    too) and bare positional values, in order, as key=value."""
-    out, rest, i = [], list(positional), 0
-    while i < len(argv):
-        arg = argv[i]
-        if arg.startswith("--") and len(arg) > 2:
-            key, sep, value = arg[2:].partition("=")
-            following = argv[i + 1] if i + 1 < len(argv) else "--"
-            flag = key.replace("-", "_") in flags
-            if not sep and not following.startswith("--") \
-                    and following.partition("=")[0] not in keys \
-                    and (not flag or following.lower() in ("true", "false")):
-                i, value = i + 1, following
-            elif not sep:
-                value = "true"
-            arg = f"{key.replace('-', '_')}={value}"
-        elif "=" not in arg and rest:
-            arg = f"{rest.pop(0)}={arg}"
-        out.append(arg)
-        i += 1
-    return out
 
 
 def type_words(hint) -> str:

@@ -1,5 +1,6 @@
 """One command style for every script: key=value (the older `--key value` and positional
-spellings still work), `--help` with a line per key, and a wrong type refused in our words."""
+spellings are refused, naming the key=value form), `--help` with a line per key, and a wrong type
+refused in our words."""
 from __future__ import annotations
 
 import subprocess
@@ -27,7 +28,7 @@ class Example:
 
 
 def parse(*argv: str) -> Example:
-    return parse_key_values(list(argv), Example, "usage: x", positional=("sweep",))
+    return parse_key_values(list(argv), Example, "usage: x")
 
 
 def test_help_has_a_line_per_key_with_its_default_and_the_comment_that_describes_it():
@@ -40,12 +41,16 @@ def test_help_has_a_line_per_key_with_its_default_and_the_comment_that_describes
     assert any(line.startswith("  layer=0") and line.endswith("a layer, from 0") for line in lines)
 
 
-def test_the_older_spellings_mean_the_same_as_key_value():
+def test_the_older_spellings_are_refused_naming_the_key_value_form():
     want = Example(sweep="runs/s", out="docs", layer=2, quick=True)
     assert parse("sweep=runs/s", "out=docs", "layer=2", "quick=true") == want
-    assert parse("runs/s", "--out", "docs", "--layer=2", "--quick") == want
-    assert parse("--quick", "runs/s", "--out", "docs", "layer=2") == want  # a flag before a value
-    assert parse("runs/s", "--quick", "out=docs", "layer=2") == want  # a flag before a key=value
+    for argv, words in [(("sweep=x", "--out", "docs"), "write out=..., not '--out'"),
+                        (("sweep=x", "--layer=2"), "write layer=..., not '--layer=2'"),
+                        (("sweep=x", "--no-compile"), "write no_compile=..., not '--no-compile'"),
+                        (("runs/s",), "arguments must be key=value, got 'runs/s'")]:
+        with pytest.raises(UserError) as err:
+            parse(*argv)
+        assert words in str(err.value) and str(err.value).endswith("usage: x"), err.value
 
 
 @pytest.mark.parametrize("arg, message", [
