@@ -23,7 +23,7 @@ from hydra.errors import HydraException
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from guard.key_help import help_text, type_words, written_out
+from guard.key_help import help_text, is_list, type_words, written_out
 
 
 class UserError(ValueError):
@@ -234,19 +234,22 @@ def exit_with(code: int) -> None:
     sys.exit(code)
 
 
-def parse_key_values(argv: list[str], schema: type, usage: str, about: str = ""):
+def parse_key_values(argv: list[str], schema: type, usage: str, about: str = "",
+                     overrides: bool = False):
     """key=value arguments as an instance of the dataclass `schema`, its defaults for the keys
     not given. Text-valued keys keep their value verbatim (prompt=ROMEO: is text, not YAML); the
-    others are parsed by OmegaConf and a value of the wrong type is refused in our words; a key
-    whose default is MISSING ("???") must be given. -h or --help prints
-    `about`, the usage and every key with its default and description (`key_help`)."""
+    others are parsed by OmegaConf and a value of the wrong type is refused in our words; a list
+    is written with commas (dtypes=bf16,fp32); a key whose default is MISSING ("???") must be
+    given. -h or --help prints `about`, the usage and every key with its default and description
+    (`key_help`). With overrides=True (a bench) the arguments whose key is not the schema's are
+    train.py's config overrides, returned apart and in order: (args, overrides)."""
     if any(a in ("-h", "--help") for a in argv):
         print(help_text(schema, usage, about))
         raise SystemExit(0)
     hints = typing.get_type_hints(schema)
     keys = [f.name for f in dataclasses.fields(schema)]
     text = {k for k in keys if hints[k] in (str, Optional[str])}
-    given = {}
+    given, rest = {}, []
     for arg in argv:
         key, sep, value = arg.partition("=")
         if arg.startswith("--"):
@@ -254,23 +257,40 @@ def parse_key_values(argv: list[str], schema: type, usage: str, about: str = "")
                             f"not {arg!r}. {usage}")
         if not sep:
             raise UserError(f"arguments must be key=value, got {arg!r}. {usage}")
-        if key not in keys:
+        if key not in keys and overrides:
+            rest.append(arg)
+        elif key not in keys:
             raise UserError(f"unknown key {key!r} (known: {', '.join(keys)}). {usage}")
-        given[key] = value
+        elif is_list(hints[key]) and not value.startswith("["):
+            given[key] = f"[{value}]"
+        else:
+            given[key] = value
     try:
         typed = OmegaConf.from_dotlist([f"{k}={v}" for k, v in given.items() if k not in text])
         cfg = OmegaConf.merge(OmegaConf.structured(schema), typed,
                               {k: v for k, v in given.items() if k in text})
     except OmegaConfBaseException as exc:
-        key = str(getattr(exc, "full_key", "") or "")
+        key = str(getattr(exc, "full_key", "") or "").partition("[")[0]
         if key not in given:
             raise
-        raise UserError(f"{key} must be {type_words(hints[key])}, got {given[key]!r}"
+        raise UserError(f"{key} must be {type_words(hints[key])}, got {given[key].strip('[]')!r}"
                         + written_out(given[key], hints[key])) from None
     missing = [k for k in keys if OmegaConf.is_missing(cfg, k)]
     if missing:
         raise UserError(f"{missing[0]}= is required. {usage}")
-    return OmegaConf.to_object(cfg)
+    args = OmegaConf.to_object(cfg)
+    return (args, rest) if overrides else args
+
+
+def check_choices(args, **allowed) -> None:
+    """Each named key's value, or each value of its list, one of `allowed[key]`; else the first
+    that is not, named with the choices."""
+    for key, choices in allowed.items():
+        value = getattr(args, key)
+        for v in value if isinstance(value, list) else [value]:
+            if v not in choices:
+                raise UserError(f"{key} must be among {', '.join(map(str, choices))}, "
+                                f"got {v!r}")
 
 
 def hydra_string(text: str) -> str:

@@ -12,11 +12,21 @@ import tokenize
 import typing
 
 
+def is_list(hint) -> bool:
+    """list[...] or Optional[list[...]]: a key written with commas."""
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    if typing.get_origin(hint) is typing.Union and len(args) == 1:
+        hint = args[0]
+    return typing.get_origin(hint) is list
+
+
 def type_words(hint) -> str:
     """A type as the help and the messages say it."""
     args = [a for a in typing.get_args(hint) if a is not type(None)]
     if typing.get_origin(hint) is typing.Union and len(args) == 1:
         return f"{type_words(args[0])} or null"
+    if typing.get_origin(hint) is list:
+        return f"{type_words(args[0])} or several, separated by commas"
     if isinstance(hint, type) and issubclass(hint, enum.Enum):
         return "one of " + ", ".join(m.value for m in hint)
     return {int: "an integer", float: "a number", bool: "true or false",
@@ -36,7 +46,16 @@ def written_out(value: str, hint) -> str:
 
 def key_help(schema: type) -> dict[str, str]:
     """Each field's description: the comment on its line of the dataclass, or else the comment
-    lines just above it (the source is the one place the words are written)."""
+    lines just above it (the source is the one place the words are written); a field of the
+    dataclass it extends, from that one's source."""
+    found = {}
+    for cls in reversed(schema.__mro__):
+        if dataclasses.is_dataclass(cls):
+            found.update(_comments(cls))
+    return found
+
+
+def _comments(schema: type) -> dict[str, str]:
     try:
         source = textwrap.dedent(inspect.getsource(schema))
     except (OSError, TypeError):
@@ -66,6 +85,8 @@ def help_text(schema: type, usage: str, about: str = "") -> str:
         default = getattr(default, "value", default)  # an Enum's member as written
         if default == "???":
             shown = "(required)"
+        elif isinstance(default, list):
+            shown = ",".join(map(str, default))
         elif isinstance(default, bool) or default is None:
             shown = {None: "null", True: "true", False: "false"}[default]
         else:

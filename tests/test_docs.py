@@ -3,8 +3,8 @@
 The commands are read out of the ```bash blocks (and the `python ...` spans in the text), the way
 a reader copies them. The fast tests run nothing: each module or script a command names exists,
 each repository path it mentions is there, each `train.py` override names a key of the typed
-config (or an option file of a group), each `key=value` of generate.py and the scripts is a key of
-that script's dataclass, and each `--option` of a bench is one it defines. The slow ones compose
+config (or an option file of a group), each `key=value` of generate.py, the scripts and the
+benches is a key of that script's dataclass (or, for a bench, a train.py override). The slow ones compose
 every `train.py` command with Hydra, as train.py would before its first step, and run every
 script's `--help`. Placeholders such as `<date>` stand for a path the reader fills in.
 """
@@ -184,10 +184,8 @@ def dataclass_fields(name: str, tree: ast.Module) -> list[str]:
 
 
 def options_defined(path: Path) -> set[str]:
-    """Every `--option` string in a script's source and in bench/common.py (the options every
-    bench shares)."""
-    text = path.read_text() + (REPO_ROOT / "bench" / "common.py").read_text()
-    return set(re.findall(r"""["'](--[a-z][\w-]*)["']""", text)) | {"--help"}
+    """Every `--option` string in a script's source (a script with a parser of its own)."""
+    return set(re.findall(r"""["'](--[a-z][\w-]*)["']""", path.read_text())) | {"--help"}
 
 
 def repo_paths(args) -> list[str]:
@@ -316,9 +314,6 @@ def test_each_argument_is_one_its_command_takes(command):
     for arg in t.args:
         if arg.startswith("--"):
             assert arg.partition("=")[0] in defined, f"{where}: {arg} is not an option of {t.name}"
-        elif "=" in arg:  # a bench's train.py override
-            problem = override_problem(arg)
-            assert problem is None, f"{where}: {problem}"
 
 
 def test_a_heredoc_s_python_compiles_and_imports_what_exists():
