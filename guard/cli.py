@@ -112,15 +112,15 @@ class Terminated(BaseException):
         self.signum = signum
 
 
-_owner: Optional[int] = None  # the process whose run_cli installed the handlers
-
-
-def _terminate(signum, frame):
-    if os.getpid() != _owner:  # a forked worker (datasets.map): end as the signal asks
-        signal.signal(signum, signal.SIG_DFL)
-        os.kill(os.getpid(), signum)
-        return
-    raise Terminated(signum)
+def _terminate_in(owner: int):
+    """The SIGTERM / SIGHUP handler of run_cli in the process `owner`."""
+    def terminate(signum, frame):
+        if os.getpid() != owner:  # a forked worker (datasets.map): end as the signal asks
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        raise Terminated(signum)
+    return terminate
 
 
 class _Output:
@@ -179,16 +179,15 @@ def run_cli(body: Callable[[], Optional[int]], undo: Optional[Callable[[], None]
     unwritable stdout included), 128 + N after the signal N (Ctrl-C, SIGTERM, SIGHUP), 0 when
     stdout is closed by its reader (piped into `head`). undo runs whenever the status is not 0,
     to take back what a failed command wrote."""
-    global _owner
     _open_standard_descriptors()
     stdout, sys.stdout = sys.stdout, _Output(sys.stdout)
     if sys.stderr is None:
         sys.stderr = open(os.devnull, "w")
-    handlers, _owner = {}, os.getpid()
+    handlers, terminate = {}, _terminate_in(os.getpid())
     if threading.current_thread() is threading.main_thread():
         for signum in (signal.SIGTERM, signal.SIGHUP):
             if signal.getsignal(signum) is not signal.SIG_IGN:  # nohup's SIGHUP stays ignored
-                handlers[signum] = signal.signal(signum, _terminate)
+                handlers[signum] = signal.signal(signum, terminate)
     try:
         try:
             with mistakes_exit(trace):
