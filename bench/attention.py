@@ -404,7 +404,7 @@ class AttentionArgs(BenchArgs):
 
 def main(argv: list[str]) -> int:
     def body() -> int:
-        args = parse_key_values(argv, AttentionArgs, usage("bench.attention"),
+        args = parse_key_values(argv, AttentionArgs, usage("bench.attention", overrides=False),
                                 about=__doc__.split("\n\n")[0])
         check_choices(args, dtypes=DTYPES)
         return measure_all(args)

@@ -51,9 +51,10 @@ class BenchArgs:
     warmup: Optional[int] = None   # untimed warm-up calls (null: the bench's own)
 
 
-def usage(module: str) -> str:
-    return (f"usage: python -m {module} [key=value ...] [train.py overrides, e.g. model=baby "
-            f"train.batch_size=32, for every configuration benchmarked]")
+def usage(module: str, overrides: bool = True) -> str:
+    return f"usage: python -m {module} [key=value ...]" + (
+        " [train.py overrides, e.g. model=baby train.batch_size=32, for every configuration "
+        "benchmarked]" if overrides else "")
 
 
 def resolve_repetitions(args: BenchArgs, reps: int = DEFAULT_REPS,

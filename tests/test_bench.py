@@ -49,6 +49,17 @@ def test_quick_run_ends_with_ratio(name):
     assert len(lines) > 1, "the headline should follow a table"
 
 
+@pytest.mark.slow  # imports torch and composes the config: about 5 s on 2 cores
+def test_a_bench_refuses_an_old_option_and_a_key_neither_it_nor_train_py_has():
+    for argv, words in [(["--quick"], "write quick=..., not '--quick'"),
+                        (["quick=true", "rep=3"], "Could not override 'rep'")]:
+        done = subprocess.run([sys.executable, "-m", "bench.generate", *argv], cwd=REPO_ROOT,
+                              capture_output=True, text=True, timeout=TIMEOUT_S)
+        assert done.returncode == 2 and done.stdout == "", done.stderr
+        assert done.stderr.startswith("error: ") and words in done.stderr, done.stderr
+        assert "Traceback" not in done.stderr
+
+
 def ladder(rates: dict[int, float], fits=lambda n: True, budget_s: float = 1e9):
     """climb() over a made-up machine whose n x n matmul runs at rates[n], 1 s a probe."""
     return climb(sorted(rates), lambda n: (rates[n], "a @ b", 1.0), fits, budget_s)
