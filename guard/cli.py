@@ -260,7 +260,7 @@ def parse_key_values(argv: list[str], schema: type, usage: str, about: str = "",
             rest.append(arg)
         elif key not in keys:
             raise UserError(f"unknown key {key!r} (known: {', '.join(keys)}). {usage}")
-        elif is_list(hints[key]) and not value.startswith("["):
+        elif is_list(hints[key]) and not value.startswith("[") and value != "null":
             given[key] = f"[{value}]"
         else:
             given[key] = value

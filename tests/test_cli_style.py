@@ -86,6 +86,7 @@ def test_a_list_is_written_with_commas_and_a_bench_passes_other_keys_on():
     assert parse("sizes=3,4", "model=baby", "names=a", "+experiment=gpu") == \
         (Bench(sizes=[3, 4], names=["a"]), ["model=baby", "+experiment=gpu"])
     assert parse("sizes=[5]")[0].sizes == [5]  # Hydra's spelling too
+    assert parse("names=null")[0].names is None
     with pytest.raises(UserError) as err:
         parse("sizes=3,x")
     assert str(err.value) == "sizes must be an integer or several, separated by commas, got '3,x'"
