@@ -4,9 +4,9 @@ The commands are read out of the ```bash blocks (and the `python ...` spans in t
 a reader copies them. The fast tests run nothing: each module or script a command names exists,
 each repository path it mentions is there, each `train.py` override names a key of the typed
 config (or an option file of a group), each `key=value` of generate.py, the scripts and the
-benches is a key of that script's dataclass (or, for a bench, a train.py override). The slow ones compose
-every `train.py` command with Hydra, as train.py would before its first step, and run every
-script's `--help`. Placeholders such as `<date>` stand for a path the reader fills in.
+benches is a key of that script's dataclass (or, for a bench, a train.py override). The slow
+ones compose every `train.py` command with Hydra, as train.py would before its first step, and
+run every script's `--help`. Placeholders such as `<date>` stand for a path the reader fills in.
 """
 from __future__ import annotations
 
