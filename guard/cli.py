@@ -248,7 +248,7 @@ def parse_key_values(argv: list[str], schema: type, usage: str, about: str = "",
     hints = typing.get_type_hints(schema)
     keys = [f.name for f in dataclasses.fields(schema)]
     text = {k for k in keys if hints[k] in (str, Optional[str])}
-    given, rest = {}, []
+    given, written, rest = {}, {}, []
     for arg in argv:
         key, sep, value = arg.partition("=")
         if arg.startswith("--"):
@@ -260,10 +260,10 @@ def parse_key_values(argv: list[str], schema: type, usage: str, about: str = "",
             rest.append(arg)
         elif key not in keys:
             raise UserError(f"unknown key {key!r} (known: {', '.join(keys)}). {usage}")
-        elif is_list(hints[key]) and not value.startswith("[") and value != "null":
-            given[key] = f"[{value}]"
         else:
-            given[key] = value
+            written[key] = value
+            wrap = is_list(hints[key]) and not value.startswith("[") and value != "null"
+            given[key] = f"[{value}]" if wrap else value
     try:
         typed = OmegaConf.from_dotlist([f"{k}={v}" for k, v in given.items() if k not in text])
         cfg = OmegaConf.merge(OmegaConf.structured(schema), typed,
@@ -272,8 +272,8 @@ def parse_key_values(argv: list[str], schema: type, usage: str, about: str = "",
         key = str(getattr(exc, "full_key", "") or "").partition("[")[0]
         if key not in given:
             raise
-        raise UserError(f"{key} must be {type_words(hints[key])}, got {given[key].strip('[]')!r}"
-                        + written_out(given[key], hints[key])) from None
+        raise UserError(f"{key} must be {type_words(hints[key])}, got {written[key]!r}"
+                        + written_out(written[key], hints[key])) from None
     missing = [k for k in keys if OmegaConf.is_missing(cfg, k)]
     if missing:
         raise UserError(f"{missing[0]}= is required. {usage}")
