@@ -27,6 +27,7 @@ from guard.run_dir import load_run, resolve_latest
 from model.gpt import GPT
 from training.checkpoint import LATEST
 from training.config import Config, TrainConfig
+from training.runtime import Speedometer
 from training.weights_choice import choose_weights
 
 USAGE = "usage: python generate.py [run=DIR] [prompt=TEXT] [max_new_tokens=N] [key=value ...]"
@@ -46,7 +47,7 @@ class GenerateConfig:
     seed: int = Config.seed        # sample i uses seed + i
     num_samples: int = 1           # samples, one after another
     weights: str = "auto"          # auto (best; latest for a leaky run) | best | latest
-    device: str = "auto"           # auto (CUDA if there is one) | cpu | cuda | cuda:N
+    device: str = "auto"           # auto (CUDA, else mps, else cpu) | cpu | mps | cuda | cuda:N
     threads: Optional[int] = None  # CPU threads (null: 1; the idle cores for 50M parameters and up)
     use_cache: bool = True         # KV cache; false recomputes the whole context every token
 
@@ -68,7 +69,7 @@ def sample(argv: list[str]) -> int:
     threads = decoding_threads(cfg.threads, model, device)
     print(f"sampling {run_dir}: {chosen.describe()}" + (f"; {chosen.note}" if chosen.note else ""),
           file=sys.stderr, flush=True)
-    meter = Meter()
+    meter = Speedometer()
     try:
         for i in range(cfg.num_samples):
             if i:
@@ -76,9 +77,9 @@ def sample(argv: list[str]) -> int:
             stream(model, tokenizer, prompt, replace(cfg, seed=cfg.seed + i), meter=meter)
     except KeyboardInterrupt:  # the sample so far stays on screen
         print(file=sys.stderr)
-        meter.report(device, threads)
+        report_speed(meter, device, threads)
         return 130
-    meter.report(device, threads)
+    report_speed(meter, device, threads)
     return 0
 
 
@@ -107,23 +108,18 @@ def decoding_threads(requested: Optional[int], model: GPT, device) -> int:
     return torch.get_num_threads()
 
 
-class Meter:
-    """New tokens and the seconds spent producing them, over every sample."""
-
-    def __init__(self):
-        self.tokens, self.seconds = 0, 0.0
-
-    def report(self, device, threads: int) -> None:
-        if self.tokens == 0:
-            return
-        where = f"{threads} thread{'s' if threads > 1 else ''}" if device.type == "cpu" \
-            else str(device)
-        print(f"{self.tokens:,} tokens in {self.seconds:.2f} s: "
-              f"{self.tokens / max(self.seconds, 1e-9):,.0f} tokens/s ({where})", file=sys.stderr)
+def report_speed(meter: Speedometer, device, threads: int) -> None:
+    """The tokens of every sample and their rate, on stderr (stdout holds the text)."""
+    if meter.tokens == 0:
+        return
+    where = f"{threads} thread{'s' if threads > 1 else ''}" if device.type == "cpu" \
+        else str(device)
+    print(f"{meter.tokens:,} tokens in {meter.seconds:.2f} s: {meter.rate():,.0f} tokens/s "
+          f"({where})", file=sys.stderr)
 
 
 def stream(model: GPT, tokenizer, prompt_ids: list[int], cfg: GenerateConfig, out=None,
-           meter: Optional[Meter] = None) -> str:
+           meter: Optional[Speedometer] = None) -> str:
     """Generate one sample, writing text as it appears (to stdout by default); returns it all,
     and adds its tokens and time to meter.
 
@@ -152,8 +148,7 @@ def stream(model: GPT, tokenizer, prompt_ids: list[int], cfg: GenerateConfig, ou
                         f"{first_line(exc)} (do the weights overflow?)") from None
     finally:  # interrupted too: the speed so far
         if meter is not None:
-            meter.tokens += len(decoder.ids) - len(prompt_ids)
-            meter.seconds += time.perf_counter() - started
+            meter.add(len(decoder.ids) - len(prompt_ids), time.perf_counter() - started)
     pieces.append(decoder.finish())
     out.write(pieces[-1] + "\n")
     return "".join(pieces)

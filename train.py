@@ -53,8 +53,8 @@ from training.dtype_probe import choose_dtype
 from training.evaluate import (attention_diagnostics, bits_per_char, cached_loss, full_split_loss,
                                mean_loss, qk_grad_norms, rising_validation)
 from training.optim import Optimizers, lr_at, make_optimizer
-from training.runtime import (StopFlag, World, all_mean, all_sum, barrier, broadcast_from_main,
-                              init_world, shutdown)
+from training.runtime import (Speedometer, StopFlag, World, all_mean, all_sum, barrier,
+                              broadcast_from_main, init_world, shutdown)
 from training.state import Progress, rng_state, seed_everything, set_rng_state
 from training.tb import open_writer, write_hparams
 
@@ -462,7 +462,7 @@ def to_nats_per_char(run: Run, nats_per_token: float) -> float:
     return to_bpc(run, nats_per_token) * math.log(2)
 
 
-def final_metrics(run: Run, meter: "Speedometer") -> dict:
+def final_metrics(run: Run, meter: Speedometer) -> dict:
     """Scores of the finished run: the whole validation split (every token once), speed, and
     the HParams summary in TensorBoard."""
     cfg, p, w, model = run.cfg, run.progress, run.writer, run.model
@@ -508,29 +508,6 @@ def decoding_losses(run: Run) -> dict:
         causal = mean_loss(model, batches, run.amp, run.world)
     cached = cached_loss(model, batches, run.amp, run.world)
     return {"cached_val_loss": cached, "cache_gap": cached - causal}
-
-
-class Speedometer:
-    """Tokens per second of training alone: evaluation and checkpoint time are left out."""
-
-    def __init__(self):
-        self.tokens, self.seconds = 0, 0.0
-        self._window_tokens, self._window_seconds = 0, 0.0
-
-    def add(self, tokens: int, seconds: float) -> None:
-        self.tokens += tokens
-        self.seconds += seconds
-        self._window_tokens += tokens
-        self._window_seconds += seconds
-
-    def window_rate(self) -> float:
-        """The rate since the last call."""
-        rate = self._window_tokens / max(self._window_seconds, 1e-9)
-        self._window_tokens, self._window_seconds = 0, 0.0
-        return rate
-
-    def rate(self) -> float:
-        return self.tokens / max(self.seconds, 1e-9)
 
 
 def report(metrics: dict, run_dir: Path) -> None:

@@ -1,1 +1,1 @@
-"""Benchmarks, run as modules from the repository root: `python -m bench.<name> [--quick]`."""
+"""Benchmarks, run as modules from the repository root: `python -m bench.<name> [key=value ...]`."""

@@ -2,10 +2,10 @@
 
 What does writing attention out by hand cost, and what does fusing it into one kernel buy?
 
-    python -m bench.attention             # fp32, bf16; T in 64..1024 (CPU), 256..2048 (CUDA)
-    python -m bench.attention --quick     # seconds: T in {64, 128}, fewer repetitions
-    python -m bench.attention --dtypes fp32 --seq-lens 256 512
-    python -m bench.attention --decode    # one KV-cache decode step instead: microseconds
+    python -m bench.attention               # fp32, bf16; T in 64..1024 (CPU), 256..2048 (CUDA)
+    python -m bench.attention quick=true    # seconds: T in {64, 128}, fewer repetitions
+    python -m bench.attention dtypes=fp32 seq_lens=256,512
+    python -m bench.attention decode=true   # one KV-cache decode step instead: microseconds
 
 Every arm is the same layer with the same weights -- the qkv Linear, an attention core, the
 out_proj Linear -- and only the core differs:
@@ -35,7 +35,7 @@ the two projections (2 FLOPs per multiply-add, 3x for forward + backward) and th
 attention core (half of the T x T scores; its backward counted as 2.5 forwards, the
 FlashAttention convention, recomputation included).
 
-`--decode` times what generation runs per layer and token instead: the attention core alone,
+`decode=true` times what generation runs per layer and token instead: the attention core alone,
 one new query over m cached keys (B sequences, the model's heads, no gradient), in microseconds
 per call, against the same pinned SDPA backends.
 
@@ -54,16 +54,17 @@ import statistics
 import sys
 import time
 import warnings
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import Callable, Optional
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from bench.common import (GPU_RECIPE, MIB, activation_bytes, compose_config, cuda_peak_bytes,
-                          fmt, interleaved_medians, make_parser, print_header, print_headline,
-                          print_table, resolve_repetitions, setup, sync)
+from bench.common import (GPU_RECIPE, MIB, BenchArgs, activation_bytes, compose_config,
+                          cuda_peak_bytes, fmt, interleaved_medians, print_header, print_headline,
+                          print_table, resolve_repetitions, setup, sync, usage)
+from guard.cli import check_choices, parse_key_values, run_cli
 from model.attention import CausalSelfAttention
 from model.config import AttentionConfig, AttentionImpl, ModelConfig
 from training.device import autocast, pick_dtype
@@ -388,23 +389,29 @@ def shapes_config(device: torch.device) -> tuple[ModelConfig, AttentionConfig, s
     return cfg.model, cfg.attention, f"the GPU recipe ({GPU_RECIPE})"
 
 
-def main() -> int:
-    parser = make_parser("bench.attention", __doc__.splitlines()[0])
-    parser.add_argument("--seq-lens", type=int, nargs="+", default=None,
-                        help=f"sequence lengths T (default: CPU {list(SEQ_LENS['cpu'])}, CUDA "
-                             f"{list(SEQ_LENS['cuda'])}; --quick {list(QUICK_SEQ_LENS)})")
-    parser.add_argument("--dtypes", nargs="+", choices=sorted(DTYPES), default=list(DTYPES))
-    parser.add_argument("--tokens", type=int, default=None,
-                        help=f"tokens per batch, B = tokens // T (default: CPU "
-                             f"{TOKENS_PER_BATCH['cpu']}, CUDA {TOKENS_PER_BATCH['cuda']}; "
-                             f"--quick {QUICK_TOKENS_PER_BATCH})")
-    parser.add_argument("--query-block", type=int, default=None,
-                        help="our layer's attention.query_block (0: every row over every key; "
-                             "default: the config's, where null means by device)")
-    parser.add_argument("--decode", action="store_true",
-                        help="time one KV-cache decode step of the attention core instead "
-                             "(--seq-lens are then the cache lengths m)")
-    args = parser.parse_args()
+@dataclass
+class AttentionArgs(BenchArgs):
+    # sequence lengths T, or with decode=true the cache lengths m (null: by device, fewer with
+    # quick=true)
+    seq_lens: Optional[list[int]] = None
+    dtypes: list[str] = field(default_factory=lambda: list(DTYPES))  # fp32, bf16 or both
+    # tokens per batch, B = tokens // T (null: by device, fewer with quick=true)
+    tokens: Optional[int] = None
+    # our layer's attention.query_block (0: every row over every key; null: the config's)
+    query_block: Optional[int] = None
+    decode: bool = False           # time one KV-cache decode step of the attention core instead
+
+
+def main(argv: list[str]) -> int:
+    def body() -> int:
+        args = parse_key_values(argv, AttentionArgs, usage("bench.attention", overrides=False),
+                                about=__doc__.split("\n\n")[0])
+        check_choices(args, dtypes=DTYPES)
+        return measure_all(args)
+    return run_cli(body)
+
+
+def measure_all(args: AttentionArgs) -> int:
     device = setup(args)
     reps, warmup = resolve_repetitions(args)
     if args.decode:
@@ -494,4 +501,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

@@ -12,16 +12,18 @@ so that a change in machine load hits all of them alike.
 """
 from __future__ import annotations
 
-import argparse
 import math
 import platform
 import statistics
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, Optional, Sequence
 
 import torch
+
+from guard.cli import UserError
 
 if TYPE_CHECKING:
     from training.config import Config
@@ -29,7 +31,7 @@ if TYPE_CHECKING:
 REPO_ROOT = Path(__file__).resolve().parents[1]
 MIB = 1 << 20
 GPU_RECIPE = "+experiment=gpu"  # conf/experiment/gpu.yaml: the model and batch meant for a GPU
-# Defaults of the timing loop; each script may choose its own and --reps / --warmup override.
+# Defaults of the timing loop; each script may choose its own and reps= / warmup= override.
 DEFAULT_REPS, QUICK_REPS = 10, 3
 DEFAULT_WARMUP, QUICK_WARMUP = 2, 1
 
@@ -37,54 +39,42 @@ DEFAULT_WARMUP, QUICK_WARMUP = 2, 1
 # ----------------------------------------------------------------------------- command line
 
 
-def make_parser(module: str, description: str) -> argparse.ArgumentParser:
-    """The options every benchmark takes; scripts add their own to the returned parser.
-    `module` is the benchmark's module name, which `python -m` runs it by."""
-    parser = argparse.ArgumentParser(prog=f"python -m {module}", description=description,
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--quick", action="store_true",
-                        help="a seconds-long smoke run (CI): fewer sizes and repetitions")
-    parser.add_argument("--device", default="auto", help="auto | cpu | mps | cuda | cuda:N")
-    parser.add_argument("--threads", type=int, default=None,
-                        help="torch intra-op CPU threads (default: PyTorch's choice)")
-    parser.add_argument("--reps", type=int, default=None,
-                        help=f"timed repetitions, median reported (default {DEFAULT_REPS}, "
-                             f"--quick {QUICK_REPS}, unless the script says otherwise)")
-    parser.add_argument("--warmup", type=int, default=None,
-                        help=f"untimed warm-up calls (default {DEFAULT_WARMUP}, "
-                             f"--quick {QUICK_WARMUP})")
-    return parser
+@dataclass
+class BenchArgs:
+    """The keys every benchmark takes (guard.cli.parse_key_values); each adds its own in a
+    dataclass that extends this one, and passes any other key=value on to train.py's config."""
+    quick: bool = False            # a seconds-long smoke run (CI): fewer sizes and repetitions
+    device: str = "auto"           # auto | cpu | mps | cuda | cuda:N
+    threads: Optional[int] = None  # torch intra-op CPU threads (null: PyTorch's choice)
+    # timed repetitions, median reported (null: the bench's own, fewer with quick=true)
+    reps: Optional[int] = None
+    warmup: Optional[int] = None   # untimed warm-up calls (null: the bench's own)
 
 
-def add_overrides_argument(parser: argparse.ArgumentParser) -> None:
-    """Trailing `key=value` arguments, composed exactly as `python train.py key=value` would."""
-    parser.add_argument("overrides", nargs="*", metavar="OVERRIDE",
-                        help="Hydra overrides as for train.py (e.g. model=baby "
-                             "train.batch_size=32), applied to every configuration benchmarked")
+def usage(module: str, overrides: bool = True) -> str:
+    return f"usage: python -m {module} [key=value ...]" + (
+        " [train.py overrides, e.g. model=baby train.batch_size=32, for every configuration "
+        "benchmarked]" if overrides else "")
 
 
-def resolve_repetitions(args: argparse.Namespace, reps: int = DEFAULT_REPS,
+def resolve_repetitions(args: BenchArgs, reps: int = DEFAULT_REPS,
                         quick_reps: int = QUICK_REPS, warmup: int = DEFAULT_WARMUP,
                         quick_warmup: int = QUICK_WARMUP) -> tuple[int, int]:
     """(reps, warmup): the command line's if given, else the script's defaults for the mode."""
     r = args.reps if args.reps is not None else (quick_reps if args.quick else reps)
     w = args.warmup if args.warmup is not None else (quick_warmup if args.quick else warmup)
     if r < 1 or w < 0:
-        raise SystemExit(f"error: --reps must be >= 1 and --warmup >= 0, got {r} and {w}")
+        raise UserError(f"reps must be >= 1 and warmup >= 0, got {r} and {w}")
     return r, w
 
 
-def setup(args: argparse.Namespace) -> torch.device:
-    """Apply --threads and resolve --device (the same rule as train.py's train.device)."""
-    from guard.cli import UserError
+def setup(args: BenchArgs) -> torch.device:
+    """Apply threads= and resolve device= (the same rule as train.py's train.device)."""
     from guard.limits import parse_device
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    try:
-        return parse_device(args.device, "--device")
-    except UserError as exc:
-        raise SystemExit(f"error: {exc}") from exc
+    return parse_device(args.device)
 
 
 # ----------------------------------------------------------------------------- configuration
@@ -104,7 +94,7 @@ def compose_config(overrides: Sequence[str] = ()) -> Config:
         return compose(list(overrides))
     except MISTAKES as exc:
         where = " ".join(overrides) or "(defaults)"
-        raise SystemExit(f"error: config `{where}`: {one_line(exc)}") from exc
+        raise UserError(f"config `{where}`: {one_line(exc)}") from exc
 
 
 # ----------------------------------------------------------------------------- timing

@@ -1,7 +1,7 @@
 """What do the KV cache and its static form buy at sampling time? Tokens/s of each way to decode.
 
     python -m bench.generate                  # 1000 new tokens, batch 1
-    python -m bench.generate --quick          # seconds: 100 new tokens
+    python -m bench.generate quick=true       # seconds: 100 new tokens
     python -m bench.generate model=baby       # any train.py override picks the model
 
 Three ways to produce the same tokens with `GPT.generate`:
@@ -24,13 +24,14 @@ if not). Headline: KV cache tokens/s over recompute tokens/s.
 from __future__ import annotations
 
 import sys
-from typing import Callable
+from dataclasses import dataclass
+from typing import Callable, Optional
 
 import torch
 
-from bench.common import (add_overrides_argument, compose_config, fmt, interleaved_medians,
-                          make_parser, print_header, print_headline, print_table,
-                          resolve_repetitions, setup)
+from bench.common import (BenchArgs, compose_config, fmt, interleaved_medians, print_header,
+                          print_headline, print_table, resolve_repetitions, setup, usage)
+from guard.cli import parse_key_values, run_cli
 from model.fast_paths import trust_fused_attention
 from model.gpt import GPT
 
@@ -77,25 +78,32 @@ def top2_margin(model: GPT, prompt: torch.Tensor, tokens: list[int]) -> float:
     return (top[0] - top[1]).item()
 
 
-def main() -> int:
-    parser = make_parser("bench.generate", __doc__.splitlines()[0])
-    parser.add_argument("--tokens", type=int, default=None,
-                        help=f"new tokens per generation (default {N_TOKENS}, "
-                             f"--quick {QUICK_N_TOKENS})")
-    add_overrides_argument(parser)
-    args = parser.parse_args()
+@dataclass
+class GenerateArgs(BenchArgs):
+    tokens: Optional[int] = None   # new tokens per generation (null: 1000, 100 with quick=true)
+
+
+def main(argv: list[str]) -> int:
+    def body() -> int:
+        args, overrides = parse_key_values(argv, GenerateArgs, usage("bench.generate"),
+                                           about=__doc__.split("\n\n")[0], overrides=True)
+        return measure_all(args, overrides)
+    return run_cli(body)
+
+
+def measure_all(args: GenerateArgs, overrides: list[str]) -> int:
     device = setup(args)
     reps, _ = resolve_repetitions(args, reps=REPS, quick_reps=QUICK_REPS)
     n_tokens = args.tokens or (QUICK_N_TOKENS if args.quick else N_TOKENS)
 
-    model = build_model(list(args.overrides), n_tokens, device)
+    model = build_model(overrides, n_tokens, device)
     gen = torch.Generator(device=device).manual_seed(SEED)
     prompt = torch.randint(0, model.vocab_size, (1, PROMPT_LEN), device=device, generator=gen)
     cfg = model.cfg
     print_header(
         "greedy sampling, batch 1: KV cache, static KV cache, recomputing the prefix every step",
         device,
-        f"model {' '.join(args.overrides) or 'default'} (n_layer {cfg.n_layer}, n_head "
+        f"model {' '.join(overrides) or 'default'} (n_layer {cfg.n_layer}, n_head "
         f"{cfg.n_head}, n_embd {cfg.n_embd}), random weights, fp32, vocab {model.vocab_size}",
         f"prompt {PROMPT_LEN} + {n_tokens} new tokens, block_size {cfg.block_size} (no cropping); "
         f"median of {reps} generations after a {WARMUP_TOKENS}-token warm-up per path",
@@ -138,4 +146,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

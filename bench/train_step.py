@@ -1,8 +1,8 @@
 """How much of the machine does a training step use? Tokens/s and model FLOPs utilisation.
 
     python -m bench.train_step                 # 3 models (4 on CUDA), fp32 + bf16, eager + compiled
-    python -m bench.train_step --quick         # seconds: 2 models, batch 1, eager only
-    python -m bench.train_step --compile-mode reduce-overhead   # compiled rows with CUDA graphs
+    python -m bench.train_step quick=true      # seconds: 2 models, batch 1, eager only
+    python -m bench.train_step compile_mode=reduce-overhead   # compiled rows with CUDA graphs
     python -m bench.train_step optim=adamw     # any train.py override, applied to every model
 
 Each model is benchmarked with the config `python train.py <overrides>` would run with
@@ -41,9 +41,10 @@ from typing import Callable, Optional, Sequence
 import torch
 import torch.nn.functional as F
 
-from bench.common import (GPU_RECIPE, add_overrides_argument, compose_config, fmt,
-                          interleaved_medians, make_parser, print_header, print_headline,
-                          print_table, resolve_repetitions, setup, time_once)
+from bench.common import (GPU_RECIPE, BenchArgs, compose_config, fmt, interleaved_medians,
+                          print_header, print_headline, print_table, resolve_repetitions, setup,
+                          time_once, usage)
+from guard.cli import check_choices, parse_key_values, run_cli
 from model.fast_paths import trust_fused_attention
 from model.gpt import GPT
 from training.config import COMPILE_MODES, Config
@@ -51,7 +52,7 @@ from training.device import autocast, pick_dtype
 from training.optim import make_optimizer
 
 BIGGER = ["model.n_layer=6", "model.n_head=8", "model.n_embd=256"]
-QUICK_BATCH = 1               # --quick: runs every code path; bf16 is slow on most CPUs
+QUICK_BATCH = 1               # quick=true: runs every code path; bf16 is slow on most CPUs
 REPS, QUICK_REPS = 5, 2       # training steps are long: fewer repetitions than the default
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 SEED = 0
@@ -242,34 +243,41 @@ def step_time(cfg: Config, dtype: torch.dtype, compile_mode: Optional[str],
 # ----------------------------------------------------------------------------- main
 
 
-def main() -> int:
-    parser = make_parser("bench.train_step", __doc__.splitlines()[0])
-    parser.add_argument("--batch-size", type=int, default=None,
-                        help=f"sequences per step for every model (default: each config's "
-                             f"train.batch_size; --quick {QUICK_BATCH})")
-    parser.add_argument("--dtypes", nargs="+", choices=sorted(DTYPES), default=list(DTYPES))
-    parser.add_argument("--no-compile", action="store_true",
-                        help="skip the torch.compile rows (always skipped with --quick)")
-    parser.add_argument("--compile-mode", choices=COMPILE_MODES, default=None,
-                        help="torch.compile mode of the compiled rows (default: each config's "
-                             "train.compile_mode); reduce-overhead uses CUDA graphs on CUDA")
-    parser.add_argument("--matmul-sizes", type=int, nargs="+", default=None,
-                        help=f"the peak probe's ladder of n (default: CPU "
-                             f"{list(PEAK_SIZES['cpu'])}, CUDA {list(PEAK_SIZES['cuda'])}; "
-                             f"--quick CPU {list(QUICK_PEAK_SIZES['cpu'])})")
-    add_overrides_argument(parser)
-    args = parser.parse_args()
+@dataclass
+class TrainStepArgs(BenchArgs):
+    # sequences per step for every model (null: each config's train.batch_size; with
+    # quick=true, one)
+    batch_size: Optional[int] = None
+    dtypes: list[str] = field(default_factory=lambda: list(DTYPES))  # fp32, bf16 or both
+    compile: bool = True           # the torch.compile rows too (never with quick=true)
+    # torch.compile mode of the compiled rows (null: each config's train.compile_mode);
+    # reduce-overhead uses CUDA graphs on CUDA
+    compile_mode: Optional[str] = None
+    # the peak probe's ladder of matmul sizes n (null: by device, smaller with quick=true)
+    matmul_sizes: Optional[list[int]] = None
+
+
+def main(argv: list[str]) -> int:
+    def body() -> int:
+        args, overrides = parse_key_values(argv, TrainStepArgs, usage("bench.train_step"),
+                                           about=__doc__.split("\n\n")[0], overrides=True)
+        check_choices(args, dtypes=DTYPES, compile_mode=(None, *COMPILE_MODES))
+        return measure_all(args, overrides)
+    return run_cli(body)
+
+
+def measure_all(args: TrainStepArgs, overrides: list[str]) -> int:
     device = setup(args)
     kind = "cuda" if device.type == "cuda" else "cpu"
     if kind == "cuda":
         torch.set_float32_matmul_precision("high")  # as train.py: TF32 for fp32 matmuls
     reps, warmup = resolve_repetitions(args, reps=REPS, quick_reps=QUICK_REPS)
     batch = args.batch_size or (QUICK_BATCH if args.quick else None)
-    base = list(args.overrides) + ([f"train.batch_size={batch}"] if batch else [])
+    base = overrides + ([f"train.batch_size={batch}"] if batch else [])
     cases = model_cases(device, args.quick, base)
     default = cases[0].cfg
     sizes = args.matmul_sizes or (QUICK_PEAK_SIZES if args.quick else PEAK_SIZES)[kind]
-    eager_only = args.quick or args.no_compile
+    eager_only = args.quick or not args.compile
     head_dtype = {v: k for k, v in DTYPES.items()}[pick_dtype(default.train.dtype, device)]
     head_compiled = compiles_by_default(default, device) and not eager_only
     dtypes = list(dict.fromkeys(args.dtypes + [head_dtype]))  # the headline needs its dtype
@@ -349,4 +357,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

@@ -59,8 +59,6 @@ def tokenizer_key(cfg: TokenizerConfig) -> str:
     if cfg.kind.value == "bpe":
         ident.update(vocab_size=cfg.vocab_size, min_frequency=cfg.min_frequency)
     if cfg.kind.value == "file":  # the file's content: an edited tokenizer re-tokenizes
-        if not cfg.path:
-            raise CorpusError("tokenizer.kind=file needs tokenizer.path (a tokenizer.json)")
         content = read_bytes(Path(cfg.path), "tokenizer.path", MAX_TOKENIZER_BYTES)
         ident.update(content=hashlib.sha256(content).hexdigest())
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:8]

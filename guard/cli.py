@@ -23,7 +23,7 @@ from hydra.errors import HydraException
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from guard.key_help import help_text, key_value_spelling, type_words, written_out
+from guard.key_help import help_text, is_list, type_words, written_out
 
 
 class UserError(ValueError):
@@ -112,15 +112,15 @@ class Terminated(BaseException):
         self.signum = signum
 
 
-_owner: Optional[int] = None  # the process whose run_cli installed the handlers
-
-
-def _terminate(signum, frame):
-    if os.getpid() != _owner:  # a forked worker (datasets.map): end as the signal asks
-        signal.signal(signum, signal.SIG_DFL)
-        os.kill(os.getpid(), signum)
-        return
-    raise Terminated(signum)
+def _terminate_in(owner: int):
+    """The SIGTERM / SIGHUP handler of run_cli in the process `owner`."""
+    def terminate(signum, frame):
+        if os.getpid() != owner:  # a forked worker (datasets.map): end as the signal asks
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        raise Terminated(signum)
+    return terminate
 
 
 class _Output:
@@ -179,16 +179,15 @@ def run_cli(body: Callable[[], Optional[int]], undo: Optional[Callable[[], None]
     unwritable stdout included), 128 + N after the signal N (Ctrl-C, SIGTERM, SIGHUP), 0 when
     stdout is closed by its reader (piped into `head`). undo runs whenever the status is not 0,
     to take back what a failed command wrote."""
-    global _owner
     _open_standard_descriptors()
     stdout, sys.stdout = sys.stdout, _Output(sys.stdout)
     if sys.stderr is None:
         sys.stderr = open(os.devnull, "w")
-    handlers, _owner = {}, os.getpid()
+    handlers, terminate = {}, _terminate_in(os.getpid())
     if threading.current_thread() is threading.main_thread():
         for signum in (signal.SIGTERM, signal.SIGHUP):
             if signal.getsignal(signum) is not signal.SIG_IGN:  # nohup's SIGHUP stays ignored
-                handlers[signum] = signal.signal(signum, _terminate)
+                handlers[signum] = signal.signal(signum, terminate)
     try:
         try:
             with mistakes_exit(trace):
@@ -235,42 +234,62 @@ def exit_with(code: int) -> None:
 
 
 def parse_key_values(argv: list[str], schema: type, usage: str, about: str = "",
-                     positional: tuple[str, ...] = ()):
+                     overrides: bool = False):
     """key=value arguments as an instance of the dataclass `schema`, its defaults for the keys
     not given. Text-valued keys keep their value verbatim (prompt=ROMEO: is text, not YAML); the
-    others are parsed by OmegaConf and a value of the wrong type is refused in our words; a key
-    whose default is MISSING ("???") must be given. The older spellings still work: `--key value`
-    and `--key=value`, and bare values for the `positional` keys, in order. -h or --help prints
-    `about`, the usage and every key with its default and description (`key_help`)."""
+    others are parsed by OmegaConf and a value of the wrong type is refused in our words; a list
+    is written with commas (dtypes=bf16,fp32); a key whose default is MISSING ("???") must be
+    given. -h or --help prints `about`, the usage and every key with its default and description
+    (`key_help`). With overrides=True (a bench) the arguments whose key is not the schema's are
+    train.py's config overrides, returned apart and in order: (args, overrides)."""
     if any(a in ("-h", "--help") for a in argv):
         print(help_text(schema, usage, about))
         raise SystemExit(0)
     hints = typing.get_type_hints(schema)
     keys = [f.name for f in dataclasses.fields(schema)]
     text = {k for k in keys if hints[k] in (str, Optional[str])}
-    given = {}
-    flags = frozenset(k for k in keys if hints[k] is bool)
-    for arg in key_value_spelling(argv, positional, keys, flags):
+    given, written, rest = {}, {}, []
+    for arg in argv:
         key, sep, value = arg.partition("=")
+        if arg.startswith("--"):
+            raise UserError(f"arguments are key=value: write {key[2:].replace('-', '_')}=..., "
+                            f"not {arg!r}. {usage}")
         if not sep:
             raise UserError(f"arguments must be key=value, got {arg!r}. {usage}")
-        if key not in keys:
+        if key not in keys and overrides:
+            rest.append(arg)
+        elif key not in keys:
             raise UserError(f"unknown key {key!r} (known: {', '.join(keys)}). {usage}")
-        given[key] = value
+        else:
+            written[key] = value
+            wrap = is_list(hints[key]) and not value.startswith("[") and value != "null"
+            given[key] = f"[{value}]" if wrap else value
     try:
         typed = OmegaConf.from_dotlist([f"{k}={v}" for k, v in given.items() if k not in text])
         cfg = OmegaConf.merge(OmegaConf.structured(schema), typed,
                               {k: v for k, v in given.items() if k in text})
     except OmegaConfBaseException as exc:
-        key = str(getattr(exc, "full_key", "") or "")
+        key = str(getattr(exc, "full_key", "") or "").partition("[")[0]
         if key not in given:
             raise
-        raise UserError(f"{key} must be {type_words(hints[key])}, got {given[key]!r}"
-                        + written_out(given[key], hints[key])) from None
+        raise UserError(f"{key} must be {type_words(hints[key])}, got {written[key]!r}"
+                        + written_out(written[key], hints[key])) from None
     missing = [k for k in keys if OmegaConf.is_missing(cfg, k)]
     if missing:
         raise UserError(f"{missing[0]}= is required. {usage}")
-    return OmegaConf.to_object(cfg)
+    args = OmegaConf.to_object(cfg)
+    return (args, rest) if overrides else args
+
+
+def check_choices(args, **allowed) -> None:
+    """Each named key's value, or each value of its list, one of `allowed[key]`; else the first
+    that is not, named with the choices."""
+    for key, choices in allowed.items():
+        value = getattr(args, key)
+        for v in value if isinstance(value, list) else [value]:
+            if v not in choices:
+                raise UserError(f"{key} must be among {', '.join(map(str, choices))}, "
+                                f"got {v!r}")
 
 
 def hydra_string(text: str) -> str:

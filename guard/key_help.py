@@ -1,6 +1,5 @@
 """The words of a key=value command line (guard.cli.parse_key_values): --help with a line per
-key, read from the comments of the schema's dataclass; a type as a message names it; and the
-older spellings (`--out docs`, a bare positional value) turned into key=value."""
+key, read from the comments of the schema's dataclass, and a type as a message names it."""
 from __future__ import annotations
 
 import dataclasses
@@ -13,29 +12,12 @@ import tokenize
 import typing
 
 
-def key_value_spelling(argv: list[str], positional: tuple[str, ...], keys: list[str],
-                       flags: frozenset = frozenset()) -> list[str]:
-    """`--out docs`, `--out=docs`, a flag `--quick` (one of the boolean `flags`; `--quick false`
-    too) and bare positional values, in order, as key=value."""
-    out, rest, i = [], list(positional), 0
-    while i < len(argv):
-        arg = argv[i]
-        if arg.startswith("--") and len(arg) > 2:
-            key, sep, value = arg[2:].partition("=")
-            following = argv[i + 1] if i + 1 < len(argv) else "--"
-            flag = key.replace("-", "_") in flags
-            if not sep and not following.startswith("--") \
-                    and following.partition("=")[0] not in keys \
-                    and (not flag or following.lower() in ("true", "false")):
-                i, value = i + 1, following
-            elif not sep:
-                value = "true"
-            arg = f"{key.replace('-', '_')}={value}"
-        elif "=" not in arg and rest:
-            arg = f"{rest.pop(0)}={arg}"
-        out.append(arg)
-        i += 1
-    return out
+def is_list(hint) -> bool:
+    """list[...] or Optional[list[...]]: a key written with commas."""
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    if typing.get_origin(hint) is typing.Union and len(args) == 1:
+        hint = args[0]
+    return typing.get_origin(hint) is list
 
 
 def type_words(hint) -> str:
@@ -43,6 +25,8 @@ def type_words(hint) -> str:
     args = [a for a in typing.get_args(hint) if a is not type(None)]
     if typing.get_origin(hint) is typing.Union and len(args) == 1:
         return f"{type_words(args[0])} or null"
+    if typing.get_origin(hint) is list:
+        return f"{type_words(args[0])} or several, separated by commas"
     if isinstance(hint, type) and issubclass(hint, enum.Enum):
         return "one of " + ", ".join(m.value for m in hint)
     return {int: "an integer", float: "a number", bool: "true or false",
@@ -62,7 +46,16 @@ def written_out(value: str, hint) -> str:
 
 def key_help(schema: type) -> dict[str, str]:
     """Each field's description: the comment on its line of the dataclass, or else the comment
-    lines just above it (the source is the one place the words are written)."""
+    lines just above it (the source is the one place the words are written); a field of the
+    dataclass it extends, from that one's source."""
+    found = {}
+    for cls in reversed(schema.__mro__):
+        if dataclasses.is_dataclass(cls):
+            found.update(_comments(cls))
+    return found
+
+
+def _comments(schema: type) -> dict[str, str]:
     try:
         source = textwrap.dedent(inspect.getsource(schema))
     except (OSError, TypeError):
@@ -92,6 +85,8 @@ def help_text(schema: type, usage: str, about: str = "") -> str:
         default = getattr(default, "value", default)  # an Enum's member as written
         if default == "???":
             shown = "(required)"
+        elif isinstance(default, list):
+            shown = ",".join(map(str, default))
         elif isinstance(default, bool) or default is None:
             shown = {None: "null", True: "true", False: "false"}[default]
         else:

@@ -301,8 +301,7 @@ def check_sampling(g) -> None:
             raise UserError(f"temperature must be > 0, got {g.temperature} (use greedy=true for "
                             f"the most likely token)")
         _check(g, [temperature("temperature")])
-    _check(g, SAMPLE)
-    check_choice("weights", g.weights)
+    _check(g, SAMPLE)  # (weights= is choose_weights', which every tool calls before reading)
     last = Limit("seed + num_samples - 1 (each sample's seed)", 0, MAX_SEED, words=SEED.words)
     problem = last.problem(g.seed + g.num_samples - 1)
     if problem:
@@ -392,7 +391,11 @@ def check_mps(cfg: Config) -> None:
 # memory a config needs is estimated before anything is allocated, and compared with the memory
 # there is. The parameters, the optimizer's state, the causal masks and the KV cache are those of
 # the model itself, built on the `meta` device (shapes without storage); the estimate counts only
-# what certainly exists, so a config it refuses cannot run, and one it accepts may still be tight.
+# what certainly exists at one moment, the end of a forward pass after the first step (weights,
+# optimizer state, activations, logits; not the gradients, which set_to_none frees), each part at
+# its smallest (activations in autocast's 2 bytes unless the run is float32; on a CPU no float32
+# copy of the logits, which the row-block loss never makes), so a config it refuses cannot run,
+# and one it accepts may still be tight.
 
 GB = 1e9
 FP32 = 4
@@ -436,8 +439,11 @@ def _sizes(m: ModelConfig, vocab_size: int, attn: AttentionConfig, optim: OptimC
 
 
 def training_bytes(cfg: Config, vocab_size: int, device: torch.device, sizes: Sizes) -> dict:
-    """Lower bounds, by part, of the memory one training process needs (float32)."""
+    """Lower bounds, by part, of the memory one training process needs."""
     m, t = cfg.model, cfg.train
+    act = FP32 if t.dtype == "float32" else 2  # autocast's bf16 (auto may pick it) keeps 2 bytes
+    # the logits, and elsewhere than a CPU (model/loss.py) their float32 log-softmax for backward
+    logits = act if device.type == "cpu" else act + FP32
     B, T, L, d, h = t.batch_size, m.block_size, m.n_layer, m.n_embd, m.n_head
     # the attention weights kept for backward: at least the visible triangle of each head (query
     # blocks keep a little more, the plain layer all T x T), but one number per row and head on
@@ -448,10 +454,10 @@ def training_bytes(cfg: Config, vocab_size: int, device: torch.device, sizes: Si
         or (cfg.attention.impl is AttentionImpl.auto and device.type == "cuda"))
     weights = h if fused else h * (T + 1) / 2
     return {
-        "weights and gradients": 2 * FP32 * sizes.params,
+        "weights": FP32 * sizes.params,
         "optimizer state": FP32 * sizes.optimizer_words,
-        "activations kept for backward": FP32 * B * T * L * ((8 + 2 * m.mlp_ratio) * d + weights),
-        "logits and their gradient": 2 * FP32 * B * T * vocab_size,
+        "activations kept for backward": act * B * T * L * ((8 + 2 * m.mlp_ratio) * d + weights),
+        "logits": logits * B * T * vocab_size,
         "causal masks": sizes.buffer_bytes,
         "validation batches": 8 * t.eval_batches * B * (T + 1),
     }

@@ -3,7 +3,8 @@
 With the KV cache each step runs the model on the new token alone, reading the keys and values
 of the earlier ones from the cache. When the context is full, the cache is refilled from the
 last half of the context: the cached keys carry their positions (rotated by RoPE, or with a
-learned position embedding added), so they cannot simply be shifted to new ones. Without the cache each step reruns the whole cropped context, as nanoGPT does.
+learned position embedding added), so they cannot simply be shifted to new ones. Without the
+cache each step reruns the whole cropped context, as nanoGPT does.
 
 On a GPU a small model's one-token step is a few hundred tiny kernels, and launching them costs
 more than running them. With a static cache every step has the same shapes, so the step is

@@ -1,7 +1,7 @@
 """Turn an ablation sweep into a Markdown table, a PNG of curves and a PNG of attention maps.
 
     python -m scripts.summarize_ablations sweep=runs/ablations/<date> [out=DIR] [layer=N]
-    python scripts/summarize_ablations.py runs/ablations/<date> [--out DIR]   # the same
+    python scripts/summarize_ablations.py sweep=runs/ablations/<date>   # the same, as a file
 
 Each run directory is named `<regime>-<variant>_seed<N>` (see conf/experiment/ablations.yaml),
 directly in the sweep directory or one level down (the study puts each seed in `seed<N>/`).
@@ -402,8 +402,7 @@ def main(argv: list[str]) -> int:
              "[overwrite=true]")
 
     def body() -> None:
-        summarize(parse_key_values(argv, SummaryArgs, usage, about=__doc__.split("\n\n")[0],
-                                   positional=("sweep",)))
+        summarize(parse_key_values(argv, SummaryArgs, usage, about=__doc__.split("\n\n")[0]))
     return run_cli(body)
 
 

@@ -1,10 +1,10 @@
-"""The benchmarks: each `python -m bench.<name> --quick` (and the two maintainers' benches in
+"""The benchmarks: each `python -m bench.<name> quick=true` (and the two maintainers' benches in
 tools/) runs and ends with its headline; and the pieces of their logic that decide what gets
 measured.
 
 The benchmarks are run the way a user runs them (a subprocess from the repository root). Only
 the contract is checked (exit status 0, last stdout line `ratio=<float>`), never the figures:
-timings on a shared CI machine say nothing. tools.startup --quick uses a synthetic corpus, so no
+timings on a shared CI machine say nothing. tools.startup quick=true uses a synthetic corpus, so no
 network is needed.
 """
 from __future__ import annotations
@@ -26,7 +26,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 BENCHMARKS = ("bench.attention", "bench.train_step", "bench.generate", "tools.sampling_threads",
               "tools.startup")
 HEADLINE = re.compile(r"ratio=([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)")
-# --quick takes seconds; the limit only turns a hang into a failure on a loaded machine.
+# quick=true takes seconds; the limit only turns a hang into a failure on a loaded machine.
 TIMEOUT_S = 180
 
 
@@ -35,10 +35,10 @@ TIMEOUT_S = 180
 def test_quick_run_ends_with_ratio(name):
     env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
     done = subprocess.run(
-        [sys.executable, "-m", name, "--quick", "--threads", "1"],
+        [sys.executable, "-m", name, "quick=true", "threads=1"],
         cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT_S,
     )
-    what = f"python -m {name} --quick"
+    what = f"python -m {name} quick=true"
     assert done.returncode == 0, f"{what} failed:\n{done.stdout}\n{done.stderr}"
     lines = done.stdout.strip().splitlines()
     assert lines, f"{what} printed nothing"
@@ -47,6 +47,17 @@ def test_quick_run_ends_with_ratio(name):
     value = float(match.group(1))
     assert math.isfinite(value) and value > 0, f"{what} headline {value} is not positive"
     assert len(lines) > 1, "the headline should follow a table"
+
+
+@pytest.mark.slow  # imports torch and composes the config: about 5 s on 2 cores
+def test_a_bench_refuses_an_old_option_and_a_key_neither_it_nor_train_py_has():
+    for argv, words in [(["--quick"], "write quick=..., not '--quick'"),
+                        (["quick=true", "rep=3"], "Could not override 'rep'")]:
+        done = subprocess.run([sys.executable, "-m", "bench.generate", *argv], cwd=REPO_ROOT,
+                              capture_output=True, text=True, timeout=TIMEOUT_S)
+        assert done.returncode == 2 and done.stdout == "", done.stderr
+        assert done.stderr.startswith("error: ") and words in done.stderr, done.stderr
+        assert "Traceback" not in done.stderr
 
 
 def ladder(rates: dict[int, float], fits=lambda n: True, budget_s: float = 1e9):

@@ -1,6 +1,6 @@
 """bench.attention's SDPA rows: each is pinned to the backend it names, or skipped with SDPA's
 reason, and the unit of the ratios is the first that ran. (tests/test_bench.py runs the bench
-itself, `--quick`, as a user does.)"""
+itself, `quick=true`, as a user does.)"""
 from __future__ import annotations
 
 import torch

@@ -165,7 +165,7 @@ def test_fused_attention_trains_like_the_reference(corpus, tmp_path):
 @pytest.mark.parametrize("name", ["bench.attention", "bench.train_step", "bench.generate",
                                   "tools.startup"])
 def test_benches_run_on_the_gpu(name):
-    done = subprocess.run([sys.executable, "-m", name, "--quick", "--device", "cuda"],
+    done = subprocess.run([sys.executable, "-m", name, "quick=true", "device=cuda"],
                           cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip().splitlines()[-1].startswith("ratio=")

@@ -3,10 +3,10 @@
 The commands are read out of the ```bash blocks (and the `python ...` spans in the text), the way
 a reader copies them. The fast tests run nothing: each module or script a command names exists,
 each repository path it mentions is there, each `train.py` override names a key of the typed
-config (or an option file of a group), each `key=value` of generate.py and the scripts is a key of
-that script's dataclass, and each `--option` of a bench is one it defines. The slow ones compose
-every `train.py` command with Hydra, as train.py would before its first step, and run every
-script's `--help`. Placeholders such as `<date>` stand for a path the reader fills in.
+config (or an option file of a group), each `key=value` of generate.py, the scripts and the
+benches is a key of that script's dataclass (or, for a bench, a train.py override). The slow
+ones compose every `train.py` command with Hydra, as train.py would before its first step, and
+run every script's `--help`. Placeholders such as `<date>` stand for a path the reader fills in.
 """
 from __future__ import annotations
 
@@ -157,26 +157,35 @@ def source_of(t: Target) -> Optional[Path]:
 FOREIGN_MODULES = {"pytest", "venv", "pip", "torch.distributed.run"}
 
 
-def key_value_schema(path: Path) -> Optional[tuple[list[str], tuple]]:
-    """The keys and positional keys of a script that reads `key=value` arguments with
-    guard.cli.parse_key_values, read from its source (nothing is imported)."""
+def key_value_schema(path: Path) -> Optional[tuple[list[str], bool]]:
+    """The keys of a script that reads `key=value` arguments with guard.cli.parse_key_values,
+    read from its source (nothing is imported), and whether it passes the other keys on to
+    train.py's config (a bench: `overrides=True`)."""
     tree = ast.parse(path.read_text())
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "parse_key_values":
-            schema = node.args[1].id
-            positional = next((ast.literal_eval(k.value) for k in node.keywords
-                               if k.arg == "positional"), ())
-            cls = next(c for c in tree.body if isinstance(c, ast.ClassDef) and c.name == schema)
-            keys = [s.target.id for s in cls.body if isinstance(s, ast.AnnAssign)]
-            return keys, positional
+            forwards = any(k.arg == "overrides" and ast.literal_eval(k.value)
+                           for k in node.keywords)
+            return dataclass_fields(node.args[1].id, tree), forwards
     return None
 
 
+def dataclass_fields(name: str, tree: ast.Module) -> list[str]:
+    """The fields of the class `name` defined in `tree` or imported into it from the repository,
+    those of its bases first."""
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == name:
+            inherited = [key for base in node.bases for key in dataclass_fields(base.id, tree)]
+            return inherited + [s.target.id for s in node.body if isinstance(s, ast.AnnAssign)]
+        if isinstance(node, ast.ImportFrom) and name in (a.name for a in node.names) \
+                and module_file(node.module or ""):
+            return dataclass_fields(name, ast.parse(module_file(node.module).read_text()))
+    raise AssertionError(f"no class {name} in the source")
+
+
 def options_defined(path: Path) -> set[str]:
-    """Every `--option` string in a script's source and in bench/common.py (the options every
-    bench shares)."""
-    text = path.read_text() + (REPO_ROOT / "bench" / "common.py").read_text()
-    return set(re.findall(r"""["'](--[a-z][\w-]*)["']""", text)) | {"--help"}
+    """Every `--option` string in a script's source (a script with a parser of its own)."""
+    return set(re.findall(r"""["'](--[a-z][\w-]*)["']""", path.read_text())) | {"--help"}
 
 
 def repo_paths(args) -> list[str]:
@@ -290,21 +299,21 @@ def test_each_argument_is_one_its_command_takes(command):
         return
     schema = key_value_schema(source)
     if schema:
-        keys, positional = schema
-        bare = [a for a in t.args if "=" not in a and not a.startswith("-")]
-        assert len(bare) <= len(positional), f"{where}: {bare} given without key="
+        keys, forwards = schema
         for arg in t.args:
-            key = arg.partition("=")[0].lstrip("-").replace("-", "_")
-            if "=" in arg or arg.startswith("--"):
-                assert key in keys or key in ("help", "h"), f"{where}: {key!r} is not one of {keys}"
+            key, sep, _ = arg.partition("=")
+            if arg in ("--help", "-h"):
+                continue
+            assert sep, f"{where}: {arg!r} is not key=value"
+            if key not in keys:
+                assert forwards, f"{where}: {key!r} is not one of {keys}"
+                problem = override_problem(arg)  # a bench's train.py override
+                assert problem is None, f"{where}: {problem}"
         return
     defined = options_defined(source)
     for arg in t.args:
         if arg.startswith("--"):
             assert arg.partition("=")[0] in defined, f"{where}: {arg} is not an option of {t.name}"
-        elif "=" in arg:  # a bench's train.py override
-            problem = override_problem(arg)
-            assert problem is None, f"{where}: {problem}"
 
 
 def test_a_heredoc_s_python_compiles_and_imports_what_exists():

@@ -35,8 +35,8 @@ TIMEOUT_S = 1200  # a hang, not a budget: the whole table takes about 3 min of C
 
 
 def kernel_report(*args: str) -> list[dict]:
-    done = subprocess.run([sys.executable, "-m", "tools.kernel_report", "--json",
-                           "--jobs", str(JOBS), *args], cwd=REPO_ROOT, capture_output=True,
+    done = subprocess.run([sys.executable, "-m", "tools.kernel_report", "json=true",
+                           f"jobs={JOBS}", *args], cwd=REPO_ROOT, capture_output=True,
                           text=True, timeout=TIMEOUT_S)
     assert done.returncode == 0, done.stderr[-3000:]
     return [json.loads(line) for line in done.stdout.splitlines()]
@@ -95,11 +95,11 @@ def test_the_rules_catch_the_tiles_the_kernel_used_to_ship():
     """Negative controls: the issue's findings, reproduced with the old tiles. dK/dV at d = 64
     with 4 warps spilled on sm_90; a 128 x 128 forward tile at d = 128 needs more shared memory
     than an RTX 4090 (8.9) has."""
-    spilled, = kernel_report("--kernels", "dkdv", "--dtypes", "bf16", "--head-dims", "64",
-                             "--targets", "sm_90", "--tiles", "32x128/4w3s")
+    spilled, = kernel_report("kernels=dkdv", "dtypes=bf16", "head_dims=64", "targets=sm_90",
+                             "tiles=32x128/4w3s")
     assert any("spills" in p for p in Row(**spilled).problems()), spilled
-    big, = kernel_report("--kernels", "fwd", "--dtypes", "fp16", "--head-dims", "128",
-                         "--targets", "sm_80", "--tiles", "128x128/8w3s")
+    big, = kernel_report("kernels=fwd", "dtypes=fp16", "head_dims=128", "targets=sm_80",
+                         "tiles=128x128/8w3s")
     assert any("shared memory" in p for p in Row(**big).problems()), big
 
 

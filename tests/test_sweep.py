@@ -182,7 +182,7 @@ def check_attention_images(base: str) -> None:
 
 def test_summary_script_writes_table_and_png(sweep_dir, tmp_path):
     proc = subprocess.run([sys.executable, str(REPO / "scripts" / "summarize_ablations.py"),
-                           str(sweep_dir), "--out", str(tmp_path)],
+                           f"sweep={sweep_dir}", f"out={tmp_path}"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     table = (tmp_path / "ablations.md").read_text()
@@ -201,7 +201,7 @@ def test_summary_script_writes_table_and_png(sweep_dir, tmp_path):
 
 def test_summary_script_rejects_a_directory_without_runs(tmp_path):
     proc = subprocess.run([sys.executable, str(REPO / "scripts" / "summarize_ablations.py"),
-                           str(tmp_path)], capture_output=True, text=True, timeout=60)
+                           f"sweep={tmp_path}"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert "no runs" in proc.stderr and "Traceback" not in proc.stderr
 

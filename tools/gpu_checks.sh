@@ -56,7 +56,7 @@ unset TRITON_INTERPRET  # the kernels compiled for the GPU, never interpreted
 
 # 1. What each kernel compiled to on this GPU (registers, local and shared memory, from
 #    Triton's compiled objects), next to the CPU's prediction for its compute capability.
-step kernels 45 "$PY" -m tools.kernel_report --device cuda --dtypes bf16 fp16 tf32 --check
+step kernels 45 "$PY" -m tools.kernel_report device=cuda dtypes=bf16,fp16,tf32 check=true
 # 2. The fused kernel's whole test file, compiled, in two halves: the GPU tests (realistic
 #    shapes, determinism, T = 4096 / 8192 finite, the self-check on every head size, CUDA-graph
 #    capture of the compiled step), then every interpreter test run compiled (fp64, fp32,
@@ -65,12 +65,12 @@ PYTEST=("$PY" -m pytest -q -p no:cacheprovider -o addopts=-ra tests/test_fused_a
 step fused_gpu_tests 150 "${PYTEST[@]}" -m cuda
 step fused_tests 150 "${PYTEST[@]}" -m "not cuda"
 # 3. Speed: attention forward / backward per SDPA backend, one decode step, the training step.
-step bench_attention 50 "$PY" -m bench.attention --device cuda --dtypes bf16 \
-    --seq-lens 1024 2048 --reps 10
-step bench_decode 20 "$PY" -m bench.attention --device cuda --decode --reps 10
-step bench_train_step 50 "$PY" -m bench.train_step --device cuda --dtypes bf16 \
-    --compile-mode reduce-overhead
-step bench_generate 30 "$PY" -m bench.generate --device cuda
+step bench_attention 50 "$PY" -m bench.attention device=cuda dtypes=bf16 \
+    seq_lens=1024,2048 reps=10
+step bench_decode 20 "$PY" -m bench.attention device=cuda decode=true reps=10
+step bench_train_step 50 "$PY" -m bench.train_step device=cuda dtypes=bf16 \
+    compile_mode=reduce-overhead
+step bench_generate 30 "$PY" -m bench.generate device=cuda
 # 4. The GPU recipe, cut to what is left (its score needs the full 4.5 min run: docs/gpu.md).
 #    When every step above takes its whole limit, this one is cut first.
 step recipe 120 "$PY" train.py +experiment=gpu data.sdist_path="$SDIST" train.progress=false \

@@ -4,37 +4,36 @@ The kernels are compiled for named NVIDIA GPUs on any machine (no GPU needed), a
 launch the report prints shared memory, registers, spills and tensor-core instructions:
 
     python -m tools.kernel_report                      # sm_80 and sm_90, every variant
-    python -m tools.kernel_report --targets sm_90 --dtypes bf16 --head-dims 64 128
-    python -m tools.kernel_report --check              # exit 1 if a variant breaks a rule
-    python -m tools.kernel_report --json               # one JSON object per variant
-    python -m tools.kernel_report --launch ragged decode --dtypes bf16   # other launches
-    python -m tools.kernel_report --kernels dkdv --dtypes fp32 --tiles 16x32/4w1s  # try tiles
-    python -m tools.kernel_report --device cuda        # on a GPU: what its launches compiled
+    python -m tools.kernel_report targets=sm_90 dtypes=bf16 head_dims=64,128
+    python -m tools.kernel_report check=true           # exit 1 if a variant breaks a rule
+    python -m tools.kernel_report json=true            # one JSON object per variant
+    python -m tools.kernel_report launch=ragged,decode dtypes=bf16   # other launches
+    python -m tools.kernel_report kernels=dkdv dtypes=fp32 tiles=16x32/4w1s  # try tiles
+    python -m tools.kernel_report device=cuda          # on a GPU: what its launches compiled
 
 One row per kernel (fwd, dkdv, dq and the small delta pass of the backward) x dtype (tf32 is
 fp32 with torch's allow_tf32 switch on) x head size x target, with the tiles that
 `model.fused_attention.default_tiles` picks for that GPU generation and the constexprs the
 launch passes (`launch_constants`), compiled by `triton.compile` for a `GPUTarget`; ptxas (the
 one shipped with triton) reports registers and spills, Triton's metadata the shared memory.
-Arguments are specialised as a training launch's are (`--launch train`): 16-byte-aligned
-pointers, strides and lengths that are multiples of 16; `--launch ragged` has lengths that are
-not, and `--launch decode` is generation's one-query forward (Triton makes n = 1 a constant; the
+Arguments are specialised as a training launch's are (`launch=train`): 16-byte-aligned
+pointers, strides and lengths that are multiples of 16; `launch=ragged` has lengths that are
+not, and `launch=decode` is generation's one-query forward (Triton makes n = 1 a constant; the
 tiles shrink to it). `kv_group` is never specialised, so each compiled variant serves
 grouped-query attention and plain multi-head attention alike.
 
-The rules (`--check`, and tests/test_kernel_compile.py): shared memory under the target's
+The rules (`check=true`, and tests/test_kernel_compile.py): shared memory under the target's
 per-block limit; no spills; tensor-core instructions (mma.sync, or wgmma on sm_90) for
 fp16 / bf16 / tf32. Every variant is compiled afresh, in a cache of its own that is deleted
 afterwards, since a cached kernel comes without ptxas's report.
 
-`--device cuda` (on a machine with a GPU) launches the kernels forward and backward for each
+`device=cuda` (on a machine with a GPU) launches the kernels forward and backward for each
 dtype and head size instead, reads the compiled objects Triton made for that GPU (registers,
 local memory, shared memory, as the driver reports them), and prints them next to the CPU's
 prediction for the same compute capability: what tools/gpu_checks.sh records.
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import io
 import json
@@ -46,8 +45,10 @@ import tempfile
 import time
 import warnings
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Optional
+
+from guard.cli import UserError, check_choices, parse_key_values, run_cli
 
 
 @dataclass(frozen=True)
@@ -87,8 +88,8 @@ def parse_tiles(text: str):
     from model.fused_attention import Tiles
     match = re.fullmatch(r"(\d+)x(\d+)/(\d+)w(\d+)s", text)
     if match is None:
-        raise argparse.ArgumentTypeError(f"tiles look like 32x64/8w2s (BLOCK_M x BLOCK_N / "
-                                         f"warps / stages), not {text!r}")
+        raise UserError(f"tiles look like 32x64/8w2s (BLOCK_M x BLOCK_N / "
+                        f"warps / stages), not {text!r}")
     return Tiles(*map(int, match.groups()))
 
 
@@ -238,7 +239,7 @@ def run(todo: list[Variant], jobs: int) -> list[Row]:
         os.environ["KERNEL_REPORT_CACHE"] = cache  # compile_variant makes one per variant in it
         if min(jobs, len(todo)) <= 1:  # no pool: the workers' start-up would cost more
             return [compile_variant(v) for v in todo]
-        # spawn, not fork: the parent may hold a CUDA context (--device cuda)
+        # spawn, not fork: the parent may hold a CUDA context (device=cuda)
         with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"),
                                  initializer=_quiet) as pool:
             return list(pool.map(compile_variant, todo))
@@ -335,30 +336,44 @@ def print_table(rows: list[Row]) -> None:
         print(f"{t}: {TARGETS[t].gpus}; limit {TARGETS[t].smem_limit:,} B of shared memory per "
               f"block")
     print("spill = bytes of spill stores + loads per thread; mma = the tensor-core instruction "
-          "in the PTX (- : FMA); ! = breaks a rule (--check says which)")
+          "in the PTX (- : FMA); ! = breaks a rule (check=true says which)")
 
 
-def main(argv: Optional[list[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tools.kernel_report",
-                                     description=__doc__.splitlines()[0])
-    parser.add_argument("--targets", nargs="+", choices=sorted(TARGETS), default=list(TARGETS))
-    parser.add_argument("--dtypes", nargs="+", choices=DTYPE_NAMES, default=list(DTYPE_NAMES))
-    parser.add_argument("--head-dims", nargs="+", type=int, default=[16, 32, 64, 128])
-    parser.add_argument("--kernels", nargs="+", choices=KERNELS, default=list(KERNELS))
-    parser.add_argument("--launch", nargs="+", choices=LAUNCHES, default=["train"],
-                        help="train: lengths multiples of 16; ragged: not; decode: one query")
-    parser.add_argument("--tiles", type=str, default=None,
-                        help="compile these tiles (e.g. 32x64/8w2s) instead of the defaults")
-    parser.add_argument("--jobs", type=int, default=min(8, os.cpu_count() or 1),
-                        help="compilations at a time (default: the CPU count, at most 8)")
-    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
-                        help="cuda: launch on this machine's GPU and report what it compiled, "
-                             "next to the CPU's prediction for its compute capability")
-    parser.add_argument("--json", action="store_true", help="one JSON object per variant")
-    parser.add_argument("--check", action="store_true",
-                        help="exit with status 1 if a variant breaks a rule, naming it")
-    args = parser.parse_args(argv)
+@dataclass
+class ReportArgs:
+    # the GPU generations compiled for (TARGETS)
+    targets: list[str] = field(default_factory=lambda: list(TARGETS))
+    # the dtypes of q, k, v (tf32: fp32 with allow_tf32)
+    dtypes: list[str] = field(default_factory=lambda: list(DTYPE_NAMES))
+    head_dims: list[int] = field(default_factory=lambda: [16, 32, 64, 128])  # d_k
+    # the forward, the backward's dK/dV and dQ, and the backward's small delta pass
+    kernels: list[str] = field(default_factory=lambda: list(KERNELS))
+    # train: lengths multiples of 16; ragged: not; decode: one query
+    launch: list[str] = field(default_factory=lambda: ["train"])
+    tiles: Optional[str] = None    # compile these tiles (e.g. 32x64/8w2s) instead of the defaults
+    jobs: Optional[int] = None     # compilations at a time (null: the CPU count, at most 8)
+    # cuda: launch on this machine's GPU and report what it compiled, next to the CPU's
+    # prediction for its compute capability
+    device: str = "cpu"
+    json: bool = False             # one JSON object per variant
+    check: bool = False            # exit with status 1 if a variant breaks a rule, naming it
 
+
+USAGE = "usage: python -m tools.kernel_report [key=value ...]"
+
+
+def main(argv: list[str]) -> int:
+    def body() -> int:
+        args = parse_key_values(argv, ReportArgs, USAGE, about=__doc__.split("\n\n")[0])
+        check_choices(args, targets=TARGETS, dtypes=DTYPE_NAMES, kernels=KERNELS,
+                      launch=LAUNCHES, device=("cpu", "cuda"))
+        if args.jobs is None:
+            args.jobs = min(8, os.cpu_count() or 1)
+        return report(args)
+    return run_cli(body)
+
+
+def report(args: ReportArgs) -> int:
     _quiet()  # first: parse_tiles imports the kernels, which must not be interpreted
     if args.tiles:
         parse_tiles(args.tiles)  # a typo is an error before anything compiles
@@ -383,8 +398,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     return 0
 
 
-def report_gpu(args: argparse.Namespace) -> int:
-    """--device cuda: the GPU's compiled kernels, then the CPU's prediction for that target."""
+def report_gpu(args: ReportArgs) -> int:
+    """device=cuda: the GPU's compiled kernels, then the CPU's prediction for that target."""
     import torch
 
     rows, where = gpu_rows(args.dtypes, args.head_dims)
@@ -405,4 +420,4 @@ def report_gpu(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

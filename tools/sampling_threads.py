@@ -2,16 +2,16 @@
 idle cores and on cores that other processes keep busy.
 
     python -m tools.sampling_threads                 # default model, 1 vs all cores, 0 and 2 busy
-    python -m tools.sampling_threads --busy 2 --threads 2 model.n_layer=12 model.n_embd=768
-    python -m tools.sampling_threads --quick
+    python -m tools.sampling_threads busy=2 threads=2 model.n_layer=12 model.n_embd=768
+    python -m tools.sampling_threads quick=true
 
 generate.py decodes one sequence: every op works on a single row, so a small model's ops take
 microseconds. A second thread then costs more in synchronisation than it saves, and when
 another process holds a core, every op waits for the thread that core runs. This bench measures
 that, as generate.py samples (`GPT.generate` with the KV cache, temperature 0.8, random weights
-of the configured model): for each repetition, with no busy process and then with `--busy`
+of the configured model): for each repetition, with no busy process and then with `busy=`
 spinning Python processes (nice 0, like a user's other jobs), it times one sample at each
-thread count, alternating. Headline: tokens/s at one thread over tokens/s at `--threads` (all
+thread count, alternating. Headline: tokens/s at one thread over tokens/s at `threads=` (all
 cores by default) on the busy cores: what generate.py's `threads=null` (1 for a small model)
 gains over torch's default.
 """
@@ -21,11 +21,14 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
-from bench.common import (add_overrides_argument, compose_config, fmt, make_parser,
-                          print_header, print_headline, print_table, resolve_repetitions)
+from bench.common import (BenchArgs, compose_config, fmt, print_header, print_headline,
+                          print_table, resolve_repetitions, usage)
+from guard.cli import parse_key_values, run_cli
 from model.gpt import GPT
 
 N_TOKENS, QUICK_N_TOKENS = 300, 30
@@ -57,21 +60,27 @@ def tokens_per_second(model: GPT, prompt: torch.Tensor, n_tokens: int, threads: 
     return n_tokens / (time.perf_counter() - start)
 
 
-def main() -> int:
-    parser = make_parser("tools.sampling_threads", __doc__.splitlines()[0])
-    parser.add_argument("--busy", type=int, default=2,
-                        help="processes kept spinning during the busy measurements")
-    parser.add_argument("--tokens", type=int, default=None,
-                        help=f"new tokens per sample (default {N_TOKENS}, --quick "
-                             f"{QUICK_N_TOKENS})")
-    add_overrides_argument(parser)
-    args = parser.parse_args()
-    many = args.threads or torch.get_num_threads()  # --threads: the count compared with 1
+@dataclass
+class ThreadsArgs(BenchArgs):
+    busy: int = 2                  # processes kept spinning during the busy measurements
+    tokens: Optional[int] = None   # new tokens per sample (null: 300, 30 with quick=true)
+
+
+def main(argv: list[str]) -> int:
+    def body() -> int:
+        args, overrides = parse_key_values(argv, ThreadsArgs, usage("tools.sampling_threads"),
+                                           about=__doc__.split("\n\n")[0], overrides=True)
+        return measure_all(args, overrides)
+    return run_cli(body)
+
+
+def measure_all(args: ThreadsArgs, overrides: list[str]) -> int:
+    many = args.threads or torch.get_num_threads()  # threads=: the count compared with 1
     reps, _ = resolve_repetitions(args, reps=REPS, quick_reps=QUICK_REPS)
     n_tokens = args.tokens or (QUICK_N_TOKENS if args.quick else N_TOKENS)
     busy_counts = (0, max(args.busy, 1 if args.quick else 0)) if args.busy or args.quick else (0,)
 
-    cfg = compose_config(list(args.overrides))
+    cfg = compose_config(overrides)
     torch.manual_seed(0)
     model = GPT(cfg.model, cfg.tokenizer.planned_vocab_size, cfg.attention).eval()
     prompt = torch.randint(0, model.vocab_size, (1, PROMPT_LEN))
@@ -79,7 +88,7 @@ def main() -> int:
     print_header(
         "sampling one sequence on the CPU: tokens/s by thread count, idle and busy cores",
         torch.device("cpu"),
-        f"model {' '.join(args.overrides) or 'default'} (n_layer {cfg.model.n_layer}, n_embd "
+        f"model {' '.join(overrides) or 'default'} (n_layer {cfg.model.n_layer}, n_embd "
         f"{cfg.model.n_embd}, {model.num_params() / 1e6:.2f}M parameters), random weights, "
         f"KV cache, temperature 0.8, {n_tokens} new tokens",
         f"{os.cpu_count()} cores, 1-minute load average {os.getloadavg()[0]:.1f} at the start; "
@@ -108,4 +117,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

