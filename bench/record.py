@@ -215,7 +215,8 @@ def write_record(args: RecordArgs, overrides: list[str], runs: list[dict], folde
     scores = [r["score"]["nats_per_char"] for r in runs]
     record = {
         "name": args.name, "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "command": shlex.join(["python", "-m", "bench.record", *sys.argv[1:]]),
+        "command": shlex.join(["python", "-m", "bench.record", *(
+            f"{k}={v}" for k, v in asdict(args).items() if v not in (None, ""))]),
         "overrides": overrides, "seeds": [r["seed"] for r in runs],
         "budget_tokens": args.tokens,
         "official": args.tokens == BUDGET_TOKENS and all(r["score"]["official"] for r in runs),

@@ -165,6 +165,7 @@ def test_a_record_compared_with_the_current_one(tmp_path):
                           tmp_path / "records" / "new")
     saved = json.loads((tmp_path / "records" / "new" / "record.json").read_text())
     assert saved == record
+    assert saved["command"].startswith("python -m bench.record name=new seeds=1337 tokens=5734400")
     assert saved["versus"]["gains"] == pytest.approx([0.10, 0.099])
     assert saved["versus"]["new_record"] and saved["official"]
     assert (tmp_path / "records" / "new" / "seed2" / "train.log").read_text() == "log\n"
