@@ -49,13 +49,13 @@ CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16")
 
 @dataclass
 class RecordArgs:
-    name: str = MISSING               # the record's folder under out/ (and its runs' under runs/)
-    train: str = ""                   # train.py's overrides, as on its command line, in one argument
-    seeds: str = "1337"               # comma-separated: one run each, paired with a record's same seeds
-    tokens: int = BUDGET_TOKENS       # the budget in training tokens (another: an unofficial record)
-    out: str = "records"              # where the record's folder goes
-    runs: str = "runs/records"        # where its runs train (their weights are not part of it)
-    current: Optional[str] = None     # the current record's folder: is this one a new record?
+    name: str = MISSING          # the record's folder under out/ (and its runs' under runs/)
+    train: str = ""              # train.py's overrides, as on its command line, in one argument
+    seeds: str = "1337"          # comma-separated: one run each, paired with a record's seeds
+    tokens: int = BUDGET_TOKENS  # the budget in training tokens (another: an unofficial record)
+    out: str = "records"         # where the record's folder goes
+    runs: str = "runs/records"   # where its runs train (their weights are not part of it)
+    current: Optional[str] = None  # the current record's folder: is this one a new record?
 
 
 # ----------------------------------------------------------------------------- the rule
@@ -178,6 +178,7 @@ def train_one(args: RecordArgs, overrides: list[str], seed: int, run_dir: Path) 
     """One seed: train.py into run_dir under the budget, then the frozen evaluator."""
     from bench.score import score_run
     from guard.preflight import compose
+    from guard.run_dir import saved_config
 
     cfg = compose(overrides + [f"seed={seed}"])
     t = cfg.train
@@ -196,10 +197,9 @@ def train_one(args: RecordArgs, overrides: list[str], seed: int, run_dir: Path) 
         raise UserError(f"training seed {seed} failed (exit {code}); see {run_dir / 'train.log'}")
     score = score_run(run_dir)
     log = (run_dir / "train.log").read_text(encoding="utf-8", errors="replace")
-    from guard.run_dir import saved_config
-
     return {"seed": seed, "run_dir": str(run_dir), "steps": steps, "tokens": steps * per_step,
-            "wall_s": round(wall, 1), "dtype": str(saved_config(run_dir / "config.yaml").train.dtype),
+            "wall_s": round(wall, 1),
+            "dtype": str(saved_config(run_dir / "config.yaml").train.dtype),
             **from_log(log), "score": score.as_dict()}
 
 

@@ -44,10 +44,10 @@ TEXT_SHA256 = "c54f11286599db60f754345b5924e597556623d8e94c3bc01bd2b168f7efb161"
 
 @dataclass
 class ScoreArgs:
-    run: str = MISSING                # a finished run directory of train.py (runs/latest too)
-    weights: str = "latest"           # latest (the run's end, what a record scores) | best
-    cache_dir: Optional[str] = None   # where the corpus was extracted (default: the run's data.cache_dir)
-    batch_size: int = 16              # windows scored at once (the score does not depend on it)
+    run: str = MISSING               # a finished run directory of train.py (runs/latest too)
+    weights: str = "latest"          # latest (the run's end, what a record scores) | best
+    cache_dir: Optional[str] = None  # where the corpus is (default: the run's data.cache_dir)
+    batch_size: int = 16             # windows scored at once (the score does not depend on it)
 
 
 @dataclass

@@ -75,7 +75,8 @@ def test_the_default_is_random_offsets_with_replacement():
     tokens = np.arange(1000, dtype=np.uint16)
     default = training_windows(DataConfig().order, tokens, 16, 8, seed=3)
     assert type(default) is RandomWindows
-    assert torch.equal(default.next_batch()[0], RandomWindows(tokens, 16, 8, seed=3).next_batch()[0])
+    same = RandomWindows(tokens, 16, 8, seed=3)
+    assert torch.equal(default.next_batch()[0], same.next_batch()[0])
     assert type(training_windows(Order.epochs, tokens, 16, 8, seed=3)) is EpochWindows
 
 
