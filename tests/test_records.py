@@ -204,3 +204,19 @@ def test_the_record_command_end_to_end(tmp_path, fake_sdist):
     again = run(["-m", "bench.record", "name=tiny", f"out={tmp_path / 'records'}",
                  f"runs={tmp_path / 'runs'}"], cwd=REPO_ROOT)
     assert again.returncode == 2 and "exists" in again.stderr
+
+
+def test_baby_gpt_is_nanogpts_cpu_recipe():
+    from guard.preflight import compose
+
+    cfg = compose(["+experiment=baby_gpt"])
+    m, o, t = cfg.model, cfg.optim, cfg.train
+    assert (m.n_layer, m.n_head, m.n_embd, m.block_size, m.dropout, m.bias) == (4, 4, 128, 64,
+                                                                                0.0, False)
+    assert (m.positions.value, m.norm.value, m.mlp.value, m.tie_embeddings) == (
+        "learned", "layernorm", "gelu", True)
+    assert cfg.tokenizer.kind.value == "char" and o.name.value == "adamw"
+    assert (o.lr, o.min_lr, o.schedule.value, o.warmup_steps, o.weight_decay, o.beta2) == (
+        1e-3, 1e-4, "cosine", 100, 0.1, 0.99)
+    assert (t.batch_size, t.max_steps) == (12, 2000)
+    assert BUDGET_TOKENS // (t.batch_size * m.block_size) == 7466  # its steps in the track
