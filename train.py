@@ -34,13 +34,13 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 
 from data.batches import RandomWindows, fixed_windows
 from data.prepare import PreparedCorpus, prepare_corpus
-from guard.cli import UserError, exit_with, run_cli
-from guard.corpus import check_split_lengths
+from safeio.cli import UserError, exit_with, run_cli
+from safeio.corpus import check_split_lengths
 from guard.limits import check_fused_kernel, parse_device
 from guard.preflight import Job, Launch
-from guard.files import dump_run_config
+from safeio.files import dump_run_config
 from guard.run_dir import load_folder_weights
-from guard.run_lock import release_locks, remember_command
+from safeio.run_lock import release_locks, remember_command
 from model.attention import causal_variant
 from model.gpt import GPT
 from model.sampling import seeded_generator

@@ -76,7 +76,7 @@ def resolve_repetitions(args: argparse.Namespace, reps: int = DEFAULT_REPS,
 
 def setup(args: argparse.Namespace) -> torch.device:
     """Apply --threads and resolve --device (the same rule as train.py's train.device)."""
-    from guard.cli import UserError
+    from safeio.cli import UserError
     from guard.limits import parse_device
 
     if args.threads is not None:
@@ -97,7 +97,7 @@ def compose_config(overrides: Sequence[str] = ()) -> Config:
     batch -- so they compose it from conf/ rather than restate defaults that would drift. A bad
     override ends the benchmark with Hydra's one-line reason instead of a traceback.
     """
-    from guard.cli import MISTAKES, one_line
+    from safeio.cli import MISTAKES, one_line
     from guard.preflight import compose
 
     try:

@@ -21,6 +21,6 @@ boundary. Inside the core, a broken assumption is an assert.
                    the run (every arm of a -m sweep first), undo a failed run
     sweep.py       a -m sweep's arms, and the name of each arm's directory
 
-cli.py and files.py stand on the ground floor (data/ and model/hf.py import them); limits.py
+cli.py and files.py stand on the ground floor (data/ and interop/hf.py import them); limits.py
 and what reads runs stand above the config dataclasses and the model.
 """

@@ -35,14 +35,14 @@ from omegaconf.errors import OmegaConfBaseException
 
 from data.config import Source, TokenizerConfig, TokenizerKind
 from data.corpus import check_split_overlap
-from guard.cli import UserError, first_line, hydra_string, one_line
-from guard.corpus import load_tokenizer
-from guard.files import MAX_CONFIG_BYTES, dump_run_config, literal, parse_run_config
+from safeio.cli import UserError, first_line, hydra_string, one_line
+from safeio.corpus import load_tokenizer
+from safeio.files import MAX_CONFIG_BYTES, dump_run_config, literal, parse_run_config
 from guard.limits import check_config, check_text, check_training_fits, parse_device
 from guard.run_dir import (check_resumable, is_model_folder, is_run, read_source,
                            refuse_folder_overrides, resolved, resume_target, saved_config)
-from guard.run_lock import lock_run, unlock_run
-from guard.system import parse_launch
+from safeio.run_lock import lock_run, unlock_run
+from safeio.system import parse_launch
 from guard.sweep import MAX_NAME, arm_names, expand
 from training.checkpoint import holds_checkpoints
 from training.config import CONF_DIR, Config, register_configs
@@ -111,7 +111,7 @@ def start_from_folder(conf: Config) -> Config:
 
 def check_saved_config(conf: Config) -> None:
     """What train.py will write as the run's config.yaml must read back as this config, within
-    the limits generate.py and the scripts read it with (guard/files.py)."""
+    the limits generate.py and the scripts read it with (safeio/files.py)."""
     text = dump_run_config(conf)
     size = len(text.encode("utf-8"))
     if size > MAX_CONFIG_BYTES:

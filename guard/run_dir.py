@@ -21,10 +21,10 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from tokenizers import Tokenizer
 
-from guard.cli import CorpusError, FormatError, UserError, first_line
-from guard.corpus import load_tokenizer
-from guard.files import MIB, check_regular, kind_of, load_run_config, read_text
-from guard.hf import CONFIG, open_folder
+from safeio.cli import CorpusError, FormatError, UserError, first_line
+from safeio.corpus import load_tokenizer
+from safeio.files import MIB, check_regular, kind_of, load_run_config, read_text
+from safeio.hf import CONFIG, open_folder
 from guard.limits import check_choice, check_config, check_fused_kernel, check_sampling_fits
 from model.fast_paths import fused_refusal
 from model.config import AttentionConfig, AttentionImpl, ModelConfig
@@ -172,15 +172,15 @@ def is_model_folder(path: Path) -> bool:
 
 
 # The architectures whose folders are read: model_type -> (its config.json as (ModelConfig,
-# vocab_size), its weights as our state dict). model/hf.py knows GPT-2's names and shapes,
-# model/hf_llama.py Llama's and Qwen3's.
+# vocab_size), its weights as our state dict). interop/hf.py knows GPT-2's names and shapes,
+# interop/hf_llama.py Llama's and Qwen3's.
 def _gpt2():
-    from model.hf import gpt2_model_config, load_gpt2_folder
+    from interop.hf import gpt2_model_config, load_gpt2_folder
     return gpt2_model_config, lambda folder: load_gpt2_folder(folder)[1]
 
 
 def _llama():
-    from model.hf_llama import llama_model_config, load_llama_folder
+    from interop.hf_llama import llama_model_config, load_llama_folder
     return llama_model_config, lambda folder: load_llama_folder(folder)[1]
 
 
@@ -241,7 +241,7 @@ def read_source(path: Path) -> ModelSource:
     """The model shape, attention and tokenizer of a run directory of train.py or of a model
     folder (config.json, model.safetensors, tokenizer.json; e.g. one written by
     scripts/export_hf.py), each checked by the same code whichever it is: the config's values
-    (guard/limits.py), the tokenizer (guard/corpus.py), and that they belong together."""
+    (guard/limits.py), the tokenizer (safeio/corpus.py), and that they belong together."""
     if not path.is_dir():
         raise UserError(f"run directory {path} does not exist" if not path.exists()
                         else f"run directory {path} is not a directory")

@@ -26,8 +26,8 @@ from typing import Optional
 
 import torch
 
-from guard.cli import UserError, parse_key_values, run_cli
-from guard.files import check_output_file
+from safeio.cli import UserError, parse_key_values, run_cli
+from safeio.files import check_output_file
 from guard.limits import prompt_ids
 from guard.run_dir import load_run, resolve_latest, validation_window
 from model.attention import causal_variant
@@ -35,7 +35,7 @@ from scripts.maps import colorbar, draw_map
 from scripts.outputs import check_outputs
 from training.attention_maps import attention_weights, future_weight, grid_image, token_labels
 from training.checkpoint import LATEST
-from training.weights_choice import choose_weights
+from guard.weights_choice import choose_weights
 
 USAGE = ("usage: python -m scripts.attention_map [run=RUN_DIR] [prompt=TEXT] [layer=N] "
          "[head=all|N] [out=PNG] [weights=auto|best|latest] [mask=own|causal|cached] [tokens=N] "

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from guard.checkpoint import load_state
-from guard.cli import FormatError
+from safeio.checkpoint import load_state
+from safeio.cli import FormatError
 from training.checkpoint import latest_checkpoint, save_checkpoint
 from training.state import rng_state, set_rng_state
 

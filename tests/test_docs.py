@@ -159,7 +159,7 @@ FOREIGN_MODULES = {"pytest", "venv", "pip", "torch.distributed.run"}
 
 def key_value_schema(path: Path) -> Optional[tuple[list[str], tuple]]:
     """The keys and positional keys of a script that reads `key=value` arguments with
-    guard.cli.parse_key_values, read from its source (nothing is imported)."""
+    safeio.cli.parse_key_values, read from its source (nothing is imported)."""
     tree = ast.parse(path.read_text())
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "parse_key_values":

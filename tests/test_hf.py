@@ -1,4 +1,4 @@
-"""Hugging Face interop (model/hf.py, scripts/export_hf.py): GPT-2 folders in and out.
+"""Hugging Face interop (interop/hf.py, scripts/export_hf.py): GPT-2 folders in and out.
 
 transformers is the oracle here, and a test-only dependency: a tiny random GPT2LMHeadModel made
 in the test is imported into our GPT, and two trained smoke runs (char-level; byte-level BPE
@@ -28,7 +28,7 @@ from guard.run_dir import load_run
 from helpers import REPO_ROOT, copy_folder
 from model.config import AttentionConfig, MLPKind, ModelConfig, Scale, gpt2_problems
 from model.gpt import GPT
-from model.hf import (GPT2FormatError, check_exportable, gpt_from_gpt2_folder, load_gpt2_folder,
+from interop.hf import (GPT2FormatError, check_exportable, gpt_from_gpt2_folder, load_gpt2_folder,
                       load_folder_tokenizer, to_gpt2_state_dict)
 from scripts import export_hf
 from guard.preflight import compose

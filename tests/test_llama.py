@@ -1,4 +1,4 @@
-"""Hugging Face Llama (and Qwen3) interop (model/hf_llama.py, scripts/export_hf.py): the whole-model
+"""Hugging Face Llama (and Qwen3) interop (interop/hf_llama.py, scripts/export_hf.py): the whole-model
 oracle for rotary positions, RMSNorm, SwiGLU, grouped key/value heads, QK-norm and the untied head.
 
 transformers is the reference: tiny random LlamaForCausalLM / Qwen3ForCausalLM models with grouped
@@ -25,13 +25,13 @@ from transformers import (AutoModelForCausalLM, AutoTokenizer, GenerationConfig,
                           LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 
 from data.tokenizer import EOS, build_bpe_tokenizer
-from guard.cli import FormatError
+from safeio.cli import FormatError
 from guard.run_dir import load_run
 from helpers import REPO_ROOT, copy_folder, ok, run, shakespeare_like
 from model.config import PITFALL_SWITCHES, AttentionConfig, ModelConfig, Scale
 from model.gpt import GPT
-from model.hf import tokenizer_config
-from model.hf_llama import (LLAMA, QWEN3, check_llama_exportable, gpt_from_llama_folder, llama_config,
+from interop.hf import tokenizer_config
+from interop.hf_llama import (LLAMA, QWEN3, check_llama_exportable, gpt_from_llama_folder, llama_config,
                             load_llama_folder, to_llama_state_dict)
 from scripts import export_hf
 from scripts.export_hf import GPT2, architecture_for

@@ -14,10 +14,10 @@ import pytest
 import torch
 
 import training.optim as optim_module
-from guard.cli import UserError
-from guard.checkpoint import load_state
+from safeio.cli import UserError
+from safeio.checkpoint import load_state
 from guard.limits import check_config, check_training_fits, parse_device
-from guard.system import available_bytes
+from safeio.system import available_bytes
 from guard.preflight import compose
 from model.fast_paths import fused_refusal
 from model.config import AttentionConfig

@@ -18,7 +18,7 @@ import torch
 from data.batches import RandomWindows, fixed_windows
 from data.config import DataConfig, TokenizerConfig, TokenizerKind
 from data.prepare import prepare_corpus
-from guard.cli import CorpusError
+from safeio.cli import CorpusError
 from guard.preflight import compose
 from helpers import VARIANT_NEEDS
 from model.attention import CausalSelfAttention, causal_variant

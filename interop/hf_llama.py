@@ -14,7 +14,7 @@ has none. Whatever else a config.json may say that our model cannot compute (RoP
 partial rotation, a head_dim other than hidden_size / num_attention_heads, an activation other
 than SiLU, sliding windows) is refused, naming the field, rather than approximated.
 
-Like model/hf.py, nothing here imports transformers; guard/hf.py reads and checks the files.
+Like interop/hf.py, nothing here imports transformers; safeio/hf.py reads and checks the files.
 """
 from __future__ import annotations
 
@@ -25,8 +25,8 @@ from typing import Optional
 
 import torch
 
-from guard.cli import FormatError, UserError
-from guard.hf import CONFIG, Fields, PathLike, open_folder, read_tensors, size_limit, tensor_names
+from safeio.cli import FormatError, UserError
+from safeio.hf import CONFIG, Fields, PathLike, open_folder, read_tensors, size_limit, tensor_names
 from guard.limits import check_model, check_sampling_fits
 from model.config import (AttentionConfig, MaskMode, MLPKind, ModelConfig, Norm, Positions,
                           Scale)

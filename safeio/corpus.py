@@ -20,8 +20,8 @@ from typing import Callable, Optional
 import numpy as np
 from tokenizers import Tokenizer
 
-from guard.cli import CorpusError, FileRefused, FormatError, UserError, first_line
-from guard.files import MIB, check_regular, kind_of, read_json, read_text
+from safeio.cli import CorpusError, FileRefused, FormatError, UserError, first_line
+from safeio.files import MIB, check_regular, kind_of, read_json, read_text
 
 GIB = 1 << 30
 

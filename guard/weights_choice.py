@@ -18,9 +18,9 @@ from typing import Optional
 
 from omegaconf import OmegaConf
 
-from guard.checkpoint import read_pointer
-from guard.cli import UserError
-from guard.files import read_text
+from safeio.checkpoint import read_pointer
+from safeio.cli import UserError
+from safeio.files import read_text
 from model.config import AttentionConfig
 from training.checkpoint import CHECKPOINTS, WEIGHTS
 

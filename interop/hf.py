@@ -13,7 +13,7 @@ What GPT-2's format cannot say is refused rather than approximated: our attentio
 (no W_O, a scale other than 1/sqrt(d_k), a mask other than additive -inf), and, on import,
 GPT-2 options our model does not have (inverse-layer scaling, cross-attention, another
 LayerNorm epsilon, an untied head, an activation other than exact or tanh GELU). The folder's
-files are read by guard/hf.py, which checks them for any architecture; this file says what
+files are read by safeio/hf.py, which checks them for any architecture; this file says what
 GPT-2's names and shapes are (the shapes: those of our GPT, built on the meta device).
 
 Nothing here imports transformers: exporting and importing need only safetensors and json, so a
@@ -28,9 +28,9 @@ from typing import Iterator, Optional
 
 import torch
 
-from guard.cli import FormatError as GPT2FormatError  # a folder or model GPT-2's format cannot hold
-from guard.cli import UserError
-from guard.hf import CONFIG, WEIGHTS, Fields, PathLike, open_folder, read_tensors, size_limit, \
+from safeio.cli import FormatError as GPT2FormatError  # a folder or model GPT-2's format cannot hold
+from safeio.cli import UserError
+from safeio.hf import CONFIG, WEIGHTS, Fields, PathLike, open_folder, read_tensors, size_limit, \
     tensor_names  # CONFIG, WEIGHTS: the folder's file names, which the export writes too
 from guard.limits import check_model, check_sampling_fits
 from model.config import AttentionConfig, MLPKind, MaskMode, ModelConfig, Scale, gpt2_problems
@@ -287,10 +287,10 @@ def gpt_from_gpt2_folder(path: PathLike) -> GPT:
 def load_folder_tokenizer(path: PathLike):
     """The folder's tokenizer.json as a `tokenizers.Tokenizer`, or None when it has none.
 
-    Checked as a run directory's is (guard.corpus.load_tokenizer: a regular file of bounded
+    Checked as a run directory's is (safeio.corpus.load_tokenizer: a regular file of bounded
     size, no custom regular expression, every id inside the vocabulary): GPT2FormatError (or
     FileRefused) otherwise."""
-    from guard.corpus import load_tokenizer
+    from safeio.corpus import load_tokenizer
 
     file = Path(path) / TOKENIZER
     if not os.path.lexists(file):

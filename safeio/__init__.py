@@ -1,0 +1,1 @@
+"""The ground floor: errors, bounded reads, readers of untrusted formats, system probes."""
