@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import os
 import signal
 import sys
 import time
@@ -32,31 +31,24 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from data.batches import RandomWindows, fixed_windows
+from data.batches import RandomWindows, check_split_lengths, fixed_windows
 from data.prepare import PreparedCorpus, prepare_corpus
-from safeio.cli import UserError, exit_with, run_cli
-from safeio.corpus import check_split_lengths
-from guard.limits import check_fused_kernel, parse_device
-from guard.preflight import Job, Launch
-from safeio.files import dump_run_config
-from guard.run_dir import load_folder_weights
-from safeio.run_lock import release_locks, remember_command
-from model.attention import causal_variant
+from guard.preflight import Job, Launch, start_model
 from model.gpt import GPT
+from safeio.cli import UserError
 from model.sampling import seeded_generator
 from training.attention_maps import log_attention_maps, map_window
-from training.checkpoint import (CHECKPOINTS, WEIGHTS, atomic_write, link_latest, load_weights,
-                                 restore, save_best, save_checkpoint)
+from training.checkpoint import (CHECKPOINTS, WEIGHTS, Progress, link_latest, load_weights, restore,
+                                 rng_state, save_best, save_checkpoint, seed_everything,
+                                 set_rng_state, write_run_files)
 from training.config import Config, NonFinite, register_configs
-from training.device import autocast
 from training.dtype_probe import choose_dtype
 from training.evaluate import (attention_diagnostics, bits_per_char, cached_loss, full_split_loss,
                                mean_loss, qk_grad_norms, rising_validation)
 from training.optim import Optimizers, lr_at, make_optimizer
 from training.runtime import (StopFlag, World, all_mean, all_sum, barrier, broadcast_from_main,
                               init_world, shutdown)
-from training.state import Progress, rng_state, seed_everything, set_rng_state
-from training.tb import open_writer, write_hparams
+from training.tb import open_writer, write_config, write_hparams
 
 register_configs()
 log = logging.getLogger("train")  # Hydra sends it to the console and to the run's train.log
@@ -187,14 +179,11 @@ def build_run(cfg: Config, run_dir: Path, resuming: bool, world: World) -> Optio
             log.info(choice.line)
         run_dir.mkdir(parents=True, exist_ok=True)
         if not resuming:
-            atomic_write(run_dir / "tokenizer.json", corpus.tokenizer.to_str().encode())
-            atomic_write(run_dir / "config.yaml", dump_run_config(cfg).encode())
+            write_run_files(run_dir, corpus.tokenizer, cfg)
 
-    model = GPT(m, corpus.vocab_size, cfg.attention)
-    if cfg.init_from and not resuming:  # preflight gave cfg the folder's shape and tokenizer
-        load_folder_weights(model, Path(cfg.init_from))
-    model = model.to(device)
-    check_fused_kernel(model, device, dtype)  # on CUDA: may impl=auto trust our kernel here?
+    # a new run from init_from= starts from the folder's weights; on CUDA, may impl=auto trust
+    # our kernel here?
+    model = start_model(GPT(m, corpus.vocab_size, cfg.attention), cfg, resuming, device, dtype)
     optimizer = make_optimizer(model, cfg.optim, dtype)
     sampler = RandomWindows(corpus.train, m.block_size, t.batch_size, cfg.seed, device)
     eval_batches = fixed_windows(corpus.validation, min(m.block_size, len(corpus.validation) - 1),
@@ -225,9 +214,9 @@ def build_run(cfg: Config, run_dir: Path, resuming: bool, world: World) -> Optio
         log.warning(warning)
         writer.add_text("warnings", warning, progress.step)
     if not resuming:
-        writer.add_text("config", "```\n" + dump_run_config(cfg) + "\n```", 0)
+        write_config(writer, cfg)
     run = Run(cfg, run_dir, world, corpus, model, step_model, optimizer, sampler, eval_batches,
-              autocast(device, dtype), writer, progress, ddp=ddp,
+              choice.autocast(device), writer, progress, ddp=ddp,
               saved_at=progress.step if resuming else None)
     if world.is_main:
         log.info(f"model: {model.num_params() / 1e6:.2f}M parameters, vocab {corpus.vocab_size}, "
@@ -345,7 +334,7 @@ def validation_losses(run: Run) -> dict:
                "train_loss": run.last_train_loss}
     metrics["causal_val_loss"] = metrics["val_loss"]
     if run.leaky:
-        with model.attention_variant(causal_variant(run.cfg.attention)):
+        with model.attention_variant(run.cfg.attention.causal_variant()):
             metrics["causal_val_loss"] = mean_loss(model, run.eval_batches, run.amp, run.world)
     return metrics
 
@@ -478,7 +467,7 @@ def final_metrics(run: Run, meter: "Speedometer") -> dict:
         metrics.update(val_loss_full=full, val_bpc_full=to_bpc(run, full),
                        causal_val_loss_full=full)
         if run.leaky:
-            with model.attention_variant(causal_variant(cfg.attention)):
+            with model.attention_variant(cfg.attention.causal_variant()):
                 metrics["causal_val_loss_full"] = full_split_loss(model, split, block, batch,
                                                                   run.amp, run.world)
         metrics["val_nats_per_char_full"] = to_nats_per_char(run, metrics["causal_val_loss_full"])
@@ -504,7 +493,7 @@ def decoding_losses(run: Run) -> dict:
     path (KV cache, one token at a time, teacher forced) and causally as in training: the gap is
     0 to rounding for a correct layer, and a cache pitfall's cost otherwise."""
     model, batches = run.model, run.eval_batches[:run.cfg.train.cached_eval_batches]
-    with model.attention_variant(causal_variant(run.cfg.attention)):  # as when generating
+    with model.attention_variant(run.cfg.attention.causal_variant()):  # as when generating
         causal = mean_loss(model, batches, run.amp, run.world)
     cached = cached_loss(model, batches, run.amp, run.world)
     return {"cached_val_loss": cached, "cache_gap": cached - causal}
@@ -563,7 +552,7 @@ def main(job: Job) -> None:
     """Train the run `job` holds (on every process under torchrun: rank 0's directory)."""
     world = None
     try:
-        world = init_world(parse_device(job.settled.cfg.train.device, "train.device"))
+        world = init_world(job.settled.device)
         run_dir = Path(broadcast_from_main(str(job.settled.run_dir), world))
         metrics = train(job.settled.cfg, run_dir, job.settled.resuming, world)
     finally:
@@ -580,14 +569,8 @@ def cli() -> None:
     run's directory made, before a byte is written (guard/preflight.py); then each run trains (a
     -m sweep's arms one after the other). Every mistake is one `error:` line (HYDRA_FULL_ERROR=1
     shows the traceback), and a new run that fails before it trained leaves nothing behind."""
-    trace = os.environ.get("HYDRA_FULL_ERROR") == "1"
-    remember_command(sys.argv)  # the lock's holder, as the user typed it
-    launch = Launch(sys.argv[1:])
-    code = run_cli(lambda: [main(job) for job in launch.jobs()] and None, undo=launch.undo,
-                   trace=trace, interrupted="interrupted; the last complete checkpoint, if any, "
-                                            "is kept")
-    release_locks()
-    exit_with(code)
+    Launch(sys.argv[1:]).run(main, interrupted="interrupted; the last complete checkpoint, if "
+                                               "any, is kept")
 
 
 if __name__ == "__main__":

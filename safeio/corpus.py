@@ -128,17 +128,6 @@ def archive_texts(archive: Path, name_of: Callable[[str], Optional[str]], max_te
     return texts
 
 
-def check_split_lengths(train: np.ndarray, validation: np.ndarray, block_size: int) -> None:
-    """Enough tokens to draw batches from: a window of block_size + 1 tokens of training text,
-    and at least two validation tokens (its windows are cut to fit)."""
-    if len(train) < block_size + 1:
-        raise CorpusError(f"the training split has {len(train)} tokens, fewer than one window of "
-                          f"model.block_size + 1 = {block_size + 1}; use more text or a smaller "
-                          f"block_size")
-    if len(validation) < 2:
-        raise CorpusError("the validation split is shorter than 2 tokens")
-
-
 # ----------------------------------------------------------------------------- tokenizer.json
 
 # A 50,000-token BPE (GPT-2's) is about 2 MB of JSON.

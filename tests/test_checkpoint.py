@@ -11,7 +11,7 @@ import torch
 from safeio.checkpoint import load_state
 from safeio.cli import FormatError
 from training.checkpoint import latest_checkpoint, save_checkpoint
-from training.state import rng_state, set_rng_state
+from training.checkpoint import rng_state, set_rng_state
 
 
 def test_pruning_never_removes_the_checkpoint_latest_names(tmp_path):

@@ -22,7 +22,7 @@ from model.gpt import GPT
 from training.checkpoint import load_training_state
 from training.config import Config, OptimConfig
 from training.optim import make_optimizer
-from training.state import Progress, rng_state
+from training.checkpoint import Progress, rng_state
 
 
 # ----------------------------------------------------------------------------- the value table

@@ -24,7 +24,7 @@ from model.config import AttentionConfig
 from training.device import NATIVE_BF16_ENV, float64_home, pick_dtype
 from training.optim import make_optimizer
 from training.checkpoint import latest_checkpoint, save_checkpoint
-from training.state import rng_state, set_rng_state
+from training.checkpoint import rng_state, set_rng_state
 
 MPS = torch.device("mps")
 

@@ -7,6 +7,7 @@ from typing import Optional
 
 from torch.utils.tensorboard import SummaryWriter
 
+from safeio.files import dump_run_config
 from training.config import Config
 
 
@@ -25,6 +26,11 @@ def open_writer(run_dir: Path, purge_step: Optional[int], enabled: bool = True):
     if not enabled:
         return NullWriter()
     return SummaryWriter(log_dir=str(run_dir), purge_step=purge_step, flush_secs=10)
+
+
+def write_config(writer, cfg: Config) -> None:
+    """The run's config, as its config.yaml says it, in TensorBoard's text tab (at step 0)."""
+    writer.add_text("config", "```\n" + dump_run_config(cfg) + "\n```", 0)
 
 
 # TensorBoard's HParams table shows five hyper-parameters at first (any other is ticked on in
