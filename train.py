@@ -36,19 +36,17 @@ from data.prepare import PreparedCorpus, prepare_corpus
 from guard.preflight import Job, Launch, start_model
 from model.gpt import GPT
 from safeio.cli import UserError
-from model.sampling import seeded_generator
-from training.attention_maps import log_attention_maps, map_window
 from training.checkpoint import (CHECKPOINTS, WEIGHTS, Progress, link_latest, load_weights, restore,
                                  rng_state, save_best, save_checkpoint, seed_everything,
                                  set_rng_state, write_run_files)
 from training.config import Config, NonFinite, register_configs
 from training.dtype_probe import choose_dtype
 from training.evaluate import (attention_diagnostics, bits_per_char, cached_loss, full_split_loss,
-                               mean_loss, qk_grad_norms, rising_validation)
+                               mean_loss, qk_grad_norms, rising_validation, sample_text)
 from training.optim import Optimizers, lr_at, make_optimizer
 from training.runtime import (StopFlag, World, all_mean, all_sum, barrier, broadcast_from_main,
                               init_world, shutdown)
-from training.tb import open_writer, write_config, write_hparams
+from training.tb import log_attention_maps, open_writer, write_config, write_hparams
 
 register_configs()
 log = logging.getLogger("train")  # Hydra sends it to the console and to the run's train.log
@@ -356,11 +354,11 @@ def log_evaluation(run: Run, metrics: dict) -> None:
         w.add_scalar(f"weights/entropy/layer{i}", d["entropy"], step)
         w.add_scalar(f"weights/future_weight/layer{i}", d["future_weight"], step)
     if cfg.train.attention_maps:  # the same validation window at every evaluation, every run
-        window = map_window(run.corpus.validation, run.corpus.tokenizer,
-                            min(cfg.train.attention_map_tokens, cfg.model.block_size))
-        log_attention_maps(w, model, window, run.corpus.tokenizer, step, run.amp)
+        log_attention_maps(w, model, run.corpus.validation, run.corpus.tokenizer,
+                           min(cfg.train.attention_map_tokens, cfg.model.block_size), step, run.amp)
     if cfg.train.sample_tokens > 0:
-        w.add_text("sample", sample_text(run), step)
+        w.add_text("sample", sample_text(model, run.corpus.tokenizer, cfg.train,
+                                         cfg.seed + step, run.world.device, run.amp), step)
 
 
 def keep_best(run: Run, causal_val_loss: float) -> None:
@@ -427,20 +425,6 @@ def save(run: Run) -> None:
     run.saved_at = p.step
 
 
-def sample_text(run: Run) -> str:
-    """A short sample from the current weights, from its own generator (the training RNG is left
-    untouched, so sampling cannot change the run)."""
-    cfg, tok = run.cfg, run.corpus.tokenizer
-    prompt = tok.encode(cfg.train.sample_prompt).ids or [0]
-    device = run.world.device
-    gen = seeded_generator(cfg.seed + run.progress.step, device)
-    with run.amp:
-        ids = [int(t) for t in run.model.generate(
-            torch.tensor([prompt], device=device), cfg.train.sample_tokens,
-            temperature=cfg.train.sample_temperature, generator=gen)]
-    return tok.decode(prompt + ids)
-
-
 def to_bpc(run: Run, nats_per_token: float) -> float:
     corpus = run.corpus
     return bits_per_char(nats_per_token, len(corpus.validation), corpus.n_chars["validation"])
@@ -480,10 +464,9 @@ def final_metrics(run: Run, meter: "Speedometer") -> dict:
         w.add_scalar("val/cached_loss", metrics["cached_val_loss"], p.step)
         w.add_scalar("val/cache_gap", metrics["cache_gap"], p.step)
         if cfg.train.attention_maps:  # the maps of the generation path (decoding_layer<i>)
-            window = map_window(run.corpus.validation, run.corpus.tokenizer,
-                                min(cfg.train.attention_map_tokens, cfg.model.block_size))
-            log_attention_maps(w, model, window, run.corpus.tokenizer, p.step, run.amp,
-                               cached=True)
+            log_attention_maps(w, model, run.corpus.validation, run.corpus.tokenizer,
+                               min(cfg.train.attention_map_tokens, cfg.model.block_size), p.step,
+                               run.amp, cached=True)
     write_hparams(w, cfg)  # its metrics are the last values of val/ and train/ (training/tb.py)
     return metrics
 

@@ -14,7 +14,9 @@ What GPT-2's format cannot say is refused rather than approximated: our attentio
 GPT-2 options our model does not have (inverse-layer scaling, cross-attention, another
 LayerNorm epsilon, an untied head, an activation other than exact or tanh GELU). The folder's
 files are read by safeio/hf.py, which checks them for any architecture; this file says what
-GPT-2's names and shapes are (the shapes: those of our GPT, built on the meta device).
+GPT-2's names and shapes are (the shapes: those of our GPT, built on the meta device). Whether
+the values a config.json gives are in range, and the model fits in memory, is checked above this
+file, by guard/run_dir.py (folder_shape, built), before gpt2_state computes a shape from them.
 
 Nothing here imports transformers: exporting and importing need only safetensors and json, so a
 user without transformers can still produce a folder that transformers loads.
