@@ -34,9 +34,9 @@ from safeio.files import read_bytes
 from guard.run_dir import load_run, resolve_latest
 from model.config import AttentionConfig, ModelConfig, gpt2_problems
 from interop.hf import (CONFIG, TOKENIZER, TOKENIZER_CONFIG, WEIGHTS, check_exportable, gpt2_config,
-                      to_gpt2_state_dict, tokenizer_config)
+                        to_gpt2_state_dict, tokenizer_config)
 from interop.hf_llama import (LLAMA, QWEN3, Architecture, check_llama_exportable, llama_config,
-                            llama_problems, to_llama_state_dict)
+                              llama_problems, to_llama_state_dict)
 from guard.weights_choice import choose_weights
 
 USAGE = "usage: python -m scripts.export_hf run=RUN_DIR out=OUT_DIR [weights=best|latest]"

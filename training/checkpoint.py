@@ -30,7 +30,7 @@ from safetensors.torch import save
 from tokenizers import Tokenizer
 
 from safeio.checkpoint import (STATE, STATE_TENSORS, load_state, read_pointer, read_weights,
-                              state_files)
+                               state_files)
 from safeio.cli import FormatError, StateMismatch, UserError, first_line
 from safeio.corpus import check_same_tokenizer
 from safeio.files import dump_run_config
