@@ -21,14 +21,14 @@ from typing import Optional
 import torch
 
 from data.tokenizer import IncrementalDecoder
-from guard.cli import UserError, first_line, parse_key_values, run_cli
+from safeio.cli import UserError, first_line, parse_key_values, run_cli
 from guard.limits import check_sampling, check_top_k, parse_device, prompt_ids
 from guard.run_dir import load_run, resolve_latest
 from model.gpt import GPT
 from training.checkpoint import LATEST
 from training.config import Config, TrainConfig
 from training.runtime import Speedometer
-from training.weights_choice import choose_weights
+from guard.weights_choice import choose_weights
 
 USAGE = "usage: python generate.py [run=DIR] [prompt=TEXT] [max_new_tokens=N] [key=value ...]"
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import os
 import signal
 import sys
 import time
@@ -32,31 +31,22 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from data.batches import RandomWindows, fixed_windows, training_windows
+from data.batches import RandomWindows, check_split_lengths, fixed_windows, training_windows
 from data.prepare import PreparedCorpus, prepare_corpus
-from guard.cli import UserError, exit_with, run_cli
-from guard.corpus import check_split_lengths
-from guard.limits import check_fused_kernel, parse_device
-from guard.preflight import Job, Launch
-from guard.files import dump_run_config
-from guard.run_dir import load_folder_weights
-from guard.run_lock import release_locks, remember_command
-from model.attention import causal_variant
+from guard.preflight import Job, Launch, start_model
 from model.gpt import GPT
-from model.sampling import seeded_generator
-from training.attention_maps import log_attention_maps, map_window
-from training.checkpoint import (CHECKPOINTS, WEIGHTS, atomic_write, link_latest, load_weights,
-                                 restore, save_best, save_checkpoint)
+from safeio.cli import UserError
+from training.checkpoint import (CHECKPOINTS, WEIGHTS, Progress, link_latest, load_weights, restore,
+                                 rng_state, save_best, save_checkpoint, seed_everything,
+                                 set_rng_state, write_run_files)
 from training.config import Config, NonFinite, register_configs
-from training.device import autocast
 from training.dtype_probe import choose_dtype
 from training.evaluate import (attention_diagnostics, bits_per_char, cached_loss, full_split_loss,
-                               mean_loss, qk_grad_norms, rising_validation)
+                               mean_loss, qk_grad_norms, rising_validation, sample_text)
 from training.optim import Optimizers, lr_at, make_optimizer
 from training.runtime import (Speedometer, StopFlag, World, all_mean, all_sum, barrier,
                               broadcast_from_main, init_world, shutdown)
-from training.state import Progress, rng_state, seed_everything, set_rng_state
-from training.tb import open_writer, write_hparams
+from training.tb import log_attention_maps, open_writer, write_config, write_hparams
 
 register_configs()
 log = logging.getLogger("train")  # Hydra sends it to the console and to the run's train.log
@@ -187,14 +177,11 @@ def build_run(cfg: Config, run_dir: Path, resuming: bool, world: World) -> Optio
             log.info(choice.line)
         run_dir.mkdir(parents=True, exist_ok=True)
         if not resuming:
-            atomic_write(run_dir / "tokenizer.json", corpus.tokenizer.to_str().encode())
-            atomic_write(run_dir / "config.yaml", dump_run_config(cfg).encode())
+            write_run_files(run_dir, corpus.tokenizer, cfg)
 
-    model = GPT(m, corpus.vocab_size, cfg.attention)
-    if cfg.init_from and not resuming:  # preflight gave cfg the folder's shape and tokenizer
-        load_folder_weights(model, Path(cfg.init_from))
-    model = model.to(device)
-    check_fused_kernel(model, device, dtype)  # on CUDA: may impl=auto trust our kernel here?
+    # a new run from init_from= starts from the folder's weights; on CUDA, may impl=auto trust
+    # our kernel here?
+    model = start_model(GPT(m, corpus.vocab_size, cfg.attention), cfg, resuming, device, dtype)
     optimizer = make_optimizer(model, cfg.optim, dtype)
     sampler = training_windows(cfg.data.order, corpus.train, m.block_size, t.batch_size, cfg.seed,
                                device)
@@ -226,9 +213,9 @@ def build_run(cfg: Config, run_dir: Path, resuming: bool, world: World) -> Optio
         log.warning(warning)
         writer.add_text("warnings", warning, progress.step)
     if not resuming:
-        writer.add_text("config", "```\n" + dump_run_config(cfg) + "\n```", 0)
+        write_config(writer, cfg)
     run = Run(cfg, run_dir, world, corpus, model, step_model, optimizer, sampler, eval_batches,
-              autocast(device, dtype), writer, progress, ddp=ddp,
+              choice.autocast(device), writer, progress, ddp=ddp,
               saved_at=progress.step if resuming else None)
     if world.is_main:
         log.info(f"model: {model.num_params() / 1e6:.2f}M parameters, vocab {corpus.vocab_size}, "
@@ -346,7 +333,7 @@ def validation_losses(run: Run) -> dict:
                "train_loss": run.last_train_loss}
     metrics["causal_val_loss"] = metrics["val_loss"]
     if run.leaky:
-        with model.attention_variant(causal_variant(run.cfg.attention)):
+        with model.attention_variant(run.cfg.attention.causal_variant()):
             metrics["causal_val_loss"] = mean_loss(model, run.eval_batches, run.amp, run.world)
     return metrics
 
@@ -368,11 +355,11 @@ def log_evaluation(run: Run, metrics: dict) -> None:
         w.add_scalar(f"weights/entropy/layer{i}", d["entropy"], step)
         w.add_scalar(f"weights/future_weight/layer{i}", d["future_weight"], step)
     if cfg.train.attention_maps:  # the same validation window at every evaluation, every run
-        window = map_window(run.corpus.validation, run.corpus.tokenizer,
-                            min(cfg.train.attention_map_tokens, cfg.model.block_size))
-        log_attention_maps(w, model, window, run.corpus.tokenizer, step, run.amp)
+        log_attention_maps(w, model, run.corpus.validation, run.corpus.tokenizer,
+                           min(cfg.train.attention_map_tokens, cfg.model.block_size), step, run.amp)
     if cfg.train.sample_tokens > 0:
-        w.add_text("sample", sample_text(run), step)
+        w.add_text("sample", sample_text(model, run.corpus.tokenizer, cfg.train,
+                                         cfg.seed + step, run.world.device, run.amp), step)
 
 
 def keep_best(run: Run, causal_val_loss: float) -> None:
@@ -439,20 +426,6 @@ def save(run: Run) -> None:
     run.saved_at = p.step
 
 
-def sample_text(run: Run) -> str:
-    """A short sample from the current weights, from its own generator (the training RNG is left
-    untouched, so sampling cannot change the run)."""
-    cfg, tok = run.cfg, run.corpus.tokenizer
-    prompt = tok.encode(cfg.train.sample_prompt).ids or [0]
-    device = run.world.device
-    gen = seeded_generator(cfg.seed + run.progress.step, device)
-    with run.amp:
-        ids = [int(t) for t in run.model.generate(
-            torch.tensor([prompt], device=device), cfg.train.sample_tokens,
-            temperature=cfg.train.sample_temperature, generator=gen)]
-    return tok.decode(prompt + ids)
-
-
 def to_bpc(run: Run, nats_per_token: float) -> float:
     corpus = run.corpus
     return bits_per_char(nats_per_token, len(corpus.validation), corpus.n_chars["validation"])
@@ -479,7 +452,7 @@ def final_metrics(run: Run, meter: Speedometer) -> dict:
         metrics.update(val_loss_full=full, val_bpc_full=to_bpc(run, full),
                        causal_val_loss_full=full)
         if run.leaky:
-            with model.attention_variant(causal_variant(cfg.attention)):
+            with model.attention_variant(cfg.attention.causal_variant()):
                 metrics["causal_val_loss_full"] = full_split_loss(model, split, block, batch,
                                                                   run.amp, run.world)
         metrics["val_nats_per_char_full"] = to_nats_per_char(run, metrics["causal_val_loss_full"])
@@ -492,10 +465,9 @@ def final_metrics(run: Run, meter: Speedometer) -> dict:
         w.add_scalar("val/cached_loss", metrics["cached_val_loss"], p.step)
         w.add_scalar("val/cache_gap", metrics["cache_gap"], p.step)
         if cfg.train.attention_maps:  # the maps of the generation path (decoding_layer<i>)
-            window = map_window(run.corpus.validation, run.corpus.tokenizer,
-                                min(cfg.train.attention_map_tokens, cfg.model.block_size))
-            log_attention_maps(w, model, window, run.corpus.tokenizer, p.step, run.amp,
-                               cached=True)
+            log_attention_maps(w, model, run.corpus.validation, run.corpus.tokenizer,
+                               min(cfg.train.attention_map_tokens, cfg.model.block_size), p.step,
+                               run.amp, cached=True)
     write_hparams(w, cfg)  # its metrics are the last values of val/ and train/ (training/tb.py)
     return metrics
 
@@ -505,7 +477,7 @@ def decoding_losses(run: Run) -> dict:
     path (KV cache, one token at a time, teacher forced) and causally as in training: the gap is
     0 to rounding for a correct layer, and a cache pitfall's cost otherwise."""
     model, batches = run.model, run.eval_batches[:run.cfg.train.cached_eval_batches]
-    with model.attention_variant(causal_variant(run.cfg.attention)):  # as when generating
+    with model.attention_variant(run.cfg.attention.causal_variant()):  # as when generating
         causal = mean_loss(model, batches, run.amp, run.world)
     cached = cached_loss(model, batches, run.amp, run.world)
     return {"cached_val_loss": cached, "cache_gap": cached - causal}
@@ -541,7 +513,7 @@ def main(job: Job) -> None:
     """Train the run `job` holds (on every process under torchrun: rank 0's directory)."""
     world = None
     try:
-        world = init_world(parse_device(job.settled.cfg.train.device, "train.device"))
+        world = init_world(job.settled.device)
         run_dir = Path(broadcast_from_main(str(job.settled.run_dir), world))
         metrics = train(job.settled.cfg, run_dir, job.settled.resuming, world)
     finally:
@@ -558,14 +530,8 @@ def cli() -> None:
     run's directory made, before a byte is written (guard/preflight.py); then each run trains (a
     -m sweep's arms one after the other). Every mistake is one `error:` line (HYDRA_FULL_ERROR=1
     shows the traceback), and a new run that fails before it trained leaves nothing behind."""
-    trace = os.environ.get("HYDRA_FULL_ERROR") == "1"
-    remember_command(sys.argv)  # the lock's holder, as the user typed it
-    launch = Launch(sys.argv[1:])
-    code = run_cli(lambda: [main(job) for job in launch.jobs()] and None, undo=launch.undo,
-                   trace=trace, interrupted="interrupted; the last complete checkpoint, if any, "
-                                            "is kept")
-    release_locks()
-    exit_with(code)
+    Launch(sys.argv[1:]).run(main, interrupted="interrupted; the last complete checkpoint, if "
+                                               "any, is kept")
 
 
 if __name__ == "__main__":

@@ -64,7 +64,7 @@ import torch.nn.functional as F
 from bench.common import (GPU_RECIPE, MIB, BenchArgs, activation_bytes, compose_config,
                           cuda_peak_bytes, fmt, interleaved_medians, print_header, print_headline,
                           print_table, resolve_repetitions, setup, sync, usage)
-from guard.cli import check_choices, parse_key_values, run_cli
+from safeio.cli import check_choices, parse_key_values, run_cli
 from model.attention import CausalSelfAttention
 from model.config import AttentionConfig, AttentionImpl, ModelConfig
 from training.device import autocast, pick_dtype

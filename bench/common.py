@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, Optional, Sequence
 
 import torch
 
-from guard.cli import UserError
+from safeio.cli import UserError
 
 if TYPE_CHECKING:
     from training.config import Config
@@ -41,7 +41,7 @@ DEFAULT_WARMUP, QUICK_WARMUP = 2, 1
 
 @dataclass
 class BenchArgs:
-    """The keys every benchmark takes (guard.cli.parse_key_values); each adds its own in a
+    """The keys every benchmark takes (safeio.cli.parse_key_values); each adds its own in a
     dataclass that extends this one, and passes any other key=value on to train.py's config."""
     quick: bool = False            # a seconds-long smoke run (CI): fewer sizes and repetitions
     device: str = "auto"           # auto | cpu | mps | cuda | cuda:N
@@ -87,7 +87,7 @@ def compose_config(overrides: Sequence[str] = ()) -> Config:
     batch -- so they compose it from conf/ rather than restate defaults that would drift. A bad
     override ends the benchmark with Hydra's one-line reason instead of a traceback.
     """
-    from guard.cli import MISTAKES, one_line
+    from safeio.cli import MISTAKES, one_line
     from guard.preflight import compose
 
     try:

@@ -31,7 +31,7 @@ import torch
 
 from bench.common import (BenchArgs, compose_config, fmt, interleaved_medians, print_header,
                           print_headline, print_table, resolve_repetitions, setup, usage)
-from guard.cli import parse_key_values, run_cli
+from safeio.cli import parse_key_values, run_cli
 from model.fast_paths import trust_fused_attention
 from model.gpt import GPT
 

@@ -32,7 +32,7 @@ from typing import Optional
 
 from omegaconf import MISSING
 
-from guard.cli import UserError, hydra_string, parse_key_values, run_cli
+from safeio.cli import UserError, hydra_string, parse_key_values, run_cli
 
 USAGE = ("usage: python -m bench.record name=NAME [train=\"OVERRIDES\"] [seeds=1,2] "
          "[current=records/NAME]")

@@ -34,7 +34,7 @@ from typing import Optional
 import torch
 from omegaconf import MISSING
 
-from guard.cli import UserError, parse_key_values, run_cli
+from safeio.cli import UserError, parse_key_values, run_cli
 
 USAGE = "usage: python -m bench.score run=RUN [weights=latest|best] [cache_dir=DIR]"
 WORKS = ("hamlet", "julius_caesar", "sonnets", "tempest")

@@ -44,7 +44,7 @@ import torch.nn.functional as F
 from bench.common import (GPU_RECIPE, BenchArgs, compose_config, fmt, interleaved_medians,
                           print_header, print_headline, print_table, resolve_repetitions, setup,
                           time_once, usage)
-from guard.cli import check_choices, parse_key_values, run_cli
+from safeio.cli import check_choices, parse_key_values, run_cli
 from model.fast_paths import trust_fused_attention
 from model.gpt import GPT
 from training.config import COMPILE_MODES, Config

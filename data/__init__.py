@@ -1,1 +1,4 @@
-"""Corpora, tokenizers, the token cache and batching."""
+"""Corpora, tokenizers, the token cache and batching.
+
+May import: safeio, model.
+"""

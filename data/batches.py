@@ -6,6 +6,19 @@ from typing import Iterator
 import numpy as np
 import torch
 
+from safeio.cli import CorpusError
+
+
+def check_split_lengths(train: np.ndarray, validation: np.ndarray, block_size: int) -> None:
+    """Enough tokens to draw batches from: a window of block_size + 1 tokens of training text,
+    and at least two validation tokens (its windows are cut to fit)."""
+    if len(train) < block_size + 1:
+        raise CorpusError(f"the training split has {len(train)} tokens, fewer than one window of "
+                          f"model.block_size + 1 = {block_size + 1}; use more text or a smaller "
+                          f"block_size")
+    if len(validation) < 2:
+        raise CorpusError("the validation split is shorter than 2 tokens")
+
 
 class RandomWindows:
     """Draws (x, y) batches, y being x shifted by one token; x, y are int64 [batch, block_size].

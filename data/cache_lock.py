@@ -20,8 +20,8 @@ from typing import Iterator
 
 from filelock import FileLock, Timeout
 
-from guard.cli import FileRefused
-from guard.run_lock import lock_file
+from safeio.cli import FileRefused
+from safeio.run_lock import lock_file
 
 _locks: dict[str, FileLock] = {}  # lock path -> its lock in this process
 

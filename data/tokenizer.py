@@ -13,7 +13,7 @@ import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from data.config import TokenizerConfig, TokenizerKind
-from guard.corpus import load_tokenizer
+from safeio.corpus import load_tokenizer
 
 UNK = "[UNK]"
 EOS = "<|endoftext|>"

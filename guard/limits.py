@@ -2,7 +2,7 @@
 together, the device string, and whether the model fits in memory.
 
 Types were already checked (Hydra merges train.py's overrides into the dataclasses of */config.py,
-`guard.cli.parse_key_values` generate.py's); these are the values themselves. Each row says a
+`safeio.cli.parse_key_values` generate.py's); these are the values themselves. Each row says a
 key's range as the user writes the key, so the message names what to change. Seeds, step counts
 and token ids end up in torch's and numpy's 64-bit integers (a seed plus the step seeds each
 evaluation's sample), so they stay well inside them.
@@ -20,8 +20,8 @@ import torch
 
 from data.config import TokenizerKind
 from data.tokenizer import unknown_characters
-from guard.cli import UserError
-from guard.system import MAX_COUNT, MAX_SEED, available_bytes
+from safeio.cli import UserError
+from safeio.system import MAX_COUNT, MAX_SEED, available_bytes
 from model.config import AttentionConfig, AttentionImpl, MLPKind, ModelConfig, Norm, Positions
 from model.fast_paths import fused_refusal, trust_fused_attention
 from training.config import COMPILE_MODES, DTYPE_CHOICES, Config, OptimConfig

@@ -24,7 +24,9 @@ import sys
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Iterator, Optional, Sequence
+from typing import Callable, Iterator, Optional, Sequence
+
+import torch
 
 from hydra import compose as hydra_compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
@@ -35,15 +37,18 @@ from omegaconf.errors import OmegaConfBaseException
 
 from data.config import Source, TokenizerConfig, TokenizerKind
 from data.corpus import check_split_overlap
-from guard.cli import UserError, first_line, hydra_string, one_line
-from guard.corpus import load_tokenizer
-from guard.files import MAX_CONFIG_BYTES, dump_run_config, literal, parse_run_config
-from guard.limits import check_config, check_text, check_training_fits, parse_device
-from guard.run_dir import (check_resumable, is_model_folder, is_run, read_source,
-                           refuse_folder_overrides, resolved, resume_target, saved_config)
-from guard.run_lock import lock_run, unlock_run
-from guard.system import parse_launch
+from safeio.cli import UserError, exit_with, first_line, hydra_string, one_line, run_cli
+from safeio.corpus import load_tokenizer
+from safeio.files import MAX_CONFIG_BYTES, dump_run_config, literal, parse_run_config
+from guard.limits import (check_config, check_fused_kernel, check_text, check_training_fits,
+                          parse_device)
+from guard.run_dir import (check_resumable, is_model_folder, is_run, load_folder_weights,
+                           read_source, refuse_folder_overrides, resolved, resume_target,
+                           saved_config)
+from safeio.run_lock import lock_run, release_locks, remember_command, unlock_run
+from safeio.system import parse_launch
 from guard.sweep import MAX_NAME, arm_names, expand
+from model.gpt import GPT
 from training.checkpoint import holds_checkpoints
 from training.config import CONF_DIR, Config, register_configs
 
@@ -62,6 +67,7 @@ class Settled:
     cfg: Config
     run_dir: Path
     resuming: bool
+    device: torch.device    # train.device, parsed
 
 
 def settle(cfg: DictConfig, task_overrides: list[str], output_dir: Path) -> Settled:
@@ -91,7 +97,7 @@ def settle(cfg: DictConfig, task_overrides: list[str], output_dir: Path) -> Sett
     check_training_fits(conf, device, vocab)
     if not cfg.resume:
         check_saved_config(conf)
-    return Settled(conf, run_dir, bool(cfg.resume))
+    return Settled(conf, run_dir, bool(cfg.resume), device)
 
 
 def start_from_folder(conf: Config) -> Config:
@@ -109,9 +115,22 @@ def start_from_folder(conf: Config) -> Config:
     return replace(conf, model=model, tokenizer=tokenizer, init_from=str(folder))
 
 
+def start_model(model: GPT, cfg: Config, resuming: bool, device: torch.device,
+                dtype: torch.dtype) -> GPT:
+    """The new model of a run, on device, as its config asks: a new run with init_from= starts
+    from the folder's weights (start_from_folder gave it the folder's shape), and attention.impl=
+    fused is refused where our kernel fails its self-check on device (impl=auto then runs the
+    reference attention)."""
+    if cfg.init_from and not resuming:
+        load_folder_weights(model, Path(cfg.init_from))
+    model = model.to(device)
+    check_fused_kernel(model, device, dtype)
+    return model
+
+
 def check_saved_config(conf: Config) -> None:
     """What train.py will write as the run's config.yaml must read back as this config, within
-    the limits generate.py and the scripts read it with (guard/files.py)."""
+    the limits generate.py and the scripts read it with (safeio/files.py)."""
     text = dump_run_config(conf)
     size = len(text.encode("utf-8"))
     if size > MAX_CONFIG_BYTES:
@@ -362,6 +381,15 @@ class Launch:
         if d is not None and d.path.is_dir() and \
                 set(os.listdir(d.path)) - (d.names_before or set()) <= {"multirun.yaml", ".lock"}:
             d.undo()
+
+    def run(self, train: Callable[[Job], None], interrupted: str) -> None:
+        """Train each job (train), every mistake one `error:` line, undoing what a failed new
+        run made (HYDRA_FULL_ERROR=1 shows the traceback); exits with the status."""
+        remember_command([sys.argv[0], *self.argv])  # the lock's holder, as the user typed it
+        code = run_cli(lambda: [train(job) for job in self.jobs()] and None, undo=self.undo,
+                       trace=os.environ.get("HYDRA_FULL_ERROR") == "1", interrupted=interrupted)
+        release_locks()
+        exit_with(code)
 
     def jobs(self) -> Iterator[Job]:
         """The runs to train, one after the other, each ready (its directory, lock, log and

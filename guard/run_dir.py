@@ -15,17 +15,21 @@ import os
 import stat
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Callable, Union
 
 import torch
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from tokenizers import Tokenizer
 
-from guard.cli import CorpusError, FormatError, UserError, first_line
-from guard.corpus import load_tokenizer
-from guard.files import MIB, check_regular, kind_of, load_run_config, read_text
-from guard.hf import CONFIG, open_folder
-from guard.limits import check_choice, check_config, check_fused_kernel, check_sampling_fits
+from safeio.cli import CorpusError, FormatError, UserError, first_line
+from safeio.corpus import load_tokenizer
+from safeio.files import MIB, check_regular, kind_of, load_run_config, read_text
+from safeio.hf import CONFIG, open_folder
+from guard.limits import (check_choice, check_config, check_fused_kernel, check_model,
+                          check_sampling_fits)
+from interop.hf import gpt2_model_config, gpt2_state
+from interop.hf_llama import llama_model_config, llama_state
 from model.fast_paths import fused_refusal
 from model.config import AttentionConfig, AttentionImpl, ModelConfig
 from model.gpt import GPT
@@ -172,19 +176,28 @@ def is_model_folder(path: Path) -> bool:
 
 
 # The architectures whose folders are read: model_type -> (its config.json as (ModelConfig,
-# vocab_size), its weights as our state dict). model/hf.py knows GPT-2's names and shapes,
-# model/hf_llama.py Llama's and Qwen3's.
-def _gpt2():
-    from model.hf import gpt2_model_config, load_gpt2_folder
-    return gpt2_model_config, lambda folder: load_gpt2_folder(folder)[1]
+# vocab_size), its weights for that shape as our state dict). interop/hf.py knows GPT-2's names
+# and shapes, interop/hf_llama.py Llama's and Qwen3's; what they read is checked here.
+FOLDER_FORMATS = {"gpt2": (gpt2_model_config, gpt2_state),
+                  "llama": (llama_model_config, llama_state),
+                  "qwen3": (llama_model_config, llama_state)}
 
 
-def _llama():
-    from model.hf_llama import llama_model_config, load_llama_folder
-    return llama_model_config, lambda folder: load_llama_folder(folder)[1]
-
-
-FOLDER_FORMATS = {"gpt2": _gpt2, "llama": _llama, "qwen3": _llama}
+def folder_shape(folder: Path) -> tuple[ModelConfig, int, Path]:
+    """(model shape, vocab_size, config.json's path) of a model folder, read by its
+    architecture's reader and its values checked as a run's are (guard/limits.py), named as its
+    config.json names them: before anything computes a shape from it."""
+    config, config_path, _ = open_folder(folder)
+    model_type = config.get("model_type")
+    if model_type not in FOLDER_FORMATS:
+        raise FormatError(f"{config_path}: model_type must be one of "
+                          f"{', '.join(map(repr, FOLDER_FORMATS))}, got {model_type!r}")
+    shape, vocab = FOLDER_FORMATS[model_type][0](config, config_path)
+    try:
+        check_model(shape, prefix="")
+    except UserError as exc:
+        raise FormatError(f"{config_path}: {exc}") from None
+    return shape, vocab, config_path
 
 
 # What a run started from a model folder (init_from=) keeps of its own model config: the folder
@@ -241,17 +254,12 @@ def read_source(path: Path) -> ModelSource:
     """The model shape, attention and tokenizer of a run directory of train.py or of a model
     folder (config.json, model.safetensors, tokenizer.json; e.g. one written by
     scripts/export_hf.py), each checked by the same code whichever it is: the config's values
-    (guard/limits.py), the tokenizer (guard/corpus.py), and that they belong together."""
+    (guard/limits.py), the tokenizer (safeio/corpus.py), and that they belong together."""
     if not path.is_dir():
         raise UserError(f"run directory {path} does not exist" if not path.exists()
                         else f"run directory {path} is not a directory")
     if is_model_folder(path):
-        config, config_path, _ = open_folder(path)
-        model_type = config.get("model_type")
-        if model_type not in FOLDER_FORMATS:
-            raise FormatError(f"{config_path}: model_type must be one of "
-                              f"{', '.join(map(repr, FOLDER_FORMATS))}, got {model_type!r}")
-        shape, vocab = FOLDER_FORMATS[model_type]()[0](config, config_path)
+        shape, vocab, config_path = folder_shape(path)
         cfg = Config(model=shape)
         if not os.path.lexists(path / TOKENIZER):
             raise FormatError(f"{path} has no {TOKENIZER}: the weights need the tokenizer they "
@@ -287,34 +295,49 @@ def runnable_attention(attn: AttentionConfig, m: ModelConfig, device: torch.devi
 def load_run(run_dir: Path, which: str, device: torch.device) -> tuple[GPT, Tokenizer, Config]:
     """(model in eval mode on device, tokenizer, run config) of a run directory of train.py with
     its `best` or `latest` weights, or of a model folder (read_source). Whichever it is, its
-    values are checked, and the model's size against the memory of the device, before any
-    weight is read."""
+    values are checked (a folder's as it is read), then the model's size against the memory of
+    the device, before any weight is read (built)."""
     check_choice("weights", which)
     source = read_source(run_dir)
-    cfg = source.cfg
-    check_config(cfg)
-    check_sampling_fits(cfg.model, source.vocab_size, cfg.attention, device,
-                        f"{source.config_file} describes a model too big for this machine")
-    cfg = replace(cfg, attention=runnable_attention(cfg.attention, cfg.model, device))
-    model = GPT(cfg.model, source.vocab_size, cfg.attention)
     if source.folder:
-        load_folder_weights(model, run_dir)
+        weights = lambda model: load_folder_weights(model, run_dir)
     else:
-        load_weights(model, find_weights(run_dir, which))
-    model = model.to(device).eval()
-    check_fused_kernel(model, device, torch.float32)  # sampling runs in the weights' float32
+        check_config(source.cfg)
+        weights = lambda model: load_weights(model, find_weights(run_dir, which))
+    model, cfg = built(source.cfg, source.vocab_size, source.config_file, device, weights)
     return model, source.tokenizer, cfg
 
 
+def load_folder(folder: Union[str, Path], device: torch.device = torch.device("cpu")) -> GPT:
+    """Our GPT (float32, eval mode, the correct attention) holding a GPT-2, Llama or Qwen3 folder's
+    weights, by the same checks and code as load_run; the folder needs no tokenizer.json here
+    (interop.hf.load_folder_tokenizer reads it when there is one)."""
+    folder = Path(folder)
+    shape, vocab, config_path = folder_shape(folder)
+    return built(Config(model=shape), vocab, config_path, device,
+                 lambda model: load_folder_weights(model, folder))[0]
+
+
+def built(cfg: Config, vocab_size: int, config_file: Path, device: torch.device,
+          load_weights_into: Callable[[GPT], None]) -> tuple[GPT, Config]:
+    """The one way a checked config becomes a model: its size against the memory of device
+    first, then the model with the attention it can run there, its weights, on device in eval
+    mode. Returns the model and cfg with that attention."""
+    check_sampling_fits(cfg.model, vocab_size, cfg.attention, device,
+                        f"{config_file} describes a model too big for this machine")
+    cfg = replace(cfg, attention=runnable_attention(cfg.attention, cfg.model, device))
+    model = GPT(cfg.model, vocab_size, cfg.attention)
+    load_weights_into(model)
+    model = model.to(device).eval()
+    check_fused_kernel(model, device, torch.float32)  # sampling runs in the weights' float32
+    return model, cfg
+
+
 def load_folder_weights(model: GPT, folder: Path) -> None:
-    """A model folder's weights into model: every tensor (a tied head is the token embedding,
-    stored once)."""
-    config, config_path, _ = open_folder(folder)
-    state = FOLDER_FORMATS[config.get("model_type")]()[1](folder)
-    emb = state["tok_emb.weight"]
-    if emb.shape[0] != model.vocab_size:
-        raise FormatError(f"{folder}: its {TOKENIZER} and its weights have different vocabulary "
-                          f"sizes")
+    """A model folder's weights into model, whose shape its config.json gave (folder_shape, or
+    train.py's init_from): every tensor (a tied head is the token embedding, stored once)."""
+    config, _, _ = open_folder(folder)
+    state = FOLDER_FORMATS[config.get("model_type")][1](folder, model.cfg, model.vocab_size)
     missing, unexpected = model.load_state_dict(state, strict=False)
     tied = model.lm_head.weight is model.tok_emb.weight
     if unexpected or set(missing) - ({"lm_head.weight"} if tied else set()):

@@ -20,7 +20,7 @@ from collections import defaultdict
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
-from guard.cli import UserError
+from safeio.cli import UserError
 
 MAX_NAME = 200  # a directory name's characters (file systems allow 255 bytes)
 

@@ -1,1 +1,4 @@
-"""The decoder-only transformer and its from-scratch attention."""
+"""The decoder-only transformer and its from-scratch attention.
+
+May import: safeio.
+"""

@@ -20,7 +20,6 @@ Two neighbours keep their own concerns out of this reading path:
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 from typing import Optional
 
 import torch
@@ -28,7 +27,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from model import fast_paths
-from model.config import AttentionConfig, MaskMode
+from model.config import AttentionConfig
 from model.pitfalls import PitfallSteps, replaces_a_step
 from model.rotary import apply_rotary
 
@@ -241,14 +240,6 @@ class CausalSelfAttention(nn.Module):
 class PitfallAttention(PitfallSteps, CausalSelfAttention):
     """The layer with a classic mistake: model/pitfalls.py's steps in place of the correct
     ones it breaks, this file's code everywhere else."""
-
-
-def causal_variant(attn: AttentionConfig) -> AttentionConfig:
-    """The same layer with the correct causal mask: what a model can do at generation time.
-
-    Only the masking changes; scaling and W_O belong to the trained weights and stay as trained.
-    """
-    return replace(attn, mask_mode=MaskMode.add, mask_value=float("-inf"))
 
 
 # ============================================================================= the KV cache

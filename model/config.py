@@ -5,7 +5,7 @@ against: a misspelt key or a value of the wrong type fails at start-up, before a
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Optional
 
@@ -116,6 +116,13 @@ class AttentionConfig:
         if self.mask_mode is MaskMode.after_softmax:
             return False  # future weights are zeroed, but they still took mass in the softmax
         return self.mask_value == float("-inf")
+
+    def causal_variant(self) -> AttentionConfig:
+        """The same layer with the correct causal mask: what a model can do at generation time.
+
+        Only the masking changes; scaling and W_O belong to the trained weights and stay as
+        trained."""
+        return replace(self, mask_mode=MaskMode.add, mask_value=float("-inf"))
 
 
 # The switches of AttentionConfig that each make one pitfall of the second study.

@@ -26,16 +26,15 @@ from typing import Optional
 
 import torch
 
-from guard.cli import UserError, parse_key_values, run_cli
-from guard.files import check_output_file
+from safeio.cli import UserError, parse_key_values, run_cli
+from safeio.files import check_output_file
 from guard.limits import prompt_ids
 from guard.run_dir import load_run, resolve_latest, validation_window
-from model.attention import causal_variant
 from scripts.maps import colorbar, draw_map
 from scripts.outputs import check_outputs
 from training.attention_maps import attention_weights, future_weight, grid_image, token_labels
 from training.checkpoint import LATEST
-from training.weights_choice import choose_weights
+from guard.weights_choice import choose_weights
 
 USAGE = ("usage: python -m scripts.attention_map [run=RUN_DIR] [prompt=TEXT] [layer=N] "
          "[head=all|N] [out=PNG] [weights=auto|best|latest] [mask=own|causal|cached] [tokens=N] "
@@ -104,7 +103,7 @@ def draw(args: MapArgs) -> Path:
     print(f"drawing {run_dir}: {chosen.describe()}" + (f"; note: {chosen.note}" if chosen.note
                                                          else ""), file=sys.stderr)
     off = torch.autocast("cpu", enabled=False)
-    variant = causal_variant(run_cfg.attention) if args.mask == "causal" else run_cfg.attention
+    variant = run_cfg.attention.causal_variant() if args.mask == "causal" else run_cfg.attention
     with model.attention_variant(variant):
         weights, leaks = attention_weights(model, ids, off, cached=args.mask == "cached")
     weights, leak = weights[layer], leaks[layer]  # [h, n, n], the layer's future weight

@@ -4,8 +4,8 @@
     python -m scripts.export_hf run=runs/latest out=exports/<name>     # the newest run
 
 The folder is written as the transformers architecture that computes the run's model: GPT-2
-for GPT-2's switches (`+arch=gpt2`; model/hf.py), Llama for rope + rmsnorm + swiglu (grouped
-key/value heads, tied head or not; model/hf_llama.py), Qwen3 for that with qk_norm. It holds
+for GPT-2's switches (`+arch=gpt2`; interop/hf.py), Llama for rope + rmsnorm + swiglu (grouped
+key/value heads, tied head or not; interop/hf_llama.py), Qwen3 for that with qk_norm. It holds
 config.json, model.safetensors (that architecture's names and layout), the run's tokenizer.json
 unchanged and a tokenizer_config.json for PreTrainedTokenizerFast. transformers is not needed to
 export. The folder is written under a temporary name and renamed into place, so a failed export
@@ -28,16 +28,16 @@ from omegaconf import MISSING
 from safetensors.torch import save
 
 from data.tokenizer import EOS, UNK
-from guard.cli import FormatError, UserError, parse_key_values, run_cli
-from guard.corpus import MAX_TOKENIZER_BYTES
-from guard.files import read_bytes
+from safeio.cli import FormatError, UserError, parse_key_values, run_cli
+from safeio.corpus import MAX_TOKENIZER_BYTES
+from safeio.files import read_bytes
 from guard.run_dir import load_run, resolve_latest
 from model.config import AttentionConfig, ModelConfig, gpt2_problems
-from model.hf import (CONFIG, TOKENIZER, TOKENIZER_CONFIG, WEIGHTS, check_exportable, gpt2_config,
-                      to_gpt2_state_dict, tokenizer_config)
-from model.hf_llama import (LLAMA, QWEN3, Architecture, check_llama_exportable, llama_config,
-                            llama_problems, to_llama_state_dict)
-from training.weights_choice import choose_weights
+from interop.hf import (CONFIG, TOKENIZER, TOKENIZER_CONFIG, WEIGHTS, check_exportable, gpt2_config,
+                        to_gpt2_state_dict, tokenizer_config)
+from interop.hf_llama import (LLAMA, QWEN3, Architecture, check_llama_exportable, llama_config,
+                              llama_problems, to_llama_state_dict)
+from guard.weights_choice import choose_weights
 
 USAGE = "usage: python -m scripts.export_hf run=RUN_DIR out=OUT_DIR [weights=best|latest]"
 

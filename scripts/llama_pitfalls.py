@@ -26,7 +26,7 @@ if str(REPO) not in sys.path:
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from guard.cli import UserError, parse_key_values, run_cli  # noqa: E402
+from safeio.cli import UserError, parse_key_values, run_cli  # noqa: E402
 from guard.limits import check_values, llama_pitfalls_rows  # noqa: E402
 from model.config import AttentionConfig, AttentionImpl, ModelConfig, PITFALL_SWITCHES  # noqa: E402
 from model.gpt import GPT  # noqa: E402

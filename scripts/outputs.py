@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from guard.cli import UserError
-from guard.files import check_output_file
+from safeio.cli import UserError
+from safeio.files import check_output_file
 
 
 def check_outputs(files: list[Path], overwrite: bool, own: Optional[Path] = None) -> None:

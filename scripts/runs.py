@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from guard.cli import UserError, parse_key_values, run_cli
+from safeio.cli import UserError, parse_key_values, run_cli
 from guard.run_dir import resolve_latest
 
 USAGE = "usage: python -m scripts.runs [root=DIR] | a=RUN b=RUN"

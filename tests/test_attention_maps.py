@@ -21,9 +21,10 @@ from model.attention import CausalSelfAttention
 from model.config import AttentionConfig, MaskMode, ModelConfig, Scale
 from model.gpt import GPT
 from training.attention_maps import (CARD_WIDTH, FUTURE_RGB, attention_weights, card_image,
-                                     colorize, future_weight, grid_image, log_attention_maps,
-                                     map_window, sharpest_head, token_labels)
+                                     colorize, future_weight, grid_image, map_window,
+                                     sharpest_head, token_labels)
 from training.evaluate import attention_diagnostics
+from training.tb import log_attention_maps
 
 OFF = contextlib.nullcontext()
 VARIANTS = {
@@ -170,9 +171,8 @@ def test_log_attention_maps_logs_one_grid_per_layer(text_and_tokenizer):
     torch.manual_seed(0)
     model = GPT(ModelConfig(n_layer=3, n_head=2, n_embd=16, block_size=24), tok.get_vocab_size())
     tokens = np.array(tok.encode(text).ids)
-    window = map_window(tokens, tok, 24)
     writer = Recorder()
-    log_attention_maps(writer, model, window, tok, 7, OFF)
+    log_attention_maps(writer, model, tokens, tok, 24, 7, OFF)
     # a tag of one word per layer: TensorBoard gives each layer a section of its own
     assert [(tag, step, fmt) for tag, _, step, fmt in writer.images] == \
         [(f"attention_layer{i}", 7, "HWC") for i in range(3)]

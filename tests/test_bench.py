@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from bench.train_step import climb
-from guard.cli import hydra_string
+from safeio.cli import hydra_string
 from guard.preflight import compose
 
 REPO_ROOT = Path(__file__).resolve().parents[1]

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from guard.cli import UserError
+from safeio.cli import UserError
 from helpers import REPO_ROOT, SCRIPT_ENV, one_error_line
 from scripts.check_attention.__main__ import parse_args
 from scripts.check_attention.grade import (Row, csv_text, defined_name, grade, json_text, markdown,

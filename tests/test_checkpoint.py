@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from guard.checkpoint import load_state
-from guard.cli import FormatError
+from safeio.checkpoint import load_state
+from safeio.cli import FormatError
 from training.checkpoint import latest_checkpoint, save_checkpoint
-from training.state import rng_state, set_rng_state
+from training.checkpoint import rng_state, set_rng_state
 
 
 def test_pruning_never_removes_the_checkpoint_latest_names(tmp_path):

@@ -51,10 +51,10 @@ from safetensors.torch import load_file, save_file
 from forkserver import ForkServer
 from helpers import (build_fake_sdist, corpus_args, fake_sdist_members, ok, one_error_line,
                      shakespeare_like, tree, write_corpus)
-from guard.checkpoint import load_state, state_files
-from guard.cli import MISTAKES, one_line
+from safeio.checkpoint import load_state, state_files
+from safeio.cli import MISTAKES, one_line
 from guard.preflight import Launch
-from guard.run_lock import release_locks
+from safeio.run_lock import release_locks
 from training.checkpoint import latest_checkpoint
 from training.runtime import launch_rank
 
@@ -1330,7 +1330,7 @@ def refusal_in_process(script: str, argv: list[str]) -> str:
                 release_locks()
         else:
             generate.sample(argv)
-    except MISTAKES as exc:  # what run_cli prints as the one error: line (guard/cli.py)
+    except MISTAKES as exc:  # what run_cli prints as the one error: line (safeio/cli.py)
         return f"error: {one_line(exc)}"
     pytest.fail(f"{script} accepted {argv}")
 

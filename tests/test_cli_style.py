@@ -12,8 +12,8 @@ from typing import Optional
 import pytest
 from omegaconf import MISSING
 
-from guard.cli import UserError, check_choices, parse_key_values
-from guard.key_help import help_text, key_help
+from safeio.cli import UserError, check_choices, parse_key_values
+from safeio.key_help import help_text, key_help
 from helpers import REPO_ROOT, SCRIPT_ENV
 
 

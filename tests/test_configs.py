@@ -195,7 +195,7 @@ def test_train_py_composes_each_run_once(sweep, tmp_path, monkeypatch):
     """A run's config is composed once (a sweep: once per arm, and once without the swept values
     for hydra.sweep.*), every arm before the first trains, and what is trained is that config."""
     import guard.preflight as preflight
-    from guard.run_lock import release_locks
+    from safeio.run_lock import release_locks
     from helpers import corpus_args, write_corpus
 
     calls = []

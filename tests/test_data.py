@@ -11,7 +11,7 @@ import data.prepare
 import data.shakespeare
 import data.tokenizer
 from data.batches import RandomWindows, fixed_windows, sequential_windows
-from guard.checkpoint import load_state
+from safeio.checkpoint import load_state
 from training.checkpoint import latest_checkpoint, save_checkpoint
 from data.config import DataConfig, Source, TokenizerConfig, TokenizerKind
 from data.corpus import corpus_key, load_documents, local_splits
@@ -19,8 +19,8 @@ from data.prepare import cache_entry, prepare_corpus, tokenizer_key
 from data.shakespeare import split_works
 from data.tokenizer import (UNK, build_bpe_tokenizer, build_char_tokenizer, encode,
                             unknown_characters)
-from guard.cli import CorpusError
-from guard.corpus import load_tokenizer
+from safeio.cli import CorpusError
+from safeio.corpus import load_tokenizer
 from helpers import (TRAIN_WORKS, VAL_WORKS, build_fake_sdist, fake_sdist_members, marker,
                      shakespeare_like)
 

@@ -24,6 +24,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import train as train_script
 import training.device
+import training.evaluate
 from model.config import AttentionConfig, MaskMode, ModelConfig, Scale
 from model.gpt import GPT
 from guard.preflight import compose
@@ -193,7 +194,7 @@ def test_the_whole_training_loop_stays_on_the_device(tmp_path, monkeypatch, like
                    "train.sample_tokens=5", "train.final_full_eval=true", "train.progress=false"])
     monkeypatch.setattr(train_script, "save_checkpoint", lambda *args, **kwargs: None)
     monkeypatch.setattr(train_script, "save_best", lambda *args, **kwargs: None)
-    monkeypatch.setattr(train_script, "seeded_generator", lambda seed, device: None)
+    monkeypatch.setattr(training.evaluate, "seeded_generator", lambda seed, device: None)
     with as_mps(monkeypatch) if like == "mps" else PretendValues():
         metrics = train_script.train(cfg, tmp_path / "run", False, World(device=META))
     assert metrics["steps"] == 4 and "val_loss_full" in metrics and "causal_val_loss" in metrics

@@ -158,7 +158,7 @@ FOREIGN_MODULES = {"pytest", "venv", "pip", "torch.distributed.run"}
 
 
 def key_value_schema(path: Path) -> Optional[tuple[list[str], bool]]:
-    """The keys of a script that reads `key=value` arguments with guard.cli.parse_key_values,
+    """The keys of a script that reads `key=value` arguments with safeio.cli.parse_key_values,
     read from its source (nothing is imported), and whether it passes the other keys on to
     train.py's config (a bench: `overrides=True`)."""
     tree = ast.parse(path.read_text())

@@ -20,7 +20,7 @@ from safetensors.torch import load_file
 import generate
 from helpers import (GENERATE, TRAIN, build_fake_sdist, corpus_args, fake_sdist_members, ok, run,
                      scalars, shakespeare_like, write_corpus)
-from guard.checkpoint import load_state
+from safeio.checkpoint import load_state
 from guard.run_dir import load_run
 from training.checkpoint import latest_checkpoint
 

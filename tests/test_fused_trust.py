@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import model.fused_attention as fused_attention
-from guard.cli import UserError
+from safeio.cli import UserError
 from guard.limits import check_fused_kernel
 from model.attention import CausalSelfAttention
 from model.fast_paths import trust_fused_attention

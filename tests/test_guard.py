@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from data.batches import RandomWindows
-from guard.cli import FileRefused, StateMismatch, UserError
-from guard.files import load_run_config, read_bytes
+from safeio.cli import FileRefused, StateMismatch, UserError
+from safeio.files import load_run_config, read_bytes
 from guard.limits import (CHOICES, MAX_WORKERS, SAMPLE, TRAIN, check_attention, check_model,
                           non_negative, positive)
 from model.config import AttentionConfig, ModelConfig
@@ -22,7 +22,7 @@ from model.gpt import GPT
 from training.checkpoint import load_training_state
 from training.config import Config, OptimConfig
 from training.optim import make_optimizer
-from training.state import Progress, rng_state
+from training.checkpoint import Progress, rng_state
 
 
 # ----------------------------------------------------------------------------- the value table

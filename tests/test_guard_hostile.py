@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from guard.cli import OutputError, UserError, _Output
-from guard.corpus import split_overlap
-from guard.files import literal, parse_run_config
+from safeio.cli import OutputError, UserError, _Output
+from safeio.corpus import split_overlap
+from safeio.files import literal, parse_run_config
 from guard.limits import check_text
-from guard.system import Launch, parse_launch
-from guard.run_lock import RunInUse, lock_run, unlock_run
+from safeio.system import Launch, parse_launch
+from safeio.run_lock import RunInUse, lock_run, unlock_run
 from guard.sweep import arm_names
 
 

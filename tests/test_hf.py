@@ -1,4 +1,4 @@
-"""Hugging Face interop (model/hf.py, scripts/export_hf.py): GPT-2 folders in and out.
+"""Hugging Face interop (interop/hf.py, scripts/export_hf.py): GPT-2 folders in and out.
 
 transformers is the oracle here, and a test-only dependency: a tiny random GPT2LMHeadModel made
 in the test is imported into our GPT, and two trained smoke runs (char-level; byte-level BPE
@@ -24,12 +24,12 @@ from transformers import (AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2L
                           GenerationConfig)
 
 from guard.limits import check_model
-from guard.run_dir import load_run
+from guard.run_dir import load_folder, load_run
 from helpers import REPO_ROOT, copy_folder
 from model.config import AttentionConfig, MLPKind, ModelConfig, Scale, gpt2_problems
 from model.gpt import GPT
-from model.hf import (GPT2FormatError, check_exportable, gpt_from_gpt2_folder, load_gpt2_folder,
-                      load_folder_tokenizer, to_gpt2_state_dict)
+from interop.hf import check_exportable, load_folder_tokenizer, to_gpt2_state_dict
+from safeio.cli import FormatError
 from scripts import export_hf
 from guard.preflight import compose
 
@@ -80,7 +80,7 @@ def gpt2_model(gpt2_folder):
 
 
 def test_imported_gpt2_gives_the_same_logits_as_transformers(gpt2_folder, gpt2_model):
-    ours = gpt_from_gpt2_folder(gpt2_folder)
+    ours = load_folder(gpt2_folder)
     assert ours.cfg.mlp is MLPKind.gelu_tanh and ours.cfg.block_size == 64
     idx = torch.randint(0, 100, (3, 64), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
@@ -89,7 +89,7 @@ def test_imported_gpt2_gives_the_same_logits_as_transformers(gpt2_folder, gpt2_m
 
 
 def test_imported_gpt2_generates_the_same_greedy_tokens(gpt2_folder, gpt2_model):
-    ours = gpt_from_gpt2_folder(gpt2_folder)
+    ours = load_folder(gpt2_folder)
     prompt = torch.tensor([[5, 17, 42, 3, 99]])
     tokens = ours_greedy(ours, prompt)
     assert tokens == hf_greedy(gpt2_model, prompt)
@@ -98,7 +98,7 @@ def test_imported_gpt2_generates_the_same_greedy_tokens(gpt2_folder, gpt2_model)
 
 def test_export_of_an_import_is_the_original_tensors(gpt2_folder):
     original = load_file(str(gpt2_folder / "model.safetensors"))
-    again = to_gpt2_state_dict(gpt_from_gpt2_folder(gpt2_folder))
+    again = to_gpt2_state_dict(load_folder(gpt2_folder))
     assert again.keys() == original.keys()
     for key, tensor in original.items():
         assert torch.equal(again[key], tensor), key
@@ -107,14 +107,14 @@ def test_export_of_an_import_is_the_original_tensors(gpt2_folder):
 def test_import_reads_gpt2model_names_old_mask_buffers_and_a_stored_tied_head(gpt2_folder, tmp_path):
     """OpenAI's upload names tensors `h.0...` (no `transformer.`), stores each layer's causal
     mask as `h.N.attn.bias`, and some files repeat the tied head: all fine."""
-    _, expected = load_gpt2_folder(gpt2_folder)
+    expected = load_folder(gpt2_folder).state_dict()
     tensors = {k.removeprefix("transformer."): v for k, v in
                load_file(str(gpt2_folder / "model.safetensors")).items()}
     for i in range(2):
         tensors[f"h.{i}.attn.bias"] = torch.ones(1, 1, 64, 64).tril()
     tensors["lm_head.weight"] = tensors["wte.weight"].clone()
     folder = copy_folder(gpt2_folder, tmp_path, tensors=tensors)
-    _, state = load_gpt2_folder(folder)
+    state = load_folder(folder).state_dict()
     assert state.keys() == expected.keys()
     assert all(torch.equal(state[k], expected[k]) for k in state)
 
@@ -129,14 +129,14 @@ def test_import_reads_gpt2model_names_old_mask_buffers_and_a_stored_tied_head(gp
     ({"layer_norm_epsilon": 1e-6}, "layer_norm_epsilon must be 1e-05"),
     ({"scale_attn_weights": False}, "scale_attn_weights must be true"),
     ({"scale_attn_by_inverse_layer_idx": True}, "scale_attn_by_inverse_layer_idx must be false"),
-    ({"model_type": "llama"}, "model_type must be 'gpt2'"),
+    ({"model_type": "bert"}, "model_type must be one of 'gpt2', 'llama', 'qwen3', got 'bert'"),
     ({"tie_word_embeddings": False}, "no lm_head.weight"),
     ({"n_layer": 3}, r"missing \['transformer.h.2"),
     ({"n_positions": 32}, r"transformer.wpe.weight has shape \(64, 32\), config.json implies \(32, 32\)"),
 ])
 def test_import_refuses_a_config_it_cannot_honour(gpt2_folder, tmp_path, change, message):
-    with pytest.raises(GPT2FormatError, match=message):
-        load_gpt2_folder(copy_folder(gpt2_folder, tmp_path, config=change))
+    with pytest.raises(FormatError, match=message):
+        load_folder(copy_folder(gpt2_folder, tmp_path, config=change))
 
 
 @pytest.mark.parametrize("replace, message", [
@@ -148,33 +148,33 @@ def test_import_refuses_a_config_it_cannot_honour(gpt2_folder, tmp_path, change,
 ])
 def test_import_refuses_tensors_that_do_not_fit(gpt2_folder, tmp_path, replace, message):
     tensors = {**load_file(str(gpt2_folder / "model.safetensors")), **replace}
-    with pytest.raises(GPT2FormatError, match=message):
-        load_gpt2_folder(copy_folder(gpt2_folder, tmp_path, tensors=tensors))
+    with pytest.raises(FormatError, match=message):
+        load_folder(copy_folder(gpt2_folder, tmp_path, tensors=tensors))
 
 
 def test_import_refuses_odd_files(gpt2_folder, tmp_path):
     folder = copy_folder(gpt2_folder, tmp_path)
     weights = folder / "model.safetensors"
     weights.write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00not json")
-    with pytest.raises(GPT2FormatError, match="cannot read .* corrupt"):
-        load_gpt2_folder(folder)
+    with pytest.raises(FormatError, match="cannot read .* corrupt"):
+        load_folder(folder)
     with open(weights, "wb") as f:  # sparse: no disk is used
         f.truncate(1 << 30)
-    with pytest.raises(GPT2FormatError, match="implausibly large"):
-        load_gpt2_folder(folder)
+    with pytest.raises(FormatError, match="implausibly large"):
+        load_folder(folder)
     weights.unlink()
     weights.mkdir()
-    with pytest.raises(GPT2FormatError, match="not a regular file"):
-        load_gpt2_folder(folder)
+    with pytest.raises(FormatError, match="not a regular file"):
+        load_folder(folder)
     weights.rmdir()
     (folder / "pytorch_model.bin").write_bytes(b"a pickle, never opened")
-    with pytest.raises(GPT2FormatError, match="has no model.safetensors .*pytorch_model.bin"):
-        load_gpt2_folder(folder)
+    with pytest.raises(FormatError, match="has no model.safetensors .*pytorch_model.bin"):
+        load_folder(folder)
     (folder / "config.json").unlink()
-    with pytest.raises(GPT2FormatError, match="has no config.json"):
-        load_gpt2_folder(folder)
-    with pytest.raises(GPT2FormatError, match="not a directory"):
-        load_gpt2_folder(tmp_path / "nowhere")
+    with pytest.raises(FormatError, match="has no config.json"):
+        load_folder(folder)
+    with pytest.raises(FormatError, match="not a directory"):
+        load_folder(tmp_path / "nowhere")
     assert load_folder_tokenizer(gpt2_folder) is None  # no tokenizer.json: None, not an error
 
 
@@ -209,7 +209,7 @@ def test_pitfall_variants_are_not_exportable():
     for attn in (AttentionConfig(name="no_out_proj", out_proj=False),
                  AttentionConfig(name="scale_d_model", scale=Scale.d_model),
                  AttentionConfig(name="mask_zero", mask_value=0.0)):
-        with pytest.raises(GPT2FormatError, match=f"'{attn.name}' cannot be expressed"):
+        with pytest.raises(FormatError, match=f"'{attn.name}' cannot be expressed"):
             check_exportable(cfg, attn)
 
 
@@ -218,10 +218,10 @@ def test_pitfall_variants_are_not_exportable():
                                           ("qk_norm", True), ("tie_embeddings", False)])
 def test_a_model_gpt2_has_no_switch_for_is_refused_naming_it(switch, value):
     cfg = replace(GPT2_ARCH, **{switch: value})
-    with pytest.raises(GPT2FormatError, match=f"model.{switch}={str(value).lower()}"):
+    with pytest.raises(FormatError, match=f"model.{switch}={str(value).lower()}"):
         check_exportable(cfg, AttentionConfig())
     model = GPT(replace(cfg, n_layer=1, n_embd=16, block_size=8), vocab_size=11)
-    with pytest.raises(GPT2FormatError, match=f"model.{switch}="):
+    with pytest.raises(FormatError, match=f"model.{switch}="):
         to_gpt2_state_dict(model)
 
 
@@ -334,7 +334,8 @@ def test_exported_config_says_what_the_run_was(exports):
 def test_import_of_an_export_is_the_run(runs, exports, name):
     weights = "best" if name == "char" else "latest"
     run_model, _, run_cfg = load_run(runs[name], weights, torch.device("cpu"))
-    cfg, state = load_gpt2_folder(exports[name])
+    imported = load_folder(exports[name])
+    cfg, state = imported.cfg, {k: v for k, v in imported.state_dict().items() if k != "lm_head.weight"}
     assert cfg.mlp is run_cfg.model.mlp and cfg.mlp_ratio == run_cfg.model.mlp_ratio
     original = {k: v for k, v in run_model.state_dict().items() if k != "lm_head.weight"}
     for key, tensor in state.items():
@@ -415,7 +416,7 @@ def test_export_into_an_existing_empty_directory(runs, tmp_path):
     export_hf.export(runs["char"], out)
     assert sorted(p.name for p in out.iterdir()) == [
         "config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"]
-    assert gpt_from_gpt2_folder(out).vocab_size == load_folder_tokenizer(out).get_vocab_size()
+    assert load_folder(out).vocab_size == load_folder_tokenizer(out).get_vocab_size()
 
 
 # ----------------------------------------------------------------------------- using an import

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from guard.cli import FileRefused, UserError
+from safeio.cli import FileRefused, UserError
 from helpers import REPO_ROOT, SCRIPT_ENV, one_error_line
 
 TIMEOUT_S = 60  # a refusal takes a few seconds (imports); one that needs this long is hanging
@@ -76,7 +76,7 @@ def test_the_legacy_activation_out_of_range_is_a_mistake_in_one_line(tmp_path):
     dataclass: a ValueError there was a traceback in train.py and generate.py."""
     from omegaconf import OmegaConf
 
-    from guard.cli import MISTAKES, FormatError
+    from safeio.cli import MISTAKES, FormatError
     from guard.run_dir import read_source
     from training.config import Config
 
@@ -115,7 +115,7 @@ def test_train_and_generate_with_activation_relu_say_so_in_one_line(tmp_path):
     ("tokens=33", "tokens must be at most 32"),
 ])
 def test_llama_pitfalls_values_have_their_real_bounds(arg, words):
-    from guard.cli import parse_key_values
+    from safeio.cli import parse_key_values
     from scripts.llama_pitfalls import LlamaArgs, check_args
 
     with pytest.raises(UserError) as info:

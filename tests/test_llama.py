@@ -1,4 +1,4 @@
-"""Hugging Face Llama (and Qwen3) interop (model/hf_llama.py, scripts/export_hf.py): the whole-model
+"""Hugging Face Llama (and Qwen3) interop (interop/hf_llama.py, scripts/export_hf.py): the whole-model
 oracle for rotary positions, RMSNorm, SwiGLU, grouped key/value heads, QK-norm and the untied head.
 
 transformers is the reference: tiny random LlamaForCausalLM / Qwen3ForCausalLM models with grouped
@@ -25,14 +25,13 @@ from transformers import (AutoModelForCausalLM, AutoTokenizer, GenerationConfig,
                           LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 
 from data.tokenizer import EOS, build_bpe_tokenizer
-from guard.cli import FormatError
-from guard.run_dir import load_run
+from safeio.cli import FormatError
+from guard.run_dir import load_folder, load_run
 from helpers import REPO_ROOT, copy_folder, ok, run, shakespeare_like
 from model.config import PITFALL_SWITCHES, AttentionConfig, ModelConfig, Scale
 from model.gpt import GPT
-from model.hf import tokenizer_config
-from model.hf_llama import (LLAMA, QWEN3, check_llama_exportable, gpt_from_llama_folder, llama_config,
-                            load_llama_folder, to_llama_state_dict)
+from interop.hf import tokenizer_config
+from interop.hf_llama import LLAMA, QWEN3, check_llama_exportable, llama_config, to_llama_state_dict
 from scripts import export_hf
 from scripts.export_hf import GPT2, architecture_for
 
@@ -127,7 +126,7 @@ def theirs(folder: Path):
 
 @pytest.mark.parametrize("name", list(FOLDERS))
 def test_imported_folder_gives_the_same_logits_and_greedy_tokens(folders, name):
-    ours, reference = gpt_from_llama_folder(folders[name]), theirs(folders[name])
+    ours, reference = load_folder(folders[name]), theirs(folders[name])
     cfg = ours.cfg
     assert (cfg.positions.value, cfg.norm.value, cfg.mlp.value) == ("rope", "rmsnorm", "swiglu")
     assert cfg.kv_heads == reference.config.num_key_value_heads < cfg.n_head
@@ -170,7 +169,7 @@ def test_a_bfloat16_folder_is_read_as_float32(folders, tmp_path):
     shutil.copy(folders["llama_gqa"] / "tokenizer.json", folder)
     stored = load_file(str(folder / "model.safetensors"))
     assert all(t.dtype == torch.bfloat16 for t in stored.values())
-    ours = gpt_from_llama_folder(folder)
+    ours = load_folder(folder)
     reference = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     idx = torch.randint(0, ours.vocab_size, (2, CONTEXT),
                         generator=torch.Generator().manual_seed(2))
@@ -183,7 +182,7 @@ def test_a_bfloat16_folder_is_read_as_float32(folders, tmp_path):
 def test_export_of_an_import_is_the_original_tensors(folders, name):
     original = load_file(str(folders[name] / "model.safetensors"))
     arch = QWEN3 if name == "qwen3" else LLAMA
-    again = to_llama_state_dict(gpt_from_llama_folder(folders[name]), arch)
+    again = to_llama_state_dict(load_folder(folders[name]), arch)
     if "lm_head.weight" not in again:  # tied: stored once, as the embedding
         original.pop("lm_head.weight", None)
     assert again.keys() == original.keys()
@@ -209,7 +208,7 @@ def test_export_of_an_import_is_the_original_tensors(folders, name):
     ({"rms_norm_eps": 0}, r"rms_norm_eps must be a number in \(0, 1\)"),
     ({"hidden_size": None}, "has no 'hidden_size', which a model_type 'llama' config needs"),
     ({"intermediate_size": "176"}, "intermediate_size must be a positive integer"),
-    ({"model_type": "mistral"}, "model_type must be one of 'llama', 'qwen3'"),
+    ({"model_type": "mistral"}, "model_type must be one of 'gpt2', 'llama', 'qwen3', got 'mistral'"),
     ({"tie_word_embeddings": "yes"}, "tie_word_embeddings must be bool"),
     ({"num_hidden_layers": 3}, r"missing \['model.layers.2"),
     ({"intermediate_size": 128}, r"gate_proj.weight has shape \(176, 64\), config.json implies"),
@@ -218,7 +217,7 @@ def test_export_of_an_import_is_the_original_tensors(folders, name):
 ])
 def test_import_refuses_a_config_it_cannot_honour(folders, tmp_path, change, message):
     with pytest.raises(FormatError, match=message):
-        load_llama_folder(copy_folder(folders["llama_gqa"], tmp_path, config=change))
+        load_folder(copy_folder(folders["llama_gqa"], tmp_path, config=change))
 
 
 @pytest.mark.parametrize("change, message", [
@@ -229,19 +228,20 @@ def test_import_refuses_a_config_it_cannot_honour(folders, tmp_path, change, mes
 ])
 def test_import_refuses_a_qwen3_config_it_cannot_honour(folders, tmp_path, change, message):
     with pytest.raises(FormatError, match=message):
-        load_llama_folder(copy_folder(folders["qwen3"], tmp_path, config=change))
+        load_folder(copy_folder(folders["qwen3"], tmp_path, config=change))
 
 
 def test_import_reads_old_configs_and_stored_buffers(folders, tmp_path):
     """transformers 4.x wrote rope_theta and rope_scaling at the top level, and old checkpoints
     stored each layer's rotary inv_freq: both read as today's files."""
-    _, expected = load_llama_folder(folders["llama_gqa"])
+    expected = load_folder(folders["llama_gqa"]).state_dict()
     tensors = load_file(str(folders["llama_gqa"] / "model.safetensors"))
     for i in range(2):
         tensors[f"model.layers.{i}.self_attn.rotary_emb.inv_freq"] = torch.ones(8)
     folder = copy_folder(folders["llama_gqa"], tmp_path, config={
         "rope_parameters": None, "rope_theta": 500000.0, "rope_scaling": None}, tensors=tensors)
-    cfg, state = load_llama_folder(folder)
+    imported = load_folder(folder)
+    cfg, state = imported.cfg, imported.state_dict()
     assert cfg.rope_theta == 500000.0
     assert state.keys() == expected.keys()
     assert all(torch.equal(state[k], expected[k]) for k in state)
@@ -260,14 +260,14 @@ def test_import_refuses_tensors_that_do_not_fit(folders, tmp_path, folder, chang
     tensors.update({k: v(tensors) if callable(v) else v for k, v in change.items()})
     tensors = {k: v for k, v in tensors.items() if v is not None}
     with pytest.raises(FormatError, match=message):
-        load_llama_folder(copy_folder(folders[folder], tmp_path, tensors=tensors))
+        load_folder(copy_folder(folders[folder], tmp_path, tensors=tensors))
 
 
 def test_a_stored_tied_head_equal_to_the_embedding_is_fine(folders, tmp_path):
     tensors = load_file(str(folders["llama_mqa_tied"] / "model.safetensors"))
     tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"].clone()
     folder = copy_folder(folders["llama_mqa_tied"], tmp_path, tensors=tensors)
-    assert gpt_from_llama_folder(folder).cfg.tie_embeddings
+    assert load_folder(folder).cfg.tie_embeddings
 
 
 # ----------------------------------------------------------------------------- export
@@ -314,7 +314,10 @@ def test_exported_model_gives_the_same_logits_and_greedy_tokens_in_transformers(
     tokens = ours_greedy(ours, prompt)
     assert tokens == hf_greedy(reference, prompt) and len(set(tokens)) > 5
     # and back: the same tensors, the same switches
-    cfg_back, state = load_llama_folder(tmp_path / name)
+    back = load_folder(tmp_path / name)
+    cfg_back = back.cfg
+    state = {k: v for k, v in back.state_dict().items()
+             if k != "lm_head.weight" or not cfg_back.tie_embeddings}
     assert replace(cfg_back, mlp_ratio=cfg.mlp_ratio, mlp_hidden=None) == cfg
     saved = {k: v for k, v in ours.state_dict().items()
              if k != "lm_head.weight" or not cfg.tie_embeddings}
@@ -417,7 +420,7 @@ def test_exported_llama_run_gives_the_same_logits_and_greedy_text_in_transformer
                    "greedy=true", f"max_new_tokens={NEW_TOKENS}"], cwd=REPO_ROOT)).stdout
     assert text == hf_tokenizer.decode(prompt[0].tolist() + tokens) + "\n"
     # and imported back, it is the run
-    _, state = load_llama_folder(out)
+    state = load_folder(out).state_dict()
     run_state = ours.state_dict()
     assert state.keys() == run_state.keys()
     assert all(torch.equal(state[k], run_state[k]) for k in state)
@@ -456,7 +459,7 @@ def test_training_starts_from_a_llama_folder(folders, tokenizer, fake_sdist, tmp
             "train.threads=1", "train.sample_tokens=0", "optim.lr=1e-9", "optim.warmup_steps=1",
             f"init_from={folder}", f"hydra.run.dir={tmp_path / 'tuned'}"], cwd=tmp_path))
     tuned, run_tokenizer, cfg = load_run(tmp_path / "tuned", "latest", torch.device("cpu"))
-    source = gpt_from_llama_folder(folder)
+    source = load_folder(folder)
     assert cfg.model.kv_heads == 2 and not cfg.model.tie_embeddings
     assert cfg.model.rope_theta == 500000.0 and cfg.model.block_size == CONTEXT
     assert run_tokenizer.get_vocab() == tokenizer.get_vocab()

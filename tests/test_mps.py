@@ -14,17 +14,17 @@ import pytest
 import torch
 
 import training.optim as optim_module
-from guard.cli import UserError
-from guard.checkpoint import load_state
+from safeio.cli import UserError
+from safeio.checkpoint import load_state
 from guard.limits import check_config, check_training_fits, parse_device
-from guard.system import available_bytes
+from safeio.system import available_bytes
 from guard.preflight import compose
 from model.fast_paths import fused_refusal
 from model.config import AttentionConfig
 from training.device import NATIVE_BF16_ENV, float64_home, pick_dtype
 from training.optim import make_optimizer
 from training.checkpoint import latest_checkpoint, save_checkpoint
-from training.state import rng_state, set_rng_state
+from training.checkpoint import rng_state, set_rng_state
 
 MPS = torch.device("mps")
 

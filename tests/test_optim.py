@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from guard.checkpoint import load_state
+from safeio.checkpoint import load_state
 from model.config import ModelConfig
 from model.gpt import GPT
 from training.checkpoint import latest_checkpoint, save_checkpoint

@@ -16,7 +16,7 @@ from helpers import REPO_ROOT
 from model.config import AttentionConfig
 from training.config import Config
 from training.evaluate import rising_validation
-from training.state import Progress
+from training.checkpoint import Progress
 
 
 def history(vals, trains):

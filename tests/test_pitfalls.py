@@ -18,10 +18,10 @@ import torch
 from data.batches import RandomWindows, fixed_windows
 from data.config import DataConfig, TokenizerConfig, TokenizerKind
 from data.prepare import prepare_corpus
-from guard.cli import CorpusError
+from safeio.cli import CorpusError
 from guard.preflight import compose
 from helpers import VARIANT_NEEDS
-from model.attention import CausalSelfAttention, causal_variant
+from model.attention import CausalSelfAttention
 from model.config import AttentionConfig, MaskMode, ModelConfig
 from model.gpt import GPT
 from training.config import CONF_DIR
@@ -141,7 +141,7 @@ def test_non_mask_pitfalls_stay_causal(variant):
 def test_causal_variant_removes_the_leak_from_the_same_weights(variant):
     model = tiny_model(VARIANTS[variant])
     assert prefix_shift(model, 5) > 1e-6
-    with model.attention_variant(causal_variant(model.attn_cfg)):
+    with model.attention_variant(model.attn_cfg.causal_variant()):
         assert prefix_shift(model, 5) == 0.0
         assert future_jacobian(model, 5) == 0.0
     assert prefix_shift(model, 5) > 1e-6  # restored afterwards
@@ -259,7 +259,7 @@ def train_tiny(corpus, arm: str, seed: int, steps: int) -> dict:
         losses.append(loss.item())
     val = fixed_windows(corpus.validation, m.block_size, 10, batch, seed=123)
     off = torch.autocast("cpu", enabled=False)
-    with model.attention_variant(causal_variant(cfg.attention)):
+    with model.attention_variant(cfg.attention.causal_variant()):
         causal = mean_loss(model, val, off)
     return {"train": float(np.mean(losses[-20:])), "val": mean_loss(model, val, off), "causal": causal}
 

@@ -20,7 +20,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from guard.cli import UserError
+from safeio.cli import UserError
 from guard.limits import check_pitfall_switches
 from guard.preflight import compose
 from helpers import VARIANT_NEEDS

@@ -12,7 +12,7 @@ import sys
 import time
 
 from helpers import GENERATE, SCRIPT_ENV, TRAIN, corpus_args, ok, run, scalars, write_corpus
-from guard.checkpoint import load_state
+from safeio.checkpoint import load_state
 from training.checkpoint import latest_checkpoint
 
 

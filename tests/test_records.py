@@ -15,7 +15,7 @@ import torch
 from bench.record import (BUDGET_TOKENS, RecordArgs, check_overrides, from_log, paired_verdict,
                           parse_seeds, t_upper_tail, write_record)
 from bench.score import Score, score_run, total_nats
-from guard.cli import UserError
+from safeio.cli import UserError
 from helpers import REPO_ROOT, TRAIN, ok, run, scalars
 from model.config import ModelConfig
 from model.gpt import GPT

@@ -22,7 +22,7 @@ from safetensors.torch import load_file
 
 from forkserver import ForkServer, Result, alive
 from helpers import SCRIPT_ENV, TRAIN, corpus_args, ok, one_error_line, scalars, tree, write_corpus
-from guard.checkpoint import load_state
+from safeio.checkpoint import load_state
 from training.checkpoint import latest_checkpoint
 
 pytestmark = pytest.mark.slow

@@ -228,7 +228,7 @@ def test_summary_checks_every_run_and_the_layer_before_writing_anything(sweep_di
     """Issue 28: the summary wrote (and replaced) ablations.md and its figure, then failed on a
     run without a checkpoint; layer=99 drew the last layer titled "layer 99"."""
     from scripts.summarize_ablations import SummaryArgs, summarize
-    from guard.cli import UserError
+    from safeio.cli import UserError
 
     out = tmp_path / "out"
     with pytest.raises(UserError, match=r"layer must be below the 2 layers of .*, got 99"):

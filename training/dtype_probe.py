@@ -61,6 +61,10 @@ class Choice:
     def line(self) -> str:
         return f"dtype: {self.name} ({self.reason})"
 
+    def autocast(self, device: torch.device):
+        """The context the run's forward passes compute in: this dtype on device."""
+        return autocast(device, self.dtype)
+
 
 def decide(float32_s: float, bfloat16_s: float, margin: float = MARGIN) -> Choice:
     """The choice from the two median step times (seconds): bf16 when it is at least `margin`

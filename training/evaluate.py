@@ -1,4 +1,4 @@
-"""Validation loss, bits per character, and attention diagnostics."""
+"""Validation loss, bits per character, attention diagnostics, and a text sample."""
 from __future__ import annotations
 
 import math
@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from data.batches import sequential_windows
 from model.decoding import Decoder
+from model.sampling import seeded_generator
 from training.attention_maps import future_weight
 from training.device import float64_home
 from training.runtime import World, all_sum
@@ -154,3 +155,16 @@ def rising_validation(history: list, patience: int) -> bool:
     recent = history[-patience - 1:]
     pairs = list(zip(recent, recent[1:]))
     return all(b[1] > a[1] for a, b in pairs) and all(b[2] < a[2] for a, b in pairs)
+
+
+def sample_text(model, tokenizer, t, seed: int, device: torch.device, amp) -> str:
+    """A short sample from the current weights (t: the run's TrainConfig: sample_prompt,
+    sample_tokens, sample_temperature), from its own generator: the training RNG is left
+    untouched, so sampling cannot change the run."""
+    prompt = tokenizer.encode(t.sample_prompt).ids or [0]
+    gen = seeded_generator(seed, device)
+    with amp:
+        ids = [int(i) for i in model.generate(torch.tensor([prompt], device=device),
+                                              t.sample_tokens, temperature=t.sample_temperature,
+                                              generator=gen)]
+    return tokenizer.decode(prompt + ids)

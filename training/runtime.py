@@ -19,8 +19,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from guard.cli import UserError
-from guard.system import parse_launch
+from safeio.cli import UserError
+from safeio.system import parse_launch
 
 
 @dataclass
@@ -41,7 +41,7 @@ class World:
 
 def launch_rank() -> int:
     """This process's rank, as torchrun set it (0 without torchrun); UserError for an environment
-    that does not describe a torchrun job (guard.system.parse_launch)."""
+    that does not describe a torchrun job (safeio.system.parse_launch)."""
     return parse_launch(os.environ).rank
 
 

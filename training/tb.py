@@ -1,4 +1,5 @@
-"""TensorBoard logging: scalars, text samples, and the HParams summary of a finished run."""
+"""TensorBoard logging: the writer, the config, attention maps, and the HParams summary of a
+finished run."""
 from __future__ import annotations
 
 import time
@@ -7,6 +8,8 @@ from typing import Optional
 
 from torch.utils.tensorboard import SummaryWriter
 
+from safeio.files import dump_run_config
+from training.attention_maps import attention_weights, card_image, map_window, token_labels
 from training.config import Config
 
 
@@ -25,6 +28,28 @@ def open_writer(run_dir: Path, purge_step: Optional[int], enabled: bool = True):
     if not enabled:
         return NullWriter()
     return SummaryWriter(log_dir=str(run_dir), purge_step=purge_step, flush_secs=10)
+
+
+def write_config(writer, cfg: Config) -> None:
+    """The run's config, as its config.yaml says it, in TensorBoard's text tab (at step 0)."""
+    writer.add_text("config", "```\n" + dump_run_config(cfg) + "\n```", 0)
+
+
+def log_attention_maps(writer, model, split, tokenizer, n: int, step: int, amp,
+                       cached: bool = False) -> None:
+    """One image per layer in TensorBoard (tag attention_layer<i>: TensorBoard groups the Images
+    tab by a tag's first word, so each layer gets its own section and the runs' maps of one layer
+    sit side by side): `card_image` of its heads on the split's fixed window of n tokens
+    (`map_window`: the same text at every evaluation, in every run), titled with the layer's future
+    weight on it. cached: the generation path's maps (`attention_weights`), tag
+    decoding_layer<i>."""
+    window = map_window(split, tokenizer, n)
+    weights, leaks = attention_weights(model, window, amp, cached)  # [L, h, n, n], [L]
+    labels = token_labels(tokenizer, window)
+    tag, what = ("decoding_layer", "through the KV cache, ") if cached else ("attention_layer", "")
+    for layer, (w, leak) in enumerate(zip(weights, leaks)):
+        title = f"layer {layer}, step {step}: {what}future weight {leak:.3f}"
+        writer.add_image(f"{tag}{layer}", card_image(w, labels, title), step, dataformats="HWC")
 
 
 # TensorBoard's HParams table shows five hyper-parameters at first (any other is ticked on in

@@ -19,7 +19,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from guard.cli import UserError, parse_key_values, run_cli
+from safeio.cli import UserError, parse_key_values, run_cli
 from scripts.check_attention.options import GRADING_ONLY, Options, check_options
 
 USAGE = ("usage: python -m scripts.check_attention FILE.py:NAME | FOLDER NAME [NAME ...] "

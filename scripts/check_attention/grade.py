@@ -25,8 +25,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Optional
 
-from guard.cli import FileRefused, UserError
-from guard.files import check_output_file, check_regular, read_text
+from safeio.cli import FileRefused, UserError
+from safeio.files import check_output_file, check_regular, read_text
 from scripts.check_attention.options import Options, check_options
 from scripts.check_attention.report import ITEM_WORDS, Report
 
@@ -287,7 +287,7 @@ def check(target, *, sandbox=None, **options) -> Report:
         assert report.passed, report.text
 
     options: the command's keys (d_model=, n_head=, dtype=, ...); a value out of range is a
-    ValueError (guard.cli.UserError). A file or object that cannot be used gives a report whose
+    ValueError (safeio.cli.UserError). A file or object that cannot be used gives a report whose
     `.error` says why. Checks share one sandbox host per process unless one is given."""
     file, name = resolve(target)
     unknown = sorted(set(options) - set(Options.__dataclass_fields__))

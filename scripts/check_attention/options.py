@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass
 from typing import Optional
 
-from guard.cli import UserError
+from safeio.cli import UserError
 
 DTYPES = ("float32", "float64", "bfloat16", "float16")
 MASKS = {"keep": "boolean, True = may attend", "drop": "boolean, True = masked out",

@@ -56,7 +56,7 @@ QKV = ({"q", "query", "queries", "xq"}, {"k", "key", "keys", "xk"}, {"v", "value
 
 class SubmissionError(Exception):
     """The file or the object cannot be used (one sentence; the checker exits 2). Not the
-    project's guard.cli.UserError: this file runs in the sandboxed child and imports nothing of
+    project's safeio.cli.UserError: this file runs in the sandboxed child and imports nothing of
     the project."""
 
 

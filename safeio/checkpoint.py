@@ -22,8 +22,8 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save
 
-from guard.cli import FormatError, first_line
-from guard.files import MIB, check_regular, read_text
+from safeio.cli import FormatError, first_line
+from safeio.files import MIB, check_regular, read_text
 
 STEP_NAME = re.compile(r"step_\d{8,}")
 STATE = "state.json"             # the training state: JSON, naming the tensors it holds

@@ -13,8 +13,10 @@ What GPT-2's format cannot say is refused rather than approximated: our attentio
 (no W_O, a scale other than 1/sqrt(d_k), a mask other than additive -inf), and, on import,
 GPT-2 options our model does not have (inverse-layer scaling, cross-attention, another
 LayerNorm epsilon, an untied head, an activation other than exact or tanh GELU). The folder's
-files are read by guard/hf.py, which checks them for any architecture; this file says what
-GPT-2's names and shapes are (the shapes: those of our GPT, built on the meta device).
+files are read by safeio/hf.py, which checks them for any architecture; this file says what
+GPT-2's names and shapes are (the shapes: those of our GPT, built on the meta device). Whether
+the values a config.json gives are in range, and the model fits in memory, is checked above this
+file, by guard/run_dir.py (folder_shape, built), before gpt2_state computes a shape from them.
 
 Nothing here imports transformers: exporting and importing need only safetensors and json, so a
 user without transformers can still produce a folder that transformers loads.
@@ -28,11 +30,10 @@ from typing import Iterator, Optional
 
 import torch
 
-from guard.cli import FormatError as GPT2FormatError  # a folder or model GPT-2's format cannot hold
-from guard.cli import UserError
-from guard.hf import CONFIG, WEIGHTS, Fields, PathLike, open_folder, read_tensors, size_limit, \
+from safeio.cli import FormatError
+from safeio.corpus import load_tokenizer
+from safeio.hf import CONFIG, WEIGHTS, Fields, PathLike, open_folder, read_tensors, size_limit, \
     tensor_names  # CONFIG, WEIGHTS: the folder's file names, which the export writes too
-from guard.limits import check_model, check_sampling_fits
 from model.config import AttentionConfig, MLPKind, MaskMode, ModelConfig, Scale, gpt2_problems
 from model.gpt import GPT
 
@@ -84,7 +85,7 @@ def _gpt2_shapes(cfg: ModelConfig, vocab_size: int) -> dict[str, tuple[int, ...]
 
 
 def check_exportable(model_cfg: ModelConfig, attn_cfg: AttentionConfig) -> None:
-    """Raise GPT2FormatError unless GPT-2 computes what this model computes.
+    """Raise FormatError unless GPT-2 computes what this model computes.
 
     GPT-2's attention is fixed: softmax(Q K^T / sqrt(d_k) + M) V with M = -inf at future keys,
     then W_O. A pitfall variant trained without one of those has weights that mean something
@@ -99,19 +100,18 @@ def check_exportable(model_cfg: ModelConfig, attn_cfg: AttentionConfig) -> None:
         problems.append(f"its mask is {attn_cfg.mask_mode.value} with {attn_cfg.mask_value} "
                         f"(GPT-2 adds -inf before the softmax)")
     if problems:
-        raise GPT2FormatError(f"attention variant {attn_cfg.name!r} cannot be expressed in GPT-2's "
-                              f"format: {'; '.join(problems)}")
+        raise FormatError(f"attention variant {attn_cfg.name!r} cannot be expressed in GPT-2's "
+                          f"format: {'; '.join(problems)}")
     switches = gpt2_problems(model_cfg)
     if switches:
-        raise GPT2FormatError(f"the model cannot be expressed in GPT-2's format: "
-                              f"{'; '.join(switches)}")
-    check_model(model_cfg)
+        raise FormatError(f"the model cannot be expressed in GPT-2's format: "
+                          f"{'; '.join(switches)}")
 
 
 def to_gpt2_state_dict(model: GPT) -> dict[str, torch.Tensor]:
     """Our weights under GPT2LMHeadModel's names and layout, ready for safetensors.
 
-    Refuses (GPT2FormatError) a model whose attention GPT-2 cannot express. Without biases
+    Refuses (FormatError) a model whose attention GPT-2 cannot express. Without biases
     (model.bias=false) the biases are written as zeros: the same function, in GPT-2's shape."""
     check_exportable(model.cfg, model.attn_cfg)
     ours = {k: v.detach() for k, v in model.state_dict().items() if k != TIED_HEAD}
@@ -127,11 +127,11 @@ def to_gpt2_state_dict(model: GPT) -> dict[str, torch.Tensor]:
         elif mine in absent_biases:
             tensor = torch.zeros(absent_biases[mine], dtype=model.tok_emb.weight.dtype)
         else:
-            raise GPT2FormatError(f"the model has no {mine}: not a GPT of this project?")
+            raise FormatError(f"the model has no {mine}: not a GPT of this project?")
         tensor = tensor.t() if transpose else tensor
         out[theirs] = tensor.to("cpu").contiguous().clone()
     if ours:
-        raise GPT2FormatError(f"tensors with no GPT-2 counterpart: {sorted(ours)[:3]}")
+        raise FormatError(f"tensors with no GPT-2 counterpart: {sorted(ours)[:3]}")
     return out
 
 
@@ -185,13 +185,13 @@ def tokenizer_config(special_tokens: dict[str, str], model_max_length: int) -> d
 
 
 def gpt2_model_config(config: dict, path: Path = Path(CONFIG)) -> tuple[ModelConfig, int]:
-    """(our ModelConfig, vocab_size) from a parsed GPT-2 config.json, or GPT2FormatError.
+    """(our ModelConfig, vocab_size) from a parsed GPT-2 config.json, or FormatError.
 
     Options missing from the file take transformers' GPT-2 defaults, as transformers would.
     Dropout is not carried over (0.0 here): it is a training choice, not part of the function."""
     fields = Fields(config, path)
     if config.get("model_type") != "gpt2":
-        raise GPT2FormatError(f"{path}: model_type must be 'gpt2', got {config.get('model_type')!r}")
+        raise FormatError(f"{path}: model_type must be 'gpt2', got {config.get('model_type')!r}")
     sizes = {k: fields.positive_int(k)
              for k in ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head")}
     inner = config.get("n_inner")
@@ -199,30 +199,26 @@ def gpt2_model_config(config: dict, path: Path = Path(CONFIG)) -> tuple[ModelCon
         inner = 4 * sizes["n_embd"]  # GPT-2's default
     elif isinstance(inner, bool) or not isinstance(inner, int) or inner <= 0 \
             or inner % sizes["n_embd"]:
-        raise GPT2FormatError(f"{path}: n_inner must be a positive multiple of n_embd "
-                              f"({sizes['n_embd']}) for our MLP, got {inner!r}")
+        raise FormatError(f"{path}: n_inner must be a positive multiple of n_embd "
+                          f"({sizes['n_embd']}) for our MLP, got {inner!r}")
     activation = fields.option("activation_function", "gelu_new")
     if activation not in GPT2_ACTIVATIONS:
-        raise GPT2FormatError(f"{path}: activation_function {activation!r} is not one our MLP has "
-                              f"(known: {', '.join(GPT2_ACTIVATIONS)})")
+        raise FormatError(f"{path}: activation_function {activation!r} is not one our MLP has "
+                          f"(known: {', '.join(GPT2_ACTIVATIONS)})")
     eps = fields.option("layer_norm_epsilon", LAYER_NORM_EPS)
     if eps is None or not math.isclose(eps, LAYER_NORM_EPS, rel_tol=1e-6):
-        raise GPT2FormatError(f"{path}: layer_norm_epsilon must be {LAYER_NORM_EPS} (our "
-                              f"LayerNorm's), got {eps!r}")
+        raise FormatError(f"{path}: layer_norm_epsilon must be {LAYER_NORM_EPS} (our "
+                          f"LayerNorm's), got {eps!r}")
     for key, needed in (("scale_attn_weights", True), ("scale_attn_by_inverse_layer_idx", False),
                         ("add_cross_attention", False)):
         if fields.option(key, needed) is not needed:
-            raise GPT2FormatError(f"{path}: {key} must be {str(needed).lower()} for our attention "
-                                  f"layer, got {config.get(key)!r}")
+            raise FormatError(f"{path}: {key} must be {str(needed).lower()} for our attention "
+                              f"layer, got {config.get(key)!r}")
     init_std = fields.option("initializer_range", 0.02)
     init_std = float(init_std) if init_std and init_std > 0 and math.isfinite(init_std) else 0.02
     cfg = ModelConfig(n_layer=sizes["n_layer"], n_head=sizes["n_head"], n_embd=sizes["n_embd"],
                       block_size=sizes["n_positions"], dropout=0.0, bias=True, init_std=init_std,
                       mlp_ratio=inner // sizes["n_embd"], activation=GPT2_ACTIVATIONS[activation])
-    try:
-        check_model(cfg, prefix="")  # the keys as config.json names them (n_embd, n_head)
-    except UserError as exc:
-        raise GPT2FormatError(f"{path}: {exc}") from None
     return cfg, sizes["vocab_size"]
 
 
@@ -234,18 +230,17 @@ def _is_ignored(name: str) -> bool:
         and parts[-4] == "h"
 
 
-def load_gpt2_folder(path: PathLike) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
-    """(our ModelConfig, our state dict without the tied lm_head) from a GPT-2 folder on disk.
+def gpt2_state(path: PathLike, cfg: ModelConfig, vocab_size: int) -> dict[str, torch.Tensor]:
+    """Our state dict, without the tied lm_head, from a GPT-2 folder on disk whose config.json
+    read as (cfg, vocab_size) (gpt2_model_config), once the caller has checked that shape: the
+    expected shapes are computed from it (guard/run_dir.py checks its values and size first, as a
+    300-byte config.json can claim 10**9 layers).
 
     Both GPT2LMHeadModel's names (`transformer.h.0...`) and GPT2Model's (`h.0...`, as in OpenAI's
-    original upload) are accepted. The vocabulary size is the first dimension of
-    `tok_emb.weight`. Raises GPT2FormatError, with one clear sentence, for anything else."""
+    original upload) are accepted. Raises FormatError, with one clear sentence, for anything
+    else."""
     config, config_path, weights_path = open_folder(path)
-    cfg, vocab_size = gpt2_model_config(config, config_path)
     config_tied = Fields(config, config_path).option("tie_word_embeddings", True)
-    # before any shape is computed: a 300-byte config.json can claim 10**9 layers
-    check_sampling_fits(cfg, vocab_size, AttentionConfig(), torch.device("cpu"),
-                        f"{config_path} describes a model too big for this machine")
     expected = _gpt2_shapes(cfg, vocab_size)
     # besides the model's tensors, old checkpoints' [n, n] mask buffers may come along
     names = tensor_names(weights_path, size_limit(expected, cfg.n_layer * (cfg.block_size ** 2 + 1)))
@@ -256,9 +251,9 @@ def load_gpt2_folder(path: PathLike) -> tuple[ModelConfig, dict[str, torch.Tenso
         k for gpt2_name, k in found.items() if gpt2_name not in expected)
     missing = sorted(set(expected) - set(found))
     if missing or unexpected:
-        raise GPT2FormatError(
-            f"{weights_path} does not match {CONFIG}: missing {missing[:3]}, unexpected "
-            f"{unexpected[:3]} (another architecture, or a different n_layer?)")
+        raise FormatError(
+                          f"{weights_path} does not match {CONFIG}: missing {missing[:3]}, unexpected "
+                          f"{unexpected[:3]} (another architecture, or a different n_layer?)")
     wanted = {found[theirs]: shape for theirs, shape in expected.items()}
     if TIED_HEAD in names:
         wanted[TIED_HEAD] = expected["transformer.wte.weight"]
@@ -267,31 +262,20 @@ def load_gpt2_folder(path: PathLike) -> tuple[ModelConfig, dict[str, torch.Tenso
              for mine, theirs, transpose in _tensor_names(cfg.n_layer)}
     head = tensors.get(TIED_HEAD)
     if head is None and config_tied is False:
-        raise GPT2FormatError(f"{config_path}: tie_word_embeddings is false but {weights_path} has "
-                              f"no lm_head.weight (transformers would start from a random head)")
+        raise FormatError(f"{config_path}: tie_word_embeddings is false but {weights_path} has "
+                          f"no lm_head.weight (transformers would start from a random head)")
     if head is not None and not torch.equal(head, state["tok_emb.weight"]):
-        raise GPT2FormatError(f"{weights_path}: lm_head.weight differs from the token embedding; "
-                              f"our head is tied to it, so an untied head cannot be imported")
-    return cfg, state
-
-
-def gpt_from_gpt2_folder(path: PathLike) -> GPT:
-    """Our GPT (float32, eval mode, correct attention) holding a GPT-2 folder's weights."""
-    cfg, state = load_gpt2_folder(path)
-    model = GPT(cfg, state["tok_emb.weight"].shape[0], AttentionConfig())
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    assert missing == [TIED_HEAD] and not unexpected, (missing, unexpected)
-    return model.eval()
+        raise FormatError(f"{weights_path}: lm_head.weight differs from the token embedding; "
+                          f"our head is tied to it, so an untied head cannot be imported")
+    return state
 
 
 def load_folder_tokenizer(path: PathLike):
     """The folder's tokenizer.json as a `tokenizers.Tokenizer`, or None when it has none.
 
-    Checked as a run directory's is (guard.corpus.load_tokenizer: a regular file of bounded
-    size, no custom regular expression, every id inside the vocabulary): GPT2FormatError (or
+    Checked as a run directory's is (safeio.corpus.load_tokenizer: a regular file of bounded
+    size, no custom regular expression, every id inside the vocabulary): FormatError (or
     FileRefused) otherwise."""
-    from guard.corpus import load_tokenizer
-
     file = Path(path) / TOKENIZER
     if not os.path.lexists(file):
         return None

@@ -24,8 +24,8 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
-from guard.cli import FileRefused, UserError
-from guard.files import kind_of
+from safeio.cli import FileRefused, UserError
+from safeio.files import kind_of
 
 LOCK = ".lock"
 MAX_HOLDER_BYTES = 4096

@@ -20,8 +20,8 @@ from typing import Callable, Optional
 import numpy as np
 from tokenizers import Tokenizer
 
-from guard.cli import CorpusError, FileRefused, FormatError, UserError, first_line
-from guard.files import MIB, check_regular, kind_of, read_json, read_text
+from safeio.cli import CorpusError, FileRefused, FormatError, UserError, first_line
+from safeio.files import MIB, check_regular, kind_of, read_json, read_text
 
 GIB = 1 << 30
 
@@ -126,17 +126,6 @@ def archive_texts(archive: Path, name_of: Callable[[str], Optional[str]], max_te
     except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
         raise CorpusError(f"cannot read {what} {archive} (truncated or corrupt?): {exc}") from exc
     return texts
-
-
-def check_split_lengths(train: np.ndarray, validation: np.ndarray, block_size: int) -> None:
-    """Enough tokens to draw batches from: a window of block_size + 1 tokens of training text,
-    and at least two validation tokens (its windows are cut to fit)."""
-    if len(train) < block_size + 1:
-        raise CorpusError(f"the training split has {len(train)} tokens, fewer than one window of "
-                          f"model.block_size + 1 = {block_size + 1}; use more text or a smaller "
-                          f"block_size")
-    if len(validation) < 2:
-        raise CorpusError("the validation split is shorter than 2 tokens")
 
 
 # ----------------------------------------------------------------------------- tokenizer.json

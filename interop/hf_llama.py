@@ -14,7 +14,7 @@ has none. Whatever else a config.json may say that our model cannot compute (RoP
 partial rotation, a head_dim other than hidden_size / num_attention_heads, an activation other
 than SiLU, sliding windows) is refused, naming the field, rather than approximated.
 
-Like model/hf.py, nothing here imports transformers; guard/hf.py reads and checks the files.
+Like interop/hf.py, nothing here imports transformers; safeio/hf.py reads and checks the files.
 """
 from __future__ import annotations
 
@@ -25,9 +25,8 @@ from typing import Optional
 
 import torch
 
-from guard.cli import FormatError, UserError
-from guard.hf import CONFIG, Fields, PathLike, open_folder, read_tensors, size_limit, tensor_names
-from guard.limits import check_model, check_sampling_fits
+from safeio.cli import FormatError
+from safeio.hf import CONFIG, Fields, PathLike, open_folder, read_tensors, size_limit, tensor_names
 from model.config import (AttentionConfig, MaskMode, MLPKind, ModelConfig, Norm, Positions,
                           Scale)
 from model.gpt import GPT
@@ -160,7 +159,6 @@ def check_llama_exportable(cfg: ModelConfig, attn: AttentionConfig,
     if switches:
         raise FormatError(f"the model cannot be expressed in {arch.name}'s format: "
                           f"{'; '.join(switches)}")
-    check_model(cfg)
 
 
 def to_llama_state_dict(model: GPT, arch: Architecture = LLAMA) -> dict[str, torch.Tensor]:
@@ -315,10 +313,6 @@ def llama_model_config(config: dict, path: Path = Path(CONFIG)) -> tuple[ModelCo
         norm_eps=float(eps), mlp=MLPKind.swiglu, mlp_hidden=sizes["intermediate_size"],
         n_kv_head=None if kv == heads else kv, qk_norm=arch.qk_norm,
         tie_embeddings=bool(fields.option("tie_word_embeddings", False)))
-    try:
-        check_model(cfg)
-    except UserError as exc:
-        raise FormatError(f"{path}: {exc}") from None
     return cfg, sizes["vocab_size"]
 
 
@@ -328,14 +322,12 @@ def _is_ignored(name: str) -> bool:
     return name.endswith(".rotary_emb.inv_freq")
 
 
-def load_llama_folder(path: PathLike) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
-    """(our ModelConfig, our state dict; with the head when it is untied) from a Llama or Qwen3
-    folder on disk. Raises FormatError, with one clear sentence, for anything we cannot compute."""
-    config, config_path, weights_path = open_folder(path)
-    cfg, vocab_size = llama_model_config(config, config_path)
-    # before any shape is computed: a 300-byte config.json can claim 10**9 layers
-    check_sampling_fits(cfg, vocab_size, AttentionConfig(), torch.device("cpu"),
-                        f"{config_path} describes a model too big for this machine")
+def llama_state(path: PathLike, cfg: ModelConfig, vocab_size: int) -> dict[str, torch.Tensor]:
+    """Our state dict (with the head when it is untied) from a Llama or Qwen3 folder on disk whose
+    config.json read as (cfg, vocab_size) (llama_model_config), once the caller has checked that
+    shape (guard/run_dir.py: its values and size, before any shape is computed). Raises
+    FormatError, with one clear sentence, for anything we cannot compute."""
+    _, _, weights_path = open_folder(path)
     layout = _layout(cfg, vocab_size)
     expected = dict(part for parts in layout.values() for part in parts)
     extra = cfg.n_layer * cfg.head_dim  # old checkpoints' inv_freq buffers
@@ -359,15 +351,4 @@ def load_llama_folder(path: PathLike) -> tuple[ModelConfig, dict[str, torch.Tens
         raise FormatError(f"{weights_path}: lm_head.weight differs from the token embedding, but "
                           f"{CONFIG} says tie_word_embeddings: transformers would use the "
                           f"embedding and ignore it")
-    return cfg, state
-
-
-def gpt_from_llama_folder(path: PathLike) -> GPT:
-    """Our GPT (float32, eval mode, correct attention) holding a Llama or Qwen3 folder's weights."""
-    cfg, state = load_llama_folder(path)
-    model = GPT(cfg, state["tok_emb.weight"].shape[0], AttentionConfig())
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    assert missing == ([HEAD] if cfg.tie_embeddings else []) and not unexpected, (missing,
-                                                                                  unexpected)
-    return model.eval()
-
+    return state

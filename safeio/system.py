@@ -11,7 +11,7 @@ from typing import Optional
 
 import torch
 
-from guard.cli import UserError
+from safeio.cli import UserError
 
 MAX_SEED = 2**63 - 1
 MAX_COUNT = 2**62

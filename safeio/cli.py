@@ -23,7 +23,7 @@ from hydra.errors import HydraException
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from guard.key_help import help_text, is_list, type_words, written_out
+from safeio.key_help import help_text, is_list, type_words, written_out
 
 
 class UserError(ValueError):

@@ -23,7 +23,7 @@ from pathlib import Path
 import yaml
 from omegaconf import DictConfig, OmegaConf
 
-from guard.cli import FileRefused, FormatError, first_line
+from safeio.cli import FileRefused, FormatError, first_line
 
 KIB, MIB = 1 << 10, 1 << 20
 

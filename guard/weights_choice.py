@@ -18,10 +18,11 @@ from typing import Optional
 
 from omegaconf import OmegaConf
 
-from guard.checkpoint import read_pointer
-from guard.cli import UserError
-from guard.files import read_text
+from guard.run_dir import saved_config
 from model.config import AttentionConfig
+from safeio.checkpoint import read_pointer
+from safeio.cli import UserError
+from safeio.files import read_text
 from training.checkpoint import CHECKPOINTS, WEIGHTS
 
 WEIGHTS_CHOICES = ("auto", "best", "latest")
@@ -76,8 +77,6 @@ def choose_weights(run_dir: Path, which: str) -> Chosen:
 
 def _attention(config: Path) -> Optional[AttentionConfig]:
     """The run's attention variant; None where config.yaml cannot say (load_run will)."""
-    from guard.run_dir import saved_config  # guard.run_dir imports training: import late
-
     try:
         return OmegaConf.to_object(saved_config(config).attention)
     except (UserError, OSError, ValueError):

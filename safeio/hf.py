@@ -1,6 +1,6 @@
 """A Hugging Face model folder from elsewhere (config.json, model.safetensors), for any
 architecture: its files, the fields of its config.json and the tensors of its weights, each
-checked before it is used. model/hf.py says what GPT-2's names and shapes are.
+checked before it is used. interop/hf.py says what GPT-2's names and shapes are.
 
 Only a single, unsharded model.safetensors is read, never a pickle (pytorch_model.bin). The
 weights file may be no bigger than the tensors the config implies, every tensor's shape is checked
@@ -17,9 +17,9 @@ from typing import Iterator, Union
 import torch
 from safetensors import SafetensorError, safe_open
 
-from guard.checkpoint import check_float_weights
-from guard.cli import FormatError, first_line
-from guard.files import check_regular, read_json
+from safeio.checkpoint import check_float_weights
+from safeio.cli import FormatError, first_line
+from safeio.files import check_regular, read_json
 
 CONFIG = "config.json"
 WEIGHTS = "model.safetensors"

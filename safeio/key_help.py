@@ -1,4 +1,4 @@
-"""The words of a key=value command line (guard.cli.parse_key_values): --help with a line per
+"""The words of a key=value command line (safeio.cli.parse_key_values): --help with a line per
 key, read from the comments of the schema's dataclass, and a type as a message names it."""
 from __future__ import annotations
 
