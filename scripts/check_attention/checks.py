@@ -19,7 +19,8 @@ import torch
 
 from model.attention import causal_pattern
 from model.config import MaskMode
-from scripts.check_attention import layouts, probes
+from scripts.check_attention import layouts
+from scripts.check_attention import probes as deeper
 from scripts.check_attention.compare import (INPUT_SCALES, PROBES, QKV_SCALES, TOLERANCE, Leaks,
                                              golden, leak_matrix, rel_err, same)
 from scripts.check_attention.diagnosis import closest_words, first_difference, match, report_match
@@ -77,7 +78,7 @@ def check(file: str, name: str, opts: Options, sandbox: Optional[Sandbox] = None
         before = None if sandbox.writes_confined else project_snapshot(sandbox.project_root)
         with sandbox.child(opts.timeout) as child:
             info = ask(child, "load", file=os.path.abspath(file), name=name, d_model=opts.d_model,
-                       n_head=opts.n_head, block_size=max(opts.seq_len, probes.LONGEST),
+                       n_head=opts.n_head, block_size=max(opts.seq_len, deeper.LONGEST),
                        dtype=opts.dtype,
                        device=opts.device, seed=opts.seed)
             report = Report(f"{file}:{name}")
@@ -205,7 +206,7 @@ def _check_module(child, info: dict, opts: Options, report: Report) -> None:
         found = match(maps, xs, ys[:3], tol)
         if found:
             report_match(report, found, D, tol, info, captures[0])
-            return probes.check_module(child, info, opts, report, found, D, captures[0])
+            return deeper.check_module(child, info, opts, report, found, D, captures[0])
         why = "no variant of ours reproduces it"
         difference = first_difference(maps, captures[:3], xs, ys[:3], tol, D)
         if difference:
@@ -222,7 +223,7 @@ def _check_module(child, info: dict, opts: Options, report: Report) -> None:
     else:
         report.header["layout"] = f"none recognised ({layouts.describe_linears(info)})"
     _black_box_items(report, leaks, rows_sum_to_one, shape_ok, why)
-    probes.check_module(child, info, opts, report, None, D, captures[0])
+    deeper.check_module(child, info, opts, report, None, D, captures[0])
 
 
 def _width(info: dict, opts: Options) -> int:
@@ -380,7 +381,7 @@ def _check_function(child, info: dict, opts: Options, report: Report) -> None:
     if chosen == "add" and report.items["mask_value"].status == "PASS":
         report.set("mask_value", "N/A", "an additive mask's value is the caller's choice; this "
                                         "check passed -inf")
-    probes.check_function(child, info, opts, report, chosen, best)
+    deeper.check_function(child, info, opts, report, chosen, best)
 
 
 def _function_fits(report, y, q, k, v, h, d_k, tol, best) -> None:
