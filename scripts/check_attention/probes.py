@@ -59,6 +59,8 @@ def _lengths(cap: Optional[int], h: int, D: int, B: int) -> list[int]:
 
 def _first_bad(y: torch.Tensor, ref: torch.Tensor, tol: float, axis: int) -> tuple[int, float]:
     """(first position along axis whose error exceeds tol, or -1; the worst error)."""
+    if ref.numel() == 0:
+        return -1, 0.0
     scale = max(ref.nan_to_num(0).abs().max().item(), 1e-30)
     d = (y.double() - ref).abs()
     d = d.masked_fill(torch.isnan(y) & torch.isnan(ref), 0).nan_to_num(math.inf)
@@ -337,6 +339,10 @@ def check_module(child, info: dict, opts, report, found, D: int, captures: dict)
     if found is None:
         report.set("backward", "SKIP", "not judged: no reference reproduces the forward pass")
         return
+    if y.isnan().any():
+        report.set("backward", "SKIP", "not judged: the output has NaN (a query that sees no "
+                                       "key), which reaches every gradient")
+        return
     g = rand(B, T, D)
     refs = _module_grads(info, captures, found, D, x, g, dtype)
     if refs is None:
@@ -466,6 +472,10 @@ def check_function(child, info: dict, opts, report, convention: str, best) -> No
     report.set("unequal", *_unequal(info, outs[at + len(lengths):], errors[at + len(lengths):],
                                     unequal, var, d_k, h, tol))
     # backward: dq, dk, dv against autograd on our equation
+    if y.isnan().any():
+        report.set("backward", "SKIP", "not judged: the output has NaN (a query that sees no "
+                                       "key), which reaches every gradient")
+        return
     g = rand(B, h, T, d_k)
     back = ask(child, "probe", inputs=[(*qkv, mask)], seeds=[0], grad_outputs=[g])
     if back["errors"][0] is not None:
