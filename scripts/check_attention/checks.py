@@ -79,8 +79,7 @@ def check(file: str, name: str, opts: Options, sandbox: Optional[Sandbox] = None
         with sandbox.child(opts.timeout) as child:
             info = ask(child, "load", file=os.path.abspath(file), name=name, d_model=opts.d_model,
                        n_head=opts.n_head, block_size=max(opts.seq_len, deeper.LONGEST),
-                       dtype=opts.dtype,
-                       device=opts.device, seed=opts.seed)
+                       dtype=opts.dtype, device=opts.device, seed=opts.seed)
             report = Report(f"{file}:{name}")
             if info["kind"] == "function":
                 _check_function(child, info, opts, report)

@@ -36,6 +36,7 @@ GRAD_FLOOR = {torch.float64: 1e-10, torch.float32: 1e-5, torch.float16: 3e-4,
 
 
 def ask(child, cmd: str, **fields) -> dict:
+    """checks.ask (imported here: checks.py imports this module)."""
     from scripts.check_attention.checks import ask as checks_ask
     return checks_ask(child, cmd, **fields)
 
@@ -323,8 +324,9 @@ def check_module(child, info: dict, opts, report, found, D: int, captures: dict)
         report.set("lengths", "SKIP", "not judged: no reference reproduces the layer, and its "
                                       "outputs are not causal or not repeatable")
     elif found is None:  # no reference: each shorter output must be the start of the longest
-        okay = [(n, o.double()) for n, o, e in zip(lengths, outs[4 + len(large):],
-                                                   errors[4 + len(large):]) if e is None and o is not None]
+        at = 4 + len(large)
+        okay = [(n, o.double()) for n, o, e in zip(lengths, outs[at:], errors[at:])
+                if e is None and o is not None]
         results = [r for r in results if r[1] is not None] + [
             (n, None, *_first_bad(o, okay[-1][1][:, :n], tol, 1)) for n, o in okay[:-1]] + [
             (n, None, -1, 0.0) for n, _ in okay[-1:]]
@@ -354,7 +356,8 @@ def check_module(child, info: dict, opts, report, found, D: int, captures: dict)
     for n, (r64, rlow) in refs.items():
         key = n if n == "x" else "param:" + n
         mine = grads.get(key) if key in grads else ("frozen" if n != "x" else None)
-        pairs.append(("dx" if n == "x" else n + ".grad", mine.double() if isinstance(mine, torch.Tensor) else mine, r64, rlow,
+        mine = mine.double() if isinstance(mine, torch.Tensor) else mine
+        pairs.append(("dx" if n == "x" else n + ".grad", mine, r64, rlow,
                       GRAD_FLOOR.get(dtype, 2e-3)))
     report.set("backward", *_grad_words(pairs))
 
@@ -413,7 +416,8 @@ def check_function(child, info: dict, opts, report, convention: str, best) -> No
         large += [(q, k, v, mask), (q, k2, v2, mask)]
     longest = [rand(B, h, max(lengths, default=1), d_k) for _ in range(3)]
     longs = [tuple(t[..., :n, :].contiguous() for t in longest) for n in lengths]
-    unequal = [(rand(B, h, nq, d_k), rand(B, h, nk, d_k), rand(B, h, nk, d_k)) for nq, nk in UNEQUAL]
+    unequal = [(rand(B, h, nq, d_k), rand(B, h, nk, d_k), rand(B, h, nk, d_k))
+               for nq, nk in UNEQUAL]
     inputs = ([(*qkv, mask)] * 3 + [(*other, mask)] + large
               + [(*t, _as_mask(causal_pattern(n, n), convention)) for n, t in zip(lengths, longs)]
               + [(*t, _as_mask(causal_pattern(nq, nk), convention))
