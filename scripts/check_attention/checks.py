@@ -20,6 +20,7 @@ import torch
 from model.attention import causal_pattern
 from model.config import MaskMode
 from scripts.check_attention import layouts, modern
+from scripts.check_attention import probes as deeper
 from scripts.check_attention.compare import (INPUT_SCALES, PROBES, QKV_SCALES, TOLERANCE, Leaks,
                                              golden, leak_matrix, rel_err, same)
 from scripts.check_attention.diagnosis import closest_words, first_difference, match, report_match
@@ -77,8 +78,8 @@ def check(file: str, name: str, opts: Options, sandbox: Optional[Sandbox] = None
         before = None if sandbox.writes_confined else project_snapshot(sandbox.project_root)
         with sandbox.child(opts.timeout) as child:
             info = ask(child, "load", file=os.path.abspath(file), name=name, d_model=opts.d_model,
-                       n_head=opts.n_head, block_size=opts.seq_len, dtype=opts.dtype,
-                       device=opts.device, seed=opts.seed)
+                       n_head=opts.n_head, block_size=max(opts.seq_len, deeper.LONGEST),
+                       dtype=opts.dtype, device=opts.device, seed=opts.seed)
             report = Report(f"{file}:{name}")
             if info["kind"] == "function":
                 _check_function(child, info, opts, report)
@@ -204,7 +205,7 @@ def _check_module(child, info: dict, opts: Options, report: Report) -> None:
         found = match(maps, xs, ys[:3], tol)
         if found:
             report_match(report, found, D, tol, info, captures[0])
-            return
+            return deeper.check_module(child, info, opts, report, found, D, captures[0])
         why = "no variant of ours reproduces it"
     # rotary positions, grouped key/value heads, QK-norm (modern.py)
     modern_found = modern.judge(report, info, captures[0], xs, ys[:3], tol, D, h,
@@ -230,6 +231,7 @@ def _check_module(child, info: dict, opts: Options, report: Report) -> None:
     else:
         report.header["layout"] = f"none recognised ({layouts.describe_linears(info)})"
     _black_box_items(report, leaks, rows_sum_to_one, shape_ok, why)
+    deeper.check_module(child, info, opts, report, None, D, captures[0])
 
 
 def _width(info: dict, opts: Options) -> int:
@@ -402,6 +404,7 @@ def _check_function(child, info: dict, opts: Options, report: Report) -> None:
     if chosen == "add" and report.items["mask_value"].status == "PASS":
         report.set("mask_value", "N/A", "an additive mask's value is the caller's choice; this "
                                         "check passed -inf")
+    deeper.check_function(child, info, opts, report, chosen, best)
 
 
 def _function_fits(report, y, q, k, v, h, d_k, tol, best) -> None:

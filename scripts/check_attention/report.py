@@ -17,6 +17,14 @@ ITEM_WORDS = {
     "causal": "Causality: no future position changes an earlier output",
     "equation": "Matches the equation: softmax(QK^T / sqrt(d_k) + M) V per head, concatenated, "
                 "then W_O",
+    "backward": "Backward: the gradients match autograd on the equation in float64",
+    "lengths": "Lengths past one tile: the output is right at every length",
+    "large_scores": "Large scores: the mask still hides the future (a finite value like -1e4 "
+                    "leaks)",
+    "batch": "Batch independence: changing one sample moves no other sample's output",
+    "deterministic": "Eval mode is deterministic: identical calls give identical outputs",
+    "input_kept": "The inputs are left unmodified (no in-place writes)",
+    "unequal": "Unequal query and key lengths (n_q != n_k, mask aligned bottom-right)",
 }
 HEADER = ("layer", "mask", "layout", "heads", "probes", "sandbox")
 

@@ -9,6 +9,9 @@ Requests (dicts with a `cmd`):
     forward  run the layer on each x; optionally record each Linear's first input and output
     rebuild  build it again with another head count and report the output's shape
     call     call a scaled dot-product function on (q, k, v, mask) tuples
+    probe    call either under a seed; backpropagate a given output gradient, or report
+             which inputs the call changed in place (probes.py)
+    context  the context lengths the layer registers (block_size, square mask buffers)
     exit     return (the host then reports the child's exit)
 """
 from __future__ import annotations
@@ -389,6 +392,70 @@ class Session:
                 outs.append(None), errors.append(describe(exc, self.file))
         return {"outs": outs, "errors": errors}
 
+    # -- probes.py's requests: seeded calls, gradients, inputs left as given, the context
+
+    def probe(self, req: dict) -> dict:
+        """Call the layer (or the function) on each input under the given seed. With a
+        grad_output, backpropagate it and report the inputs' and the parameters' gradients;
+        without one, report which inputs the call changed in place."""
+        outs, errors, changed, grads = [], [], [], []
+        for inp, seed, g in zip(req["inputs"], req["seeds"], req["grad_outputs"]):
+            try:
+                out, moved, grad = self._probe_one(inp, seed, g)
+                outs.append(out), errors.append(None), changed.append(moved), grads.append(grad)
+            except BaseException as exc:
+                why = str(exc) if isinstance(exc, UserError) else describe(exc, self.file)
+                outs.append(None), errors.append(why), changed.append([]), grads.append(None)
+            finally:
+                for p in (self.layer.parameters() if self.layer is not None else ()):
+                    p.grad = None
+        return {"outs": outs, "errors": errors, "changed": changed, "grads": grads}
+
+    def _probe_one(self, inp, seed: int, g):
+        function = self.layer is None
+        dtype = getattr(torch, self.dtype or "float32") if function else next_dtype(self.layer)
+        names = ["q", "k", "v", "mask"] if function else ["x"]
+        given = [t.to(self.device, dtype if t.is_floating_point() else t.dtype)
+                 for t in (inp if function else [inp])]
+        if g is not None:
+            given = [t.requires_grad_() if n != "mask" else t for n, t in zip(names, given)]
+        args = [t.clone() for t in given]  # what the call may write into; `given` stays as sent
+        if function and not self.takes_mask:
+            args = args[:3]
+        params = [] if function else [(n, p) for n, p in self.layer.named_parameters()
+                                      if p.requires_grad and p.is_floating_point()]
+        torch.manual_seed(seed)
+        with torch.set_grad_enabled(g is not None):
+            out = (self.obj if function else self.layer)(*args)
+            if isinstance(out, (tuple, list)) and out:
+                out = out[0]
+            if not isinstance(out, torch.Tensor):
+                raise UserError(f"it returned a {type(out).__name__}, not a tensor")
+            if g is not None:
+                out.backward(g.to(out.device, out.dtype))
+        if g is not None:
+            grad = {n: None if t.grad is None else plain(t.grad, "backward")
+                    for n, t in zip(names, given) if n != "mask"}
+            grad.update({"param:" + n: None if p.grad is None else plain(p.grad, "backward")
+                         for n, p in params})
+            return plain(out, "it"), [], grad
+        moved = [n for n, a, t in zip(names, args, given) if not torch.equal(a, t)]
+        return plain(out, "it"), moved, None
+
+    def context(self, req: dict) -> dict:
+        """Context lengths the layer registers: int attributes named like one (block_size, ...)
+        and the size of each square buffer (a [T, T] causal mask), in any of its modules."""
+        sizes = set()
+        for module in self.layer.modules():
+            for key, value in vars(module).items():
+                if key in BLOCK and isinstance(value, int) and not isinstance(value, bool) \
+                        and value > 0:
+                    sizes.add(value)
+            for buf in module.buffers(recurse=False):
+                if buf.dim() >= 2 and buf.size(-1) == buf.size(-2) > 1:
+                    sizes.add(buf.size(-1))
+        return {"sizes": sorted(sizes)}
+
 
 def plain(out: torch.Tensor, who: str) -> torch.Tensor:
     """The output as the checker compares it: dense and real. A sparse or quantized tensor would
@@ -415,7 +482,7 @@ def serve(proto_in: int, proto_out: int, user_cwd: str, read_frame, write_frame)
     """Answer requests until `exit` (or the checker hangs up)."""
     session = Session(user_cwd)
     handlers = {"load": session.load, "forward": session.forward, "rebuild": session.rebuild,
-                "call": session.call}
+                "call": session.call, "probe": session.probe, "context": session.context}
     while True:
         try:
             req = read_frame(proto_in)

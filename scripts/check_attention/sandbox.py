@@ -178,6 +178,8 @@ def _host(root: str, user_cwd: str, how: str, ctl: int) -> None:
     signal.signal(signal.SIGTERM, stop)
     import runner  # noqa: E402
     import torch
+    import torch.fx.experimental.symbolic_shapes  # noqa: F401  (sympy: some first backwards
+    # import it, 2 to 3 s; once here rather than in every child the gradient probe runs in)
 
     torch.set_num_threads(1)  # the probes are tiny; one thread is fastest and shares the machine
     sys.path.pop(0)
