@@ -214,7 +214,8 @@ def _check_module(child, info: dict, opts: Options, report: Report) -> None:
         if not modern_found:
             _black_box_items(report, leaks, rows_sum_to_one, shape_ok,
                              "no variant of ours reproduces it")
-        return
+        return deeper.check_module(child, info, opts, report, modern_found or None, D,
+                                   captures[0])
     if maps:
         difference = first_difference(maps, captures[:3], xs, ys[:3], tol, D)
         if difference:

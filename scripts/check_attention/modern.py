@@ -155,10 +155,14 @@ def thetas(info: dict, d_k: int) -> list[float]:
 # ----------------------------------------------------------------------------- reference
 
 
-def output(r: Reading, rotary: Rotary, variant, pitfalls: tuple, x: torch.Tensor
+def output(r: Reading, rotary: Rotary, variant, pitfalls: tuple, x: torch.Tensor,
+           dtype=torch.float64, grad: bool = False, seen: Optional[dict] = None
            ) -> torch.Tensor:
-    """Our CausalSelfAttention (float64) with the reading's weights, as `variant` with the second
-    study's `pitfalls` switched on: x [B, T, D] -> y."""
+    """Our CausalSelfAttention (in `dtype`, float64 unless the probes ask for the layer's own)
+    with the reading's weights, as `variant` with the second study's `pitfalls` switched on:
+    x [B, T, D] -> y. The weights enter by torch.func.functional_call, not by copying, so that
+    with grad the output is differentiable in them (the gradient probe, probes.py). seen: gets
+    the q and k the scores are made of (after QK-norm and rotary positions)."""
     D, T, d_k = r.wq.size(1), x.size(1), r.wq.size(1) // r.h
     attn = replace(variant.attn, out_proj=r.wo is not None,
                    rotary_interleaved=rotary.layout == "interleaved",
@@ -166,30 +170,33 @@ def output(r: Reading, rotary: Rotary, variant, pitfalls: tuple, x: torch.Tensor
     eps = (r.norm or {}).get("eps")
     layer = CausalSelfAttention(D, r.h, block_size=T, attn=attn, bias=True, n_kv_head=r.h_kv,
                                 qk_norm=r.norm is not None,
-                                norm_eps=eps if eps is not None else 1e-6).double().eval()
-    with torch.no_grad():
-        layer.qkv.weight.copy_(torch.cat([r.wq, r.wk, r.wv]))
-        layer.qkv.bias.copy_(torch.cat([b.double() if b is not None else
-                                        torch.zeros(w.size(0), dtype=torch.float64)
-                                        for b, w in zip(r.b, (r.wq, r.wk, r.wv))]))
-        if r.wo is not None:
-            layer.out_proj.weight.copy_(r.wo)
-            layer.out_proj.bias.copy_(r.bo.double() if r.bo is not None else torch.zeros(D))
-        if r.norm is not None:
-            for role in ("q", "k"):
-                w, b = r.norm[role]
-                norm = nn.LayerNorm(d_k, eps=eps or 1e-5, bias=b is not None) \
-                    if r.norm["cls"] == "LayerNorm" else nn.RMSNorm(d_k, eps=eps)
-                norm = norm.double()
-                norm.weight.copy_(w)
-                if b is not None:
-                    norm.bias.copy_(b.double())
-                setattr(layer, f"{role}_norm", norm)
-        layer.causal = pattern(variant.pattern, T)
-        tables = None
-        if rotary.layout is not None:
-            tables = rotary_tables(torch.arange(T), d_k, rotary.theta, torch.float64)
-        y, _ = layer(x.double(), rotary=tables)
+                                norm_eps=eps if eps is not None else 1e-6).to(dtype).eval()
+    zeros = torch.zeros(D + 2 * r.wk.size(0), dtype=torch.float64).split(
+        [D, r.wk.size(0), r.wk.size(0)])
+    weights = {"qkv.weight": torch.cat([r.wq, r.wk, r.wv]),
+               "qkv.bias": torch.cat([z if b is None else b.double() for b, z in zip(r.b, zeros)])}
+    if r.wo is not None:
+        weights["out_proj.weight"] = r.wo
+        weights["out_proj.bias"] = r.bo.double() if r.bo is not None else torch.zeros(D)
+    if r.norm is not None:
+        for role in ("q", "k"):
+            w, b = r.norm[role]
+            norm = nn.LayerNorm(d_k, eps=eps or 1e-5, bias=b is not None) \
+                if r.norm["cls"] == "LayerNorm" else nn.RMSNorm(d_k, eps=eps)
+            setattr(layer, f"{role}_norm", norm.to(dtype))
+            weights[f"{role}_norm.weight"] = w
+            if b is not None:
+                weights[f"{role}_norm.bias"] = b.double()
+    layer.causal = pattern(variant.pattern, T)
+    if seen is not None:
+        attend = layer.attend
+        layer.attend = lambda q, k, *rest: (seen.update(q=q, k=k), attend(q, k, *rest))[1]
+    tables = None
+    if rotary.layout is not None:
+        tables = rotary_tables(torch.arange(T), d_k, rotary.theta, dtype)
+    with torch.set_grad_enabled(grad):
+        y, _ = torch.func.functional_call(layer, {n: w.to(dtype) for n, w in weights.items()},
+                                          (x.to(dtype),), {"rotary": tables})
     return y
 
 
@@ -303,8 +310,9 @@ def no_match(rep: Report, closest: Found, D: int) -> None:
 
 
 def judge(rep: Report, info: dict, captures: dict, xs: list, ys: list, tol: float, D: int,
-          h: Optional[int], classic: bool) -> Optional[bool]:
-    """Read the layer as a modern one and judge it. True: a match was reported; False: a modern
+          h: Optional[int], classic: bool):
+    """Read the layer as a modern one and judge it. A Found: the match reported (the probes'
+    reference, probes.py); False: a modern
     reading exists but nothing reproduces it (the equation line says so); None: no modern
     reading (or, with classic True, none that explains more than the classic layouts do)."""
     rs = readings(info, captures, D, h)
@@ -313,7 +321,7 @@ def judge(rep: Report, info: dict, captures: dict, xs: list, ys: list, tol: floa
     best, closest = match(rs, info, xs, ys, tol)
     if best is not None:
         report(rep, best, D, tol)
-        return True
+        return best
     modern = any(r.h_kv < r.h or r.norm is not None for r in rs)
     if classic and not modern:
         return None  # an ordinary layout: the classic diagnosis follows its steps

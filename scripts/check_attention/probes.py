@@ -12,14 +12,15 @@ plus a small floor.
 from __future__ import annotations
 
 import math
-from typing import Optional
+from dataclasses import dataclass
+from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
 
 from model.attention import causal_pattern, scaled_dot_product_attention
 from model.pitfalls import masked_softmax
-from scripts.check_attention import layouts
+from scripts.check_attention import layouts, modern
 from scripts.check_attention.compare import LEAK, TOLERANCE, rel_err, same
 from scripts.check_attention.options import MAX_PROBE_BYTES
 from scripts.check_attention.variants import (SPLITS, Variant, module_output, pattern,
@@ -205,22 +206,71 @@ def _equation(w, h: int, variant: Variant, x: torch.Tensor) -> torch.Tensor:
     return y
 
 
-def _module_grads(info: dict, captures: dict, found, D: int, x: torch.Tensor,
-                  g: torch.Tensor, dtype) -> Optional[dict]:
+@dataclass
+class Reference:
+    """The reading of a module's weights that reproduced its forward pass, as the probes use it,
+    whichever found it: the classic layouts (a diagnosis.Match) or modern.py (a modern.Found:
+    rotary positions, grouped key/value heads, QK-norm)."""
+
+    h: int                   # query heads
+    pattern: str             # the matched variant's mask pattern
+    output: Callable         # x [B, T, D] -> y, float64
+    max_score: Callable      # x -> the largest |score| (after scaling) over visible pairs
+    rebuild: Callable        # {name: float64 leaf} -> (x, dtype) -> y, differentiable in the
+    #                          leaves; None when the same reading cannot be made of them
+
+
+def reference(found, info: dict, captures: dict, D: int) -> Optional[Reference]:
+    """A Reference from a diagnosis.Match or a modern.Found (None: none reproduced the layer)."""
+    if found is None:
+        return None
+    if isinstance(found, modern.Found):
+        return _modern(found, info, captures, D)
+    m, v = found.mapping, found.variant
+
+    def rebuild(leaves):
+        maps = layouts.mappings(dict(info, params=leaves), captures, D, [m.h])
+        same = next((n for n in maps if n.words == m.words
+                     and _same_weights(n.weights, m.weights)), None)
+        return same and (lambda x, dtype: _equation(same.weights, m.h, v, x.to(dtype)))
+    return Reference(m.h, v.pattern, lambda x: module_output(m.weights, m.h, v, x),
+                     lambda x: _max_score(m.weights, m.h, v, x), rebuild)
+
+
+def _modern(f, info: dict, captures: dict, D: int) -> Reference:
+    r, h = f.reading, f.reading.h
+
+    def output(x, reading=r, dtype=torch.float64, grad=False, seen=None):
+        return modern.output(reading, f.rotary, f.variant, f.pitfalls, x, dtype, grad, seen)
+
+    def rebuild(leaves):
+        same = next((n for n in modern.readings(dict(info, params=leaves), captures, D, h)
+                     if n.words == r.words and n.h_kv == r.h_kv
+                     and torch.equal(n.wq.detach(), r.wq.double())), None)
+        return same and (lambda x, dtype: output(x, same, dtype, grad=True))
+
+    def max_score(x):  # on q and k as the scores see them: after QK-norm and rotary positions
+        seen = {}
+        output(x, seen=seen)
+        k = seen["k"].repeat_interleave(h // r.h_kv, dim=1)
+        s = (seen["q"] @ k.transpose(-2, -1)) * f.variant.scale(D // h, h)
+        return s.masked_fill(~causal_pattern(x.size(1), x.size(1)), 0).abs().max().item()
+    return Reference(h, f.variant.pattern, output, max_score, rebuild)
+
+
+def _module_grads(info: dict, ref: Reference, x: torch.Tensor, g: torch.Tensor, dtype
+                  ) -> Optional[dict]:
     """{name: (ref64, ref in dtype)} for dx and every parameter the reference reads, by autograd
-    through the same reading of the layer's weights (layouts.py) on float64 leaves; None when
-    that reading cannot be rebuilt."""
+    through the same reading of the layer's weights on float64 leaves; None when that reading
+    cannot be rebuilt."""
     refs = {}
     for low in (False, True):
         leaves = {n: p.double().clone().requires_grad_() for n, p in info["params"].items()}
-        maps = layouts.mappings(dict(info, params=leaves), captures, D, [found.mapping.h])
-        m = next((m for m in maps if m.words == found.mapping.words
-                  and _same_weights(m.weights, found.mapping.weights)), None)
-        if m is None:
+        equation = ref.rebuild(leaves)
+        if equation is None:
             return None
         xl = x.clone().requires_grad_()
-        xin = xl.to(dtype) if low else xl
-        y = _equation(m.weights, m.h, found.variant, xin)
+        y = equation(xl, dtype if low else torch.float64)
         names = ["x"] + list(leaves)
         tensors = [xl] + list(leaves.values())
         grads = torch.autograd.grad(y, tensors, grad_outputs=g.to(y.dtype), allow_unused=True)
@@ -240,20 +290,21 @@ def _same_weights(a, b) -> bool:
 
 
 def check_module(child, info: dict, opts, report, found, D: int, captures: dict) -> None:
-    """The probes for an nn.Module, after the checklist; `found`: the diagnosis's Match."""
+    """The probes for an nn.Module, after the checklist; `found`: the diagnosis's Match or
+    modern.py's Found (or None)."""
+    ref = reference(found, info, captures, D)
     dtype = getattr(torch, info["dtype"])
     tol = TOLERANCE.get(dtype, 5e-2)
     B, T = max(opts.batch, 2), opts.seq_len
     rand = _randn(torch.Generator().manual_seed(opts.seed + 1), dtype)
-    h = found.mapping.h if found else (opts.n_head if "n_head" in info["consumed"] else 1)
+    h = ref.h if ref else (opts.n_head if "n_head" in info["consumed"] else 1)
     cap = min(ask(child, "context")["sizes"] or [None], key=lambda s: s or math.inf)
     lengths = _lengths(cap, max(h, 1), D, B)
     x = rand(B, T, D)
     other = x.clone()
     other[0] = rand(T, D)
-    w = found.mapping.weights if found else None
-    if w is not None:
-        s1 = _max_score(w, found.mapping.h, found.variant, x)
+    if ref is not None:
+        s1 = ref.max_score(x)
         sigmas = [math.sqrt(t / s1) for t in SCORE_TARGETS] if s1 > 0 else list(BLIND_SCALES)
     else:
         sigmas = list(BLIND_SCALES)
@@ -299,8 +350,8 @@ def check_module(child, info: dict, opts, report, found, D: int, captures: dict)
             if a is None or b is None:
                 levels.append((f"x times {s:.3g}", None, 0))
                 continue
-            words = (f"scores up to {_max_score(w, found.mapping.h, found.variant, x * s):.0e} "
-                     f"(x times {s:.3g})" if w is not None else f"x times {s:.3g}")
+            words = (f"scores up to {ref.max_score(x * s):.0e} (x times {s:.3g})"
+                     if ref is not None else f"x times {s:.3g}")
             levels.append((words, _leak(a.double(), b.double(), 1), _new_nonfinite(a, y)))
         report.set("large_scores", *_large_words(levels, "position"))
     # lengths past one tile
@@ -308,22 +359,22 @@ def check_module(child, info: dict, opts, report, found, D: int, captures: dict)
     for n, xl, out, error in zip(lengths, longs, outs[4 + len(large):], errors[4 + len(large):]):
         if error is not None or out is None:
             results.append((n, error or "no output", -1, 0.0))
-        elif found is not None:
-            ref = module_output(w, found.mapping.h, found.variant, xl)
-            if found.variant.pattern == "mask_no_diagonal":
-                out, ref = out[:, 1:], ref[:, 1:]
-            p, worst = _first_bad(out, ref, tol, 1) if out.shape == ref.shape else (0, math.inf)
-            results.append((n, None, p + (p >= 0 and found.variant.pattern ==
-                                          "mask_no_diagonal"), worst))
+        elif ref is not None:
+            right = ref.output(xl)
+            if ref.pattern == "mask_no_diagonal":
+                out, right = out[:, 1:], right[:, 1:]
+            p, worst = _first_bad(out, right, tol, 1) if out.shape == right.shape else \
+                (0, math.inf)
+            results.append((n, None, p + (p >= 0 and ref.pattern == "mask_no_diagonal"), worst))
         else:
             results.append((n, None, -1, 0.0))
     cap_words = f" (the layer's context is {cap})" if cap and cap < LONGEST else ""
     blind_ok = all(report.items[k].status == "PASS" for k in ("causal", "deterministic")
                    if k in report.items)
-    if found is None and not blind_ok:
+    if ref is None and not blind_ok:
         report.set("lengths", "SKIP", "not judged: no reference reproduces the layer, and its "
                                       "outputs are not causal or not repeatable")
-    elif found is None:  # no reference: each shorter output must be the start of the longest
+    elif ref is None:  # no reference: each shorter output must be the start of the longest
         at = 4 + len(large)
         okay = [(n, o.double()) for n, o, e in zip(lengths, outs[at:], errors[at:])
                 if e is None and o is not None]
@@ -336,7 +387,7 @@ def check_module(child, info: dict, opts, report, found, D: int, captures: dict)
     if "lengths" not in report.items:
         report.set("lengths", *_lengths_words(results, tol, cap_words))
     # backward
-    if found is None:
+    if ref is None:
         report.set("backward", "SKIP", "not judged: no reference reproduces the forward pass")
         return
     if y.isnan().any():
@@ -344,9 +395,7 @@ def check_module(child, info: dict, opts, report, found, D: int, captures: dict)
                                        "key), which reaches every gradient")
         return
     g = rand(B, T, D)
-    refs = _module_grads(info, captures, found, D, x, g, dtype)
-    if refs is None:
-        refs = {}
+    refs = _module_grads(info, ref, x, g, dtype) or {}
     back = ask(child, "probe", inputs=[x], seeds=[0], grad_outputs=[g])
     if back["errors"][0] is not None:
         report.set("backward", "FAIL", f"backward raises: {back['errors'][0]}")
