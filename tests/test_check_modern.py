@@ -18,6 +18,7 @@ from scripts.check_attention.sandbox import Sandbox
 
 LAYERS = REPO_ROOT / "tests" / "attention_layers"
 ITEMS = ("scale", "w_o", "before_softmax", "mask_value", "shape", "causal", "equation")
+PROBES = ("backward", "lengths", "large_scores", "batch", "deterministic", "input_kept")
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +70,8 @@ def test_correct_modern_layers_pass_every_item(sandbox):
     for name in ("LlamaAttention", "QKNorm", "QKLayerNorm", "Interleaved", "MultiQuery",
                  "Theta500k", "HiddenTheta", "FromConfig", "FusedQKV"):
         report = run(sandbox, f"llama_rope_gqa.py:{name}")
-        assert [report.items[k].status for k in ITEMS] == ["PASS"] * 7, text(report)
+        assert {k: i.status for k, i in report.items.items()} == \
+            dict.fromkeys(ITEMS + PROBES, "PASS"), text(report)  # all 13, the probes too
         assert report.exit_code == 0
         layouts[name] = report.header["layout"]
     assert "k_proj, v_proj [64 -> 32]" in layouts["LlamaAttention"]
@@ -86,6 +88,27 @@ def test_correct_modern_layers_pass_every_item(sandbox):
     assert "2 key/value heads for 4 query heads" in layouts["FromConfig"]  # config.n_kv_heads
     # a layer with rotary positions and the classic layout (it was "not judged" before)
     assert run(sandbox, "odd.py:Rotary").exit_code == 0
+
+
+@pytest.mark.slow
+def test_the_probes_judge_modern_layers_against_the_modern_reference(sandbox):
+    # gradients through rotary positions, the kv heads' repeat and QK-norm, and the rotary
+    # tables of each length (the CS336 adapter gets its weights as arguments)
+    for target in ("llama_rope_gqa.py:QKNorm", "cs336_adapters.py:"
+                   "run_multihead_self_attention_with_rope"):
+        report = run(sandbox, target)
+        assert report.exit_code == 0 and len(report.items) == 13, text(report)
+        assert report.items["lengths"].detail == "lengths 1, 7, 65, 129, 257", text(report)
+        if "QKNorm" in target:
+            assert "q_norm.weight.grad, k_norm.weight.grad within" in \
+                report.items["backward"].detail
+    # a right forward with a custom backward that forgets the softmax Jacobian's second term
+    report = run(sandbox, "llama_rope_gqa.py:WrongBackward")
+    assert failing(report) == {"backward"}, text(report)
+    detail = report.items["backward"].detail
+    assert detail.startswith("backward is wrong: ") and \
+        "; right: v_proj.weight.grad, o_proj.weight.grad;" in detail, detail
+    assert "2 key/value heads for 4 query heads; rotary positions" in report.header["layout"]
 
 
 @pytest.mark.slow

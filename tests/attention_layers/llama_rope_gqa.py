@@ -3,7 +3,7 @@ attribute), grouped-query attention (n_kv_heads key/value heads shared by groups
 4 query heads read 2 key/value heads by default), separate projections without biases. Built as
 LlamaAttention(d_model, n_heads). Subclasses: correct variations (QK-norm, interleaved pairs,
 multi-query) and the second study's mistakes (values rotated, query heads reading another
-group's keys).
+group's keys; a custom backward that is not the forward's derivative).
 
 Test material for tests/test_check_modern.py; not part of the package.
 """
@@ -64,8 +64,11 @@ class LlamaAttention(nn.Module):
             k, v = k.repeat(1, group, 1, 1), v.repeat(1, group, 1, 1)
         else:                  # [k0, k0, k1, k1]: heads 0, 1 read kv head 0
             k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        y = self.attend(q, k, v)
         return self.o_proj(y.transpose(1, 2).reshape(B, T, D))
+
+    def attend(self, q, k, v):  # each [B, n_heads, T, head_dim]
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 
 class QKNorm(LlamaAttention):
@@ -144,3 +147,13 @@ class HiddenTheta(LlamaAttention):
     def __init__(self, d_model: int, n_heads: int):
         super().__init__(d_model, n_heads)
         del self.rope_theta  # the class's value from now on
+
+
+class WrongBackward(LlamaAttention):
+    """Right forward, wrong backward: wrong_backward.py's custom autograd.Function (the softmax
+    Jacobian's second term forgotten) after rotary positions and the kv heads' repeat."""
+
+    def attend(self, q, k, v):
+        from wrong_backward import Attention
+        T = q.size(-2)
+        return Attention.apply(q, k, v, torch.ones(T, T, dtype=torch.bool, device=q.device).tril())
