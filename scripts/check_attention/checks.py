@@ -405,7 +405,7 @@ def _check_function(child, info: dict, opts: Options, report: Report) -> None:
     if chosen == "add" and report.items["mask_value"].status == "PASS":
         report.set("mask_value", "N/A", "an additive mask's value is the caller's choice; this "
                                         "check passed -inf")
-    deeper.check_function(child, info, opts, report, chosen, best)
+    deeper.check_function(child, info, opts, report, chosen, best, batched=bool(lead))
 
 
 def _function_fits(report, y, q, k, v, h, d_k, tol, best) -> None:

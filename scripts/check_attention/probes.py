@@ -439,19 +439,22 @@ def _as_mask(visible: torch.Tensor, convention: str) -> torch.Tensor:
     return torch.zeros(visible.shape, dtype=torch.float64).masked_fill(~visible, float("-inf"))
 
 
-def check_function(child, info: dict, opts, report, convention: str, best) -> None:
-    """The probes for f(q, k, v, mask), after the checklist; best: (key, variant, err)."""
+def check_function(child, info: dict, opts, report, convention: str, best,
+                   batched: bool = True) -> None:
+    """The probes for f(q, k, v, mask), after the checklist; best: (key, variant, err).
+    batched: q, k, v [B, h, n, d_k]; else the sheet's [n, d_k] (one sequence, no batch)."""
     h, D = opts.n_head, opts.d_model
     d_k = D // h
     dtype = getattr(torch, opts.dtype or "float32")
     tol = TOLERANCE.get(dtype, 5e-2)
     B, T = max(opts.batch, 2), opts.seq_len
+    lead = (B, h) if batched else ()
     rand = _randn(torch.Generator().manual_seed(opts.seed + 1), dtype)
     var = best[1] if best is not None and best[2] <= tol else None
     mask = _as_mask(causal_pattern(T, T), convention)
-    qkv = tuple(rand(B, h, T, d_k) for _ in range(3))
+    qkv = tuple(rand(*lead, T, d_k) for _ in range(3))
     other = tuple(t.clone() for t in qkv)
-    for t in other:
+    for t in other if batched else ():
         t[0] = rand(h, T, d_k)
     lengths = _lengths(None, h, D, B)
     q1, k1 = qkv[0], qkv[1]
@@ -461,11 +464,11 @@ def check_function(child, info: dict, opts, report, convention: str, best) -> No
     for s in sigmas:
         q, k, v = (t * s for t in qkv)
         k2, v2 = k.clone(), v.clone()
-        k2[..., -1, :], v2[..., -1, :] = rand(B, h, d_k, scale=s), rand(B, h, d_k, scale=s)
+        k2[..., -1, :], v2[..., -1, :] = rand(*lead, d_k, scale=s), rand(*lead, d_k, scale=s)
         large += [(q, k, v, mask), (q, k2, v2, mask)]
-    longest = [rand(B, h, max(lengths, default=1), d_k) for _ in range(3)]
+    longest = [rand(*lead, max(lengths, default=1), d_k) for _ in range(3)]
     longs = [tuple(t[..., :n, :].contiguous() for t in longest) for n in lengths]
-    unequal = [(rand(B, h, nq, d_k), rand(B, h, nk, d_k), rand(B, h, nk, d_k))
+    unequal = [(rand(*lead, nq, d_k), rand(*lead, nk, d_k), rand(*lead, nk, d_k))
                for nq, nk in UNEQUAL]
     inputs = ([(*qkv, mask)] * 3 + [(*other, mask)] + large
               + [(*t, _as_mask(causal_pattern(n, n), convention)) for n, t in zip(lengths, longs)]
@@ -477,7 +480,9 @@ def check_function(child, info: dict, opts, report, convention: str, best) -> No
     report.set("deterministic", *_determinism(outs, errors, 0))
     report.set("input_kept", *_kept(got["changed"]))
     y = outs[0]
-    if y is None or outs[3] is None or outs[3].shape != y.shape:
+    if not batched:
+        report.set("batch", "N/A", "it takes one sequence, q, k, v [n, d], no batch")
+    elif y is None or outs[3] is None or outs[3].shape != y.shape:
         report.set("batch", "SKIP", f"not judged: {errors[3] or 'the output changes shape'}")
     else:
         moved_by = rel_err(outs[3][1:], y[1:])
@@ -486,7 +491,7 @@ def check_function(child, info: dict, opts, report, convention: str, best) -> No
                    f"(relative): samples attend to each other (batch mixing)" if moved_by > LEAK
                    else "changing sample 0 leaves the other samples' outputs bit for bit")
     at = 4 + len(large)
-    if y is None or list(y.shape) != [B, h, T, d_k]:
+    if y is None or list(y.shape) != [*lead, T, d_k]:
         for item in ("lengths", "large_scores", "backward", "unequal"):
             report.set(item, "SKIP", "not judged: the output's shape is not [..., n, d_v]")
         return
@@ -527,7 +532,7 @@ def check_function(child, info: dict, opts, report, convention: str, best) -> No
         report.set("backward", "SKIP", "not judged: the output has NaN (a query that sees no "
                                        "key), which reaches every gradient")
         return
-    g = rand(B, h, T, d_k)
+    g = rand(*lead, T, d_k)
     back = ask(child, "probe", inputs=[(*qkv, mask)], seeds=[0], grad_outputs=[g])
     if back["errors"][0] is not None:
         report.set("backward", "FAIL", f"backward raises: {back['errors'][0]}")
