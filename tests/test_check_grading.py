@@ -242,7 +242,7 @@ def test_the_docs_pytest_example_runs(tmp_path):
                            timeout=600)
     assert wrong.returncode == 1
     assert "FAIL  The scaling divisor is the per-head d_k" in wrong.stdout
-    assert "verdict: FAIL (2 of 7 checks fail)" in wrong.stdout
+    assert "verdict: FAIL (2 of 13 checks fail)" in wrong.stdout
 
 
 @pytest.mark.slow
