@@ -312,9 +312,9 @@ def no_match(rep: Report, closest: Found, D: int) -> None:
 def judge(rep: Report, info: dict, captures: dict, xs: list, ys: list, tol: float, D: int,
           h: Optional[int], classic: bool):
     """Read the layer as a modern one and judge it. A Found: the match reported (the probes'
-    reference, probes.py); False: a modern
-    reading exists but nothing reproduces it (the equation line says so); None: no modern
-    reading (or, with classic True, none that explains more than the classic layouts do)."""
+    reference, probes.py); False: a modern reading exists but nothing reproduces it (the
+    equation line says so); None: no modern reading (or, with classic True, none that explains
+    more than the classic layouts do)."""
     rs = readings(info, captures, D, h)
     if not rs:
         return None
