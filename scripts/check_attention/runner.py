@@ -404,7 +404,7 @@ class Session:
                 out, moved, grad = self._probe_one(inp, seed, g)
                 outs.append(out), errors.append(None), changed.append(moved), grads.append(grad)
             except BaseException as exc:
-                why = str(exc) if isinstance(exc, UserError) else describe(exc, self.file)
+                why = str(exc) if isinstance(exc, SubmissionError) else describe(exc, self.file)
                 outs.append(None), errors.append(why), changed.append([]), grads.append(None)
             finally:
                 for p in (self.layer.parameters() if self.layer is not None else ()):
@@ -430,7 +430,7 @@ class Session:
             if isinstance(out, (tuple, list)) and out:
                 out = out[0]
             if not isinstance(out, torch.Tensor):
-                raise UserError(f"it returned a {type(out).__name__}, not a tensor")
+                raise SubmissionError(f"it returned a {type(out).__name__}, not a tensor")
             if g is not None:
                 out.backward(g.to(out.device, out.dtype))
         if g is not None:
