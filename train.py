@@ -427,8 +427,10 @@ def save(run: Run) -> None:
 
 
 def to_bpc(run: Run, nats_per_token: float) -> float:
+    """Bits per character: every token but the first is predicted, so the split's nats are the
+    mean times N - 1 tokens (bench/score.py, the frozen evaluator, counts the same way)."""
     corpus = run.corpus
-    return bits_per_char(nats_per_token, len(corpus.validation), corpus.n_chars["validation"])
+    return bits_per_char(nats_per_token, len(corpus.validation) - 1, corpus.n_chars["validation"])
 
 
 def to_nats_per_char(run: Run, nats_per_token: float) -> float:

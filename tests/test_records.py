@@ -77,11 +77,8 @@ def test_the_evaluator_agrees_with_training_on_a_tiny_run(tmp_path, fake_sdist):
             "train.dtype=float32", f"hydra.run.dir={run_dir}"], cwd=tmp_path))
     training = scalars(run_dir)["val/nats_per_char_full"][-1][1]
     score = score_run(run_dir, cache_dir=tmp_path / "cache")
-    # training's conversion (bits_per_char) multiplies its mean over the N - 1 predicted tokens
-    # by all N tokens: its figure is N / (N - 1) times the loss it summed (8e-5 here, 6e-6 on
-    # the real works); otherwise the two agree to float32 rounding
-    assert score.nats_per_char == pytest.approx(training * score.tokens / (score.tokens + 1),
-                                                rel=1e-6)
+    # both count the nats of the N - 1 predicted tokens: they agree to float32 rounding
+    assert score.nats_per_char == pytest.approx(training, rel=1e-6)
     # the fake works hold "naïve café": more bytes than characters, so fewer bits per byte
     assert score.bytes > score.chars
     assert score.bits_per_byte == pytest.approx(score.nats / math.log(2) / score.bytes)
