@@ -17,27 +17,11 @@ from pathlib import Path
 import pytest
 
 from helpers import REPO_ROOT, SCRIPT_ENV, one_error_line
+from check_helpers import ITEMS, failing, run, sandbox  # noqa: F401 (a fixture)
 from scripts.check_attention.checks import CheckError, check
 from scripts.check_attention.options import Options
 from scripts.check_attention.sandbox import Sandbox
 
-LAYERS = REPO_ROOT / "tests" / "attention_layers"
-ITEMS = ("scale", "w_o", "before_softmax", "mask_value", "shape", "causal", "equation")
-
-
-@pytest.fixture(scope="module")
-def sandbox():
-    with Sandbox() as box:
-        yield box
-
-
-def run(sandbox, target: str, **options):
-    file, name = target.split(":")
-    return check(str(LAYERS / file), name, Options(**options), sandbox=sandbox)
-
-
-def failing(report) -> set:
-    return {k for k, item in report.items.items() if item.status == "FAIL"}
 
 
 # (class in each module-layout file, the items that must fail, words the first one must say)

@@ -11,32 +11,8 @@ from __future__ import annotations
 
 import pytest
 
-from scripts.check_attention.checks import check
-from scripts.check_attention.options import Options
-from scripts.check_attention.sandbox import Sandbox
-from helpers import REPO_ROOT
+from check_helpers import PROBES, failing, run, sandbox, text  # noqa: F401 (a fixture)
 
-LAYERS = REPO_ROOT / "tests" / "attention_layers"
-PROBES = ("backward", "lengths", "large_scores", "batch", "deterministic", "input_kept")
-
-
-@pytest.fixture(scope="module")
-def sandbox():
-    with Sandbox() as box:
-        yield box
-
-
-def run(sandbox, target: str, **options):
-    file, name = target.split(":")
-    return check(str(LAYERS / file), name, Options(**options), sandbox=sandbox)
-
-
-def failing(report) -> set:
-    return {k for k, item in report.items.items() if item.status == "FAIL"}
-
-
-def text(report) -> str:
-    return "\n".join(report.lines())
 
 
 @pytest.mark.slow

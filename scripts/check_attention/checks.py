@@ -27,23 +27,9 @@ from scripts.check_attention.diagnosis import closest_words, first_difference, m
 from scripts.check_attention.options import MASKS, Options
 from scripts.check_attention.report import Report
 from scripts.check_attention.runner import D_MODEL, N_HEAD
-from scripts.check_attention.sandbox import Sandbox, SandboxError, project_snapshot
+from scripts.check_attention.sandbox import CheckError, Sandbox, SandboxError, ask, project_snapshot
 from scripts.check_attention.variants import (all_variants, attend_heads, divisor_words,
                                               mistake_words, num, variant_attend_kwargs)
-
-
-class CheckError(Exception):
-    """A file or object the checker cannot use (the CLI prints it as one `error:` line)."""
-
-
-def ask(child, cmd: str, **fields) -> dict:
-    try:
-        answer = child.ask(cmd, **fields)
-    except SandboxError as exc:
-        raise CheckError(str(exc)) from None
-    if "error" in answer:
-        raise CheckError(answer["error"])
-    return answer
 
 
 def _rebuild(child, n_head: int, x) -> dict:

@@ -23,6 +23,7 @@ from model.pitfalls import masked_softmax
 from scripts.check_attention import layouts, modern
 from scripts.check_attention.compare import LEAK, TOLERANCE, rel_err, same
 from scripts.check_attention.options import MAX_PROBE_BYTES
+from scripts.check_attention.sandbox import ask
 from scripts.check_attention.variants import (SPLITS, Variant, module_output, pattern,
                                               variant_attend_kwargs)
 
@@ -34,12 +35,6 @@ UNEQUAL = ((1, 9), (5, 12))              # (n_q, n_k): one decoded token, a chun
 # The gradient tolerance's floor, added to twice the reference's own error in the dtype.
 GRAD_FLOOR = {torch.float64: 1e-10, torch.float32: 1e-5, torch.float16: 3e-4,
               torch.bfloat16: 2e-3}
-
-
-def ask(child, cmd: str, **fields) -> dict:
-    """checks.ask (imported here: checks.py imports this module)."""
-    from scripts.check_attention.checks import ask as checks_ask
-    return checks_ask(child, cmd, **fields)
 
 
 def _randn(gen, dtype):

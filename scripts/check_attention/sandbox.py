@@ -400,5 +400,21 @@ class Sandbox:
         self.close()
 
 
+class CheckError(Exception):
+    """A file or object the checker cannot use (the CLI prints it as one `error:` line)."""
+
+
+def ask(child, cmd: str, **fields) -> dict:
+    """child's answer to one request; CheckError with the child's own words when it has none."""
+    try:
+        answer = child.ask(cmd, **fields)
+    except SandboxError as exc:
+        raise CheckError(str(exc)) from None
+    if "error" in answer:
+        raise CheckError(answer["error"])
+    return answer
+
+
 if __name__ == "__main__":
     _host(*sys.argv[1:4], int(sys.argv[4]))
+
