@@ -38,7 +38,8 @@ from model.gpt import GPT
 from safeio.cli import UserError
 from training.checkpoint import (CHECKPOINTS, WEIGHTS, Progress, link_latest, load_weights, restore,
                                  rng_state, save_best, save_checkpoint, seed_everything,
-                                 set_rng_state, write_run_files)
+                                 set_rng_state, write_run_config, write_run_files)
+from training.budget import StepBudget, steps_within
 from training.config import Config, NonFinite, register_configs
 from training.dtype_probe import choose_dtype
 from training.evaluate import (attention_diagnostics, bits_per_char, cached_loss, full_split_loss,
@@ -99,6 +100,7 @@ def train(cfg: Config, run_dir: Path, resuming: bool, world: World) -> dict:
         return {}  # a finished run was resumed: nothing to do
     t, p = cfg.train, run.progress
     meter = Speedometer()
+    budget = StepBudget(t.budget_minutes, p.step)
     started = time.perf_counter() - p.elapsed
     bar = tqdm(total=t.max_steps, initial=p.step, dynamic_ncols=True, unit="step", file=sys.stderr,
                disable=True if not (t.progress and world.is_main) else None)
@@ -110,7 +112,10 @@ def train(cfg: Config, run_dir: Path, resuming: bool, world: World) -> dict:
             if result is None:  # a signal between micro-batches: the step was taken back
                 stop_asked = True
                 break
-            meter.add(run.tokens_per_step, time.perf_counter() - tick)
+            seconds = time.perf_counter() - tick
+            meter.add(run.tokens_per_step, seconds)
+            if budget.add(p.step, seconds):  # train.budget_minutes: the step count, fixed now
+                fit_budget(run, budget.step_seconds(), bar)
             if p.step % t.log_interval == 0 and p.loss_window:
                 tokens_per_sec = meter.window_rate()
                 log_training(run, result, tokens_per_sec)
@@ -223,6 +228,23 @@ def build_run(cfg: Config, run_dir: Path, resuming: bool, world: World) -> Optio
                  f"{run.tokens_per_step:,} tokens per step (batch {t.batch_size} x accumulation "
                  f"{t.grad_accum} x processes {world.size} x block {m.block_size}), run dir {run_dir}")
     return run
+
+
+def fit_budget(run: Run, step_seconds: float, bar) -> None:
+    """Fix train.max_steps from the measured step time (training/budget.py); every rank takes the
+    mean time, so all agree. config.yaml records the count: a resume keeps the schedule."""
+    t = run.cfg.train
+    step_seconds = all_mean(torch.tensor(step_seconds), run.world).item()
+    steps = steps_within(t.budget_minutes, step_seconds, t.max_steps)
+    if run.world.is_main:
+        log.info(f"time budget: {t.budget_minutes:g} min at {1000 * step_seconds:.0f} ms a step: "
+                 + (f"{steps:,} steps" if steps < t.max_steps
+                    else f"all train.max_steps={t.max_steps:,} fit"))
+    if steps < t.max_steps:
+        t.max_steps = bar.total = steps
+        bar.refresh()
+        if run.world.is_main:
+            write_run_config(run.run_dir, run.cfg)
 
 
 def optimizer_step(run: Run, stop: Optional[StopFlag] = None) -> Optional[StepResult]:

@@ -43,7 +43,8 @@ BUDGET_TOKENS = 2800 * 16 * 128
 # A new record must be better by this much (nats/char) at this one-sided p (docs/records.md).
 MIN_GAIN, MAX_P = 0.005, 0.01
 # What the record command sets itself: an override of these would leave the track.
-REFUSED = ("seed", "train.max_steps", "train.max_minutes", "resume", "init_from", "hydra")
+REFUSED = ("seed", "train.max_steps", "train.max_minutes", "train.budget_minutes", "resume",
+           "init_from", "hydra")
 CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16")
 
 
@@ -187,7 +188,8 @@ def train_one(args: RecordArgs, overrides: list[str], seed: int, run_dir: Path) 
     if steps < 1:
         raise UserError(f"tokens={args.tokens:,} is less than one step of {per_step:,} tokens")
     command = [sys.executable, str(TRAIN), *overrides, f"seed={seed}", f"train.max_steps={steps}",
-               "train.max_minutes=null", f"hydra.run.dir={hydra_string(str(run_dir))}"]
+               "train.max_minutes=null", "train.budget_minutes=null",
+               f"hydra.run.dir={hydra_string(str(run_dir))}"]
     print(f"record {args.name}, seed {seed}: {steps:,} steps of {per_step:,} tokens: "
           f"{shlex.join(command[1:])}", file=sys.stderr, flush=True)
     started = time.perf_counter()

@@ -128,7 +128,8 @@ TRAIN = [
     positive("train.batch_size"), positive("train.attention_map_tokens"),
     non_negative("train.sample_tokens", MAX_COUNT), non_negative("train.cached_eval_batches", MAX_COUNT), non_negative("train.overfit_patience", MAX_COUNT),
     temperature("train.sample_temperature"),
-    positive("train.max_minutes", optional=True), positive("train.threads", MAX_WORKERS, optional=True),
+    positive("train.max_minutes", optional=True), positive("train.budget_minutes", optional=True),
+    positive("train.threads", MAX_WORKERS, optional=True),
     # data, tokenizer, seed
     positive("data.num_proc", MAX_WORKERS, optional=True),
     positive("data.max_documents", optional=True),

@@ -133,6 +133,11 @@ def write_run_files(run_dir: Path, tokenizer: Tokenizer, cfg) -> None:
     """A new run's tokenizer.json and config.yaml, each written atomically: what generate.py,
     the scripts and a resume read back (the config as plain YAML, safeio/files.py)."""
     atomic_write(run_dir / "tokenizer.json", tokenizer.to_str().encode())
+    write_run_config(run_dir, cfg)
+
+
+def write_run_config(run_dir: Path, cfg) -> None:
+    """config.yaml, atomically (again when train.budget_minutes has fixed the step count)."""
     atomic_write(run_dir / "config.yaml", dump_run_config(cfg).encode())
 
 
