@@ -196,10 +196,10 @@ def compiles_by_default(cfg: Config, device: torch.device) -> bool:
     return cfg.train.compile if cfg.train.compile is not None else device.type == "cuda"
 
 
-def step_time(cfg: Config, dtype: torch.dtype, compile_mode: Optional[str],
-              device: torch.device, reps: int, warmup: int) -> tuple[Optional[float], str]:
-    """Median seconds of one training step, eager or compiled with `compile_mode`; (None, why)
-    when torch.compile fails."""
+def build_step(cfg: Config, dtype: torch.dtype, compile_mode: Optional[str],
+               device: torch.device) -> Callable[[], None]:
+    """One training step of `cfg` on fixed random tokens, as train.py takes it: forward under
+    autocast, backward, clipping, the optimizer step (and the weight average, with train.ema)."""
     torch.manual_seed(SEED)
     vocab, batch, block = cfg.tokenizer.planned_vocab_size, cfg.train.batch_size, cfg.model.block_size
     model = GPT(cfg.model, vocab, cfg.attention).to(device)
@@ -226,7 +226,14 @@ def step_time(cfg: Config, dtype: torch.dtype, compile_mode: Optional[str],
         torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+    return step
 
+
+def step_time(cfg: Config, dtype: torch.dtype, compile_mode: Optional[str],
+              device: torch.device, reps: int, warmup: int) -> tuple[Optional[float], str]:
+    """Median seconds of one training step, eager or compiled with `compile_mode`; (None, why)
+    when torch.compile fails."""
+    step = build_step(cfg, dtype, compile_mode, device)
     try:
         # compiling happens in the first call(s): reduce-overhead records its graphs on the
         # ones after, so compiled runs get at least two untimed steps

@@ -23,8 +23,8 @@ from safeio.cli import hydra_string
 from guard.preflight import compose
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-BENCHMARKS = ("bench.attention", "bench.train_step", "bench.generate", "tools.sampling_threads",
-              "tools.startup")
+BENCHMARKS = ("bench.attention", "bench.train_step", "bench.arm_cost", "bench.generate",
+              "tools.sampling_threads", "tools.startup")
 HEADLINE = re.compile(r"ratio=([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)")
 # quick=true takes seconds; the limit only turns a hang into a failure on a loaded machine.
 TIMEOUT_S = 180
@@ -34,8 +34,9 @@ TIMEOUT_S = 180
 @pytest.mark.parametrize("name", BENCHMARKS)
 def test_quick_run_ends_with_ratio(name):
     env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
+    arms = ["arms=model.n_layer=5;optim=adamw"] if name == "bench.arm_cost" else []
     done = subprocess.run(
-        [sys.executable, "-m", name, "quick=true", "threads=1"],
+        [sys.executable, "-m", name, "quick=true", "threads=1", *arms],
         cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT_S,
     )
     what = f"python -m {name} quick=true"
