@@ -129,7 +129,7 @@ class EpochWindows(RandomWindows):
 
 def training_windows(order: str, tokens: np.ndarray, block_size: int, batch_size: int,
                      seed: int, device: torch.device = torch.device("cpu")) -> RandomWindows:
-    """The sampler of data.order: "random" (RandomWindows, the default) or "epochs"."""
+    """The sampler of data.order: "epochs" (EpochWindows, the default) or "random"."""
     kind = {"random": RandomWindows, "epochs": EpochWindows}[str(getattr(order, "value", order))]
     return kind(tokens, block_size, batch_size, seed, device)
 

@@ -87,6 +87,15 @@ def repeat_kv(x: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     return x.repeat_interleave(h // h_kv, dim=-3)
 
 
+def exclude_own_value(y: torch.Tensor, v: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """y - (y . v / |v|^2) v per head and token (y, v [B, h, T, d_k]): each output without its
+    component along the token's own value vector (exclusive self-attention, model.xsa), so
+    that attention carries what the other tokens add, and the residual stream what the token
+    already is."""
+    along = (y * v).sum(-1, keepdim=True) / ((v * v).sum(-1, keepdim=True) + eps)  # [B, h, T, 1]
+    return y - along * v
+
+
 def causal_pattern(n: int, m: int, device=None) -> torch.Tensor:
     """Boolean [n, m]: True where query i (at absolute position m - n + i) may see key j.
 
@@ -111,7 +120,8 @@ class CausalSelfAttention(nn.Module):
 
     def __init__(self, n_embd: int, n_head: int, block_size: int, attn: AttentionConfig,
                  dropout: float = 0.0, bias: bool = True, attn_dropout: Optional[float] = None,
-                 n_kv_head: Optional[int] = None, qk_norm: bool = False, norm_eps: float = 1e-5):
+                 n_kv_head: Optional[int] = None, qk_norm: bool = False, norm_eps: float = 1e-5,
+                 value_mix: bool = False, gate: bool = False, xsa: bool = False):
         super().__init__()
         assert n_embd % n_head == 0, \
             f"d_model ({n_embd}) must be divisible by the number of heads ({n_head})"
@@ -133,6 +143,14 @@ class CausalSelfAttention(nn.Module):
         self.q_norm = nn.RMSNorm(d_k, eps=norm_eps) if qk_norm else None
         self.k_norm = nn.RMSNorm(d_k, eps=norm_eps) if qk_norm else None
         self.out_proj = self.make_out_proj(n_embd, bias)  # W_O mixes the concatenated heads
+        # Round 4's options (docs/model.md), acting around the equation, never inside it: the
+        # weight lam of this layer's own values against the first layer's (value residual), the
+        # per-head output gate's W_g, and exclusive self-attention.
+        self.value_mix = nn.Parameter(torch.tensor(0.5)) if value_mix else None
+        self.gate = nn.Linear(n_embd, n_head, bias=bias) if gate else None
+        self.xsa = xsa
+        # the first layer of a value-residual model keeps its last call's v for the later ones
+        self.keep_values, self.values = False, None
         self.resid_dropout = nn.Dropout(dropout)  # on the layer's output
         # The causal pattern is a property of the task: built once, shared by heads and batch.
         self.register_buffer("causal", causal_pattern(block_size, block_size), persistent=False)
@@ -140,9 +158,12 @@ class CausalSelfAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, cache: Optional["KVCache"] = None, layer: int = 0,
                 return_weights: bool = False,
-                rotary: Optional[tuple[torch.Tensor, torch.Tensor]] = None):
+                rotary: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
+                v_first: Optional[torch.Tensor] = None):
         """x [B, T, d_model] -> (y [B, T, d_model], weights [B, h, T, m] or None). rotary: the
-        (cos, sin) tables [T, d_k] of the T positions (model/rotary.py), or None."""
+        (cos, sin) tables [T, d_k] of the T positions (model/rotary.py), or None. v_first: the
+        first layer's values of these tokens [B, h_kv, T, d_k], mixed into this layer's own
+        (model.value_residual); `self.values` keeps this call's, for the layers after."""
         B, T, C = x.shape
         h, h_kv, d_k = self.n_head, self.n_kv_head, self.head_dim
 
@@ -155,10 +176,19 @@ class CausalSelfAttention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         if rotary is not None:  # RoPE: q and k turned by their positions' angles
             q, k, v = self.rotate(q, k, v, *rotary)
+        if self.value_mix is not None and v_first is not None:  # value residual
+            v = self.value_mix * v + (1 - self.value_mix) * v_first
+        if self.keep_values:
+            self.values = v
+        v_own = v  # the new tokens' own values, before the cache adds the past ones
         mask = None  # None: the causal pattern, right-aligned (query i at position m - T + i)
         if cache is not None:  # keys and values of every position so far: [B, h_kv, m, d_k]
             k, v, mask = cache.append(layer, k, v)
         y, weights = self.attend(q, k, v, mask, return_weights)  # [B, h, T, d_k]
+        if self.xsa:  # exclusive self-attention: drop what each token's own value says
+            y = exclude_own_value(y, repeat_kv(v_own, q))
+        if self.gate is not None:  # one gate per head and token: [B, T, h] -> [B, h, T, 1]
+            y = y * torch.sigmoid(self.gate(x)).transpose(1, 2).unsqueeze(-1)
         # concat heads, [B, h, T, d_k] -> [B, T, h * d_k], then W_O: the only step where the
         # heads' outputs combine
         y = self.out_proj(y.transpose(1, 2).reshape(B, T, h * d_k))

@@ -171,6 +171,22 @@ class ModelConfig:
     # Start the projections that write into the residual stream (W_O, the MLP's output) at 0, so
     # each block starts as the identity (modded-nanogpt); false = GPT-2's scaled normal init.
     zero_init_residual: bool = False
+    # --- round 4 of docs/budget.md: techniques of 2026's small-model records, each off by default
+    # (docs/model.md). Every layer after the first mixes the first layer's values into its own,
+    # v <- lam v + (1 - lam) v_first, lam learned per layer from 0.5 (value residual, ResFormer).
+    value_residual: bool = False
+    # The first half of the blocks hand their outputs to the second half in reverse order, each
+    # added with a learned weight from 1 (U-net skips, modded-nanogpt).
+    unet_skips: bool = False
+    # Each head's output times sigmoid(x W_g), one gate per head and token, before W_O (gated
+    # attention, Qwen 2025).
+    attn_gate: bool = False
+    # Each head's output without its component along the token's own value vector (exclusive
+    # self-attention): attention then carries only what the other tokens add.
+    xsa: bool = False
+    # Multi-token prediction: this weight x the loss of a second head (one d x d matrix, then the
+    # shared LM head) that predicts the token after next, added in training only (DeepSeek-V3).
+    mtp: float = 0.0
     # The old name of `mlp` (gelu | gelu_tanh), as in run directories written before the
     # architecture had switches: such a config describes GPT-2's architecture, so giving it sets
     # every switch above to GPT-2's value and `mlp` to it. New configs use `mlp`.
@@ -218,7 +234,17 @@ class ModelConfig:
 # GPT-2's value of each switch that it has no choice of (conf/arch/gpt2.yaml writes them out).
 GPT2_SWITCHES = {"positions": Positions.learned, "norm": Norm.layernorm, "mlp_hidden": None,
                  "n_kv_head": None, "qk_norm": False, "tie_embeddings": True,
-                 "zero_init_residual": False}
+                 "zero_init_residual": False, **{key: False for key in (
+                     "value_residual", "unet_skips", "attn_gate", "xsa")}, "mtp": 0.0}
+
+
+def record_switch_problems(cfg: ModelConfig) -> list[str]:
+    """Round 4's switches that are on: neither GPT-2 nor Llama has them."""
+    return [f"model.{key}={getattr(cfg, key)} (a technique of docs/budget.md's round 4, which "
+            f"this format has no weights for)" for key in ROUND_4_SWITCHES if getattr(cfg, key)]
+
+
+ROUND_4_SWITCHES = ("value_residual", "unet_skips", "attn_gate", "xsa", "mtp")
 
 
 def gpt2_problems(cfg: ModelConfig) -> list[str]:
@@ -242,5 +268,5 @@ def gpt2_problems(cfg: ModelConfig) -> list[str]:
         problems.append("model.tie_embeddings=false (GPT-2's head is the token embedding)")
     if cfg.norm_eps != 1e-5:
         problems.append(f"model.norm_eps={cfg.norm_eps} (GPT-2's LayerNorm has 1e-5)")
-    return problems
+    return problems + record_switch_problems(cfg)
 

@@ -63,19 +63,21 @@ class MLP(nn.Module):
 class Block(nn.Module):
     """x + attn(norm(x)), then x + mlp(norm(x)): pre-norm keeps the residual path an identity."""
 
-    def __init__(self, cfg: ModelConfig, attn: AttentionConfig):
+    def __init__(self, cfg: ModelConfig, attn: AttentionConfig, first: bool = False):
         super().__init__()
         self.ln_1 = make_norm(cfg)
         self.attn = CausalSelfAttention(cfg.n_embd, cfg.n_head, cfg.block_size, attn,
                                         dropout=cfg.dropout, bias=cfg.bias,
                                         attn_dropout=cfg.attn_dropout, n_kv_head=cfg.n_kv_head,
-                                        qk_norm=cfg.qk_norm, norm_eps=cfg.norm_eps)
+                                        qk_norm=cfg.qk_norm, norm_eps=cfg.norm_eps,
+                                        value_mix=cfg.value_residual and not first,
+                                        gate=cfg.attn_gate, xsa=cfg.xsa)
         self.ln_2 = make_norm(cfg)
         self.mlp = MLP(cfg)
 
     def forward(self, x, cache: Optional[KVCache] = None, layer: int = 0, return_weights=False,
-                rotary=None):
-        a, weights = self.attn(self.ln_1(x), cache, layer, return_weights, rotary)
+                rotary=None, v_first=None):
+        a, weights = self.attn(self.ln_1(x), cache, layer, return_weights, rotary, v_first)
         x = x + a
         x = x + self.mlp(self.ln_2(x))
         return x, weights
@@ -93,7 +95,14 @@ class GPT(nn.Module):
         # learned positions: a vector per position added to the token's; RoPE has no table
         self.pos_emb = None if self.rope else nn.Embedding(cfg.block_size, cfg.n_embd)
         self.drop = nn.Dropout(cfg.dropout)
-        self.blocks = nn.ModuleList(Block(cfg, attn) for _ in range(cfg.n_layer))
+        self.blocks = nn.ModuleList(Block(cfg, attn, first=i == 0) for i in range(cfg.n_layer))
+        self.blocks[0].attn.keep_values = cfg.value_residual
+        # U-net skips: block i's output is added, times skip_weights[j], to the input of block
+        # n_layer - 1 - i, for the first n_layer // 2 blocks (j counts the receiving blocks)
+        self.skip_weights = nn.Parameter(torch.ones(cfg.n_layer // 2)) if cfg.unet_skips else None
+        # multi-token prediction: hidden state -> the one the shared head reads the token after
+        # next from (training only)
+        self.mtp_proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=False) if cfg.mtp > 0 else None
         self.ln_f = make_norm(cfg)
         self.lm_head = nn.Linear(cfg.n_embd, vocab_size, bias=False)
         if cfg.tie_embeddings:
@@ -157,17 +166,28 @@ class GPT(nn.Module):
         else:
             x = x + self.pos_emb(pos)
         x = self.drop(x)
-        all_weights = []
+        all_weights, skips, v_first = [], [], None
+        n_skips = len(self.skip_weights) if self.skip_weights is not None else 0
         for layer, block in enumerate(self.blocks):
-            x, weights = block(x, cache, layer, return_weights, rotary)
+            if layer >= self.cfg.n_layer - n_skips:  # U-net: the mirror block's output
+                x = x + self.skip_weights[layer - (self.cfg.n_layer - n_skips)] * skips.pop()
+            x, weights = block(x, cache, layer, return_weights, rotary, v_first)
+            if layer < n_skips:
+                skips.append(x)
+            if layer == 0 and self.cfg.value_residual:
+                v_first = block.attn.values  # [B, h_kv, T, d_k], mixed into every later layer
             all_weights.append(weights)
         if cache is not None:
             cache.advance(T)
-        x = self.ln_f(x)
+        x = self.ln_f(x)  # [B, T, d_model]
         if targets is None:
             logits, loss = self.lm_head(x), None  # [B, T, vocab_size]
         else:  # the same logits, and their mean cross-entropy (model/loss.py)
             logits, loss = self.loss(x, self.lm_head.weight, targets)
+            if self.mtp_proj is not None and self.training:  # position t also predicts t + 2
+                _, after_next = self.loss(self.mtp_proj(x[:, :-1]), self.lm_head.weight,
+                                          targets[:, 1:])
+                loss = loss + self.cfg.mtp * after_next
         return (logits, loss, all_weights) if return_weights else (logits, loss)
 
     def select_fast_path(self, device=None) -> None:

@@ -1,6 +1,6 @@
 """data.order=epochs (data/batches.py, EpochWindows): every window once per epoch in a fresh
-order, steps that run across an epoch's end, and a state that resumes exactly; the default
-stays random offsets with replacement."""
+order, steps that run across an epoch's end, and a state that resumes exactly; it is the
+default since round 4 of docs/budget.md, and random offsets with replacement stay a choice."""
 from __future__ import annotations
 
 import numpy as np
@@ -70,14 +70,14 @@ def test_a_state_out_of_range_is_refused():
             sampler.load_state_dict({**state, **bad})
 
 
-def test_the_default_is_random_offsets_with_replacement():
-    assert DataConfig().order is Order.random
+def test_the_default_reads_epochs_and_random_offsets_stay_a_choice():
+    assert DataConfig().order is Order.epochs
     tokens = np.arange(1000, dtype=np.uint16)
     default = training_windows(DataConfig().order, tokens, 16, 8, seed=3)
-    assert type(default) is RandomWindows
-    same = RandomWindows(tokens, 16, 8, seed=3)
+    assert type(default) is EpochWindows
+    same = EpochWindows(tokens, 16, 8, seed=3)
     assert torch.equal(default.next_batch()[0], same.next_batch()[0])
-    assert type(training_windows(Order.epochs, tokens, 16, 8, seed=3)) is EpochWindows
+    assert type(training_windows(Order.random, tokens, 16, 8, seed=3)) is RandomWindows
 
 
 @pytest.mark.slow
