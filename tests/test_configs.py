@@ -174,7 +174,8 @@ STUDY_OPTIM = dict(name="adamw", lr=3e-3, schedule="constant", warmup_steps=20, 
 DECODE_ARCH = dict(positions="rope", rope_theta=10000.0, norm="rmsnorm", norm_eps=1e-5,
                    mlp="swiglu", mlp_hidden=None, n_kv_head=2, qk_norm=False,
                    tie_embeddings=True, zero_init_residual=False, bias=False, mlp_ratio=4,
-                   init_std=0.02, dropout=0.0, attn_dropout=None, activation=None)
+                   init_std=0.02, dropout=0.0, attn_dropout=None, activation=None,
+                   value_residual=False, unet_skips=False, attn_gate=False, xsa=False, mtp=0.0)
 
 
 @pytest.mark.parametrize("regime", options("regime"))

@@ -70,7 +70,7 @@ class TrainConfig:
     # is fixed from the speed of the first 50 steps and written in config.yaml
     # (training/budget.py; null: always max_steps). Sized so that the README's first command takes
     # at most 12 minutes on a 2-core CPU (docs/results.md).
-    budget_minutes: Optional[float] = 8.5
+    budget_minutes: Optional[float] = 8.0
     batch_size: int = 16            # sequences per micro-batch, per process
     # Micro-batches per optimizer step: the step's batch is batch_size x grad_accum x processes.
     grad_accum: int = 1
