@@ -111,9 +111,9 @@ def budget_arms() -> dict[str, list[str]]:
     return arms
 
 
-def test_docs_budget_md_gives_every_arm_of_the_three_rounds():
+def test_docs_budget_md_gives_every_arm_of_the_four_rounds():
     rounds = [overrides[0] for overrides in budget_arms().values()]
-    assert [rounds.count(f"+experiment=budget_r{n}") for n in (1, 2, 3)] == [8, 8, 23]
+    assert [rounds.count(f"+experiment=budget_r{n}") for n in (1, 2, 3, 4)] == [8, 8, 23, 10]
 
 
 @pytest.mark.parametrize("arm", list(budget_arms()))
@@ -122,7 +122,8 @@ def test_each_budget_arm_is_named_for_itself(arm):
 
 
 @pytest.mark.parametrize("arm", [a for a, overrides in budget_arms().items()
-                                 if overrides[0] != "+experiment=budget_r3"])
+                                 if overrides[0] in ("+experiment=budget_r1",
+                                                     "+experiment=budget_r2")])
 def test_the_first_budget_rounds_keep_the_schedule_they_were_measured_with(arm):
     """Rounds 1 and 2 of docs/budget.md ran with a cosine decay to 2e-4 (r2_08: 3e-4) and weight
     decay 0.1, the defaults of the time; their files pin them, so the default may move on."""
@@ -224,3 +225,12 @@ def test_train_py_composes_each_run_once(sweep, tmp_path, monkeypatch):
         jobs.close()
     finally:
         release_locks()
+
+
+def test_round_4_s_base_is_round_3_s_default_at_the_proxy_budget():
+    """r4_base: the default as round 3 left it (windows drawn with replacement) at 800 steps."""
+    base = compose(budget_arms()["r4_base"])
+    r3 = compose(budget_arms()["r3_23_steps2800"])
+    assert base.train.max_steps == 800 and base.data.order.value == "random"
+    assert (base.model, base.optim) == (r3.model, r3.optim)
+    assert compose(budget_arms()["r4_epochs"]).data.order.value == "epochs"
