@@ -38,7 +38,7 @@ def without_names(cfg: Config) -> dict:
 
 # The default model's switches, from round 2 of docs/budget.md (conf/model/small.yaml). The
 # dataclass keeps GPT-2's values, so that a ModelConfig() built in code is GPT-2's architecture.
-DEFAULT_SWITCHES = {"positions": "rope", "mlp": "relu2", "n_kv_head": 2}
+DEFAULT_SWITCHES = {"positions": "rope", "mlp": "relu2", "n_kv_head": 2, "attn_gate": True}
 
 
 def test_the_default_config_is_the_dataclass_defaults():
@@ -132,12 +132,13 @@ def test_the_first_budget_rounds_keep_the_schedule_they_were_measured_with(arm):
     assert cfg.optim.min_lr == (3e-4 if arm == "r2_08_lr6e-3" else 2e-4)
 
 
-def test_the_default_is_round_3_s_last_arm_with_round_4_s_data_order():
+def test_the_default_is_round_3_s_last_arm_with_round_4_s_kept_switches():
     """`python train.py` trains r3_23_steps2800, the winner of round 3, reading its data in
-    epochs (round 4's kept switch); the budget experiment only evaluates more often, hides the
+    epochs with a per-head output gate (round 4's kept switches); the budget experiment only evaluates more often, hides the
     progress bar, and trains its steps on any machine, where the default's time budget may fix
     fewer."""
-    arm = asdict(compose(budget_arms()["r3_23_steps2800"] + ["data.order=epochs"]))
+    arm = asdict(compose(budget_arms()["r3_23_steps2800"] + ["data.order=epochs",
+                                                              "model.attn_gate=true"]))
     default = asdict(compose())
     for flat in (arm, default):
         flat.pop("run_name")
