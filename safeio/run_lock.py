@@ -104,18 +104,23 @@ def _write(path: Path, note: bytes) -> None:
         pass  # the lock holds without the note
 
 
-def _holder(path: Path) -> str:
-    """The holder's note, as one phrase."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+def _holder(path: Path, patience: float = 2.0) -> str:
+    """The holder's note, as one phrase. A holder writes its note just after it takes the lock,
+    so a note not there yet is waited for a moment (two processes started together meet here)."""
+    deadline = time.monotonic() + patience
+    while True:
         try:
-            note = json.loads(os.read(fd, MAX_HOLDER_BYTES).decode("utf-8"))
-        finally:
-            os.close(fd)
-        return (f"another process (pid {int(note['pid'])} on {str(note['host'])[:100]}, since "
-                f"{str(note['since'])[:40]}: {str(note['command'])[:300]})")
-    except (OSError, ValueError, KeyError, TypeError, UnicodeDecodeError):
-        return "another process (which has not said who it is yet)"
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            try:
+                note = json.loads(os.read(fd, MAX_HOLDER_BYTES).decode("utf-8"))
+            finally:
+                os.close(fd)
+            return (f"another process (pid {int(note['pid'])} on {str(note['host'])[:100]}, "
+                    f"since {str(note['since'])[:40]}: {str(note['command'])[:300]})")
+        except (OSError, ValueError, KeyError, TypeError, UnicodeDecodeError):
+            if time.monotonic() >= deadline:
+                return "another process (which has not said who it is yet)"
+            time.sleep(0.05)
 
 
 @atexit.register
