@@ -131,6 +131,7 @@ TRAIN = [
     temperature("train.sample_temperature"),
     positive("train.max_minutes", optional=True), positive("train.budget_minutes", optional=True),
     positive("train.threads", MAX_WORKERS, optional=True),
+    fraction("train.ema"), non_negative("train.ema_start", MAX_COUNT),
     # data, tokenizer, seed
     positive("data.num_proc", MAX_WORKERS, optional=True),
     positive("data.max_documents", optional=True),
@@ -462,6 +463,7 @@ def training_bytes(cfg: Config, vocab_size: int, device: torch.device, sizes: Si
         "logits": logits * B * T * vocab_size,
         "causal masks": sizes.buffer_bytes,
         "validation batches": 8 * t.eval_batches * B * (T + 1),
+        "weight average (train.ema)": FP32 * sizes.params if t.ema else 0,
     }
 
 

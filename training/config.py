@@ -116,6 +116,11 @@ class TrainConfig:
     overfit_patience: int = 3
     # ... and with early_stop the run then stops (the best weights are in checkpoints/best).
     early_stop: bool = False
+    # Weight averaging (training/ema.py): above 0, the decay of an exponential moving average of
+    # the weights, kept from optimizer step ema_start on, which every evaluation scores and every
+    # model.safetensors holds (0 = off).
+    ema: float = 0.0
+    ema_start: int = 0
 
 
 @dataclass
