@@ -107,6 +107,7 @@ TRAIN = [
     positive("model.init_std", words="a positive number"),
     Limit("model.rope_theta", 1, above=True, words="a finite number above 1"),
     non_negative("model.mtp", 10.0, words="a number in [0, 10]"),
+    non_negative("model.bigram_buckets", MAX_COUNT, words="0 (none) or a number of buckets"),
     Limit("model.norm_eps", 0, 1, above=True, below=True, words="in (0, 1)"),
     positive("model.mlp_hidden", optional=True, words="a positive integer or null"),
     positive("model.n_kv_head", optional=True, words="a positive integer or null"),

@@ -299,6 +299,9 @@ class KVCache:
         self.max_len, self.static = max_len, static
         self.length = 0  # positions filled, shared by all layers (on the host)
         self.position = torch.zeros((), dtype=torch.long, device=device)  # the same, on the device
+        # the last token fed, for the model's switches that read the token before each one
+        # (model.bigram_buckets, model.smear); -1: none yet
+        self.last_token = torch.full((batch, 1), -1, dtype=torch.long, device=device)
 
     @property
     def nbytes(self) -> int:
@@ -333,3 +336,4 @@ class KVCache:
         """Empty the cache, keeping its buffers (a captured decode step stays valid)."""
         self.length = 0
         self.position.zero_()
+        self.last_token.fill_(-1)

@@ -187,6 +187,12 @@ class ModelConfig:
     # Multi-token prediction: this weight x the loss of a second head (one d x d matrix, then the
     # shared LM head) that predicts the token after next, added in training only (DeepSeek-V3).
     mtp: float = 0.0
+    # Buckets of a hashed embedding of each (previous token, token) pair, added to the token's
+    # embedding from 0 (BigramHash, Parameter Golf); 0 = none.
+    bigram_buckets: int = 0
+    # Each token's embedding plus lam * sigmoid(e_t . w) times the previous token's, lam learned
+    # from 0 (the smear gate, modded-nanogpt): a bigram's first half, for free.
+    smear: bool = False
     # The old name of `mlp` (gelu | gelu_tanh), as in run directories written before the
     # architecture had switches: such a config describes GPT-2's architecture, so giving it sets
     # every switch above to GPT-2's value and `mlp` to it. New configs use `mlp`.
@@ -235,7 +241,8 @@ class ModelConfig:
 GPT2_SWITCHES = {"positions": Positions.learned, "norm": Norm.layernorm, "mlp_hidden": None,
                  "n_kv_head": None, "qk_norm": False, "tie_embeddings": True,
                  "zero_init_residual": False, **{key: False for key in (
-                     "value_residual", "unet_skips", "attn_gate", "xsa")}, "mtp": 0.0}
+                     "value_residual", "unet_skips", "attn_gate", "xsa", "smear")},
+                 "mtp": 0.0, "bigram_buckets": 0}
 
 
 def record_switch_problems(cfg: ModelConfig) -> list[str]:
@@ -244,7 +251,8 @@ def record_switch_problems(cfg: ModelConfig) -> list[str]:
             f"this format has no weights for)" for key in ROUND_4_SWITCHES if getattr(cfg, key)]
 
 
-ROUND_4_SWITCHES = ("value_residual", "unet_skips", "attn_gate", "xsa", "mtp")
+ROUND_4_SWITCHES = ("value_residual", "unet_skips", "attn_gate", "xsa", "mtp", "bigram_buckets",
+                    "smear")
 
 
 def gpt2_problems(cfg: ModelConfig) -> list[str]:

@@ -21,6 +21,8 @@ from model.loss import choose_loss
 from model.rotary import rotary_tables
 from model.sampling import sample_next
 
+BIGRAM_HASH = 92821  # model.bigram_buckets: bucket = ((previous + 1) * this + token) mod buckets
+
 
 def make_norm(cfg: ModelConfig) -> nn.Module:
     """LayerNorm (GPT-2: centre, scale to unit variance, gain and bias) or RMSNorm (Llama:
@@ -103,6 +105,11 @@ class GPT(nn.Module):
         # multi-token prediction: hidden state -> the one the shared head reads the token after
         # next from (training only)
         self.mtp_proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=False) if cfg.mtp > 0 else None
+        # the token before each one, added to its embedding: a hashed (previous, token) pair's
+        # vector, and a gated share of the previous token's embedding (the smear)
+        self.bigram = nn.Embedding(cfg.bigram_buckets, cfg.n_embd) if cfg.bigram_buckets else None
+        self.smear_gate = nn.Linear(cfg.n_embd, 1, bias=False) if cfg.smear else None
+        self.smear_lam = nn.Parameter(torch.zeros(1)) if cfg.smear else None
         self.ln_f = make_norm(cfg)
         self.lm_head = nn.Linear(cfg.n_embd, vocab_size, bias=False)
         if cfg.tie_embeddings:
@@ -127,6 +134,10 @@ class GPT(nn.Module):
                 nn.init.ones_(module.weight)
                 if getattr(module, "bias", None) is not None:
                     nn.init.zeros_(module.bias)
+        if self.bigram is not None:  # from 0: the pairs start as the plain model
+            nn.init.zeros_(self.bigram.weight)
+        if self.smear_lam is not None:
+            nn.init.zeros_(self.smear_lam)
         resid_std = std / math.sqrt(2 * self.cfg.n_layer)
         for block in self.blocks:
             outputs = [block.mlp.proj.weight]
@@ -160,6 +171,8 @@ class GPT(nn.Module):
         if cache is not None:  # after the cached ones
             pos = pos + self.blocks[0].attn.first_position(cache)
         x = self.tok_emb(idx)  # [B, T, d_model]
+        if self.bigram is not None or self.smear_gate is not None:
+            x = x + self.previous_token_terms(idx, x, cache)
         rotary = None
         if self.rope:  # the (cos, sin) tables of these positions, shared by every layer
             rotary = rotary_tables(pos, self.cfg.head_dim, self.cfg.rope_theta, x.dtype)
@@ -189,6 +202,23 @@ class GPT(nn.Module):
                                           targets[:, 1:])
                 loss = loss + self.cfg.mtp * after_next
         return (logits, loss, all_weights) if return_weights else (logits, loss)
+
+    def previous_token_terms(self, idx: torch.Tensor, emb: torch.Tensor,
+                             cache: Optional[KVCache]) -> torch.Tensor:
+        """What the token before each one adds to its embedding, [B, T, d_model]: the bigram
+        bucket's vector, and lam * sigmoid(e_t . w) * e_{t-1}. A window's first token has no
+        token before it (the cache remembers the last one fed, for the next call)."""
+        first = cache.last_token if cache is not None else idx.new_full((idx.size(0), 1), -1)
+        prev = torch.cat([first, idx[:, :-1]], dim=1)  # [B, T] token ids, -1: none
+        if cache is not None:
+            cache.last_token.copy_(idx[:, -1:])
+        extra = torch.zeros_like(emb)
+        if self.bigram is not None:  # an odd multiplier: for one token, each previous one its bucket
+            extra = extra + self.bigram(((prev + 1) * BIGRAM_HASH + idx) % self.cfg.bigram_buckets)
+        if self.smear_gate is not None:
+            e_prev = self.tok_emb(prev.clamp(min=0)) * (prev >= 0).unsqueeze(-1)  # [B, T, d]
+            extra = extra + self.smear_lam * torch.sigmoid(self.smear_gate(emb)) * e_prev
+        return extra
 
     def select_fast_path(self, device=None) -> None:
         """Choose, for `device` (default: where the weights are), the code that computes the

@@ -43,6 +43,7 @@ SWITCHES = {
     "all": dict(positions="rope", norm="rmsnorm", mlp="swiglu", n_kv_head=2, qk_norm=True,
                 tie_embeddings=False, bias=False),
     "all_mqa": dict(positions="rope", norm="rmsnorm", mlp="relu2", n_kv_head=1, qk_norm=True),
+    "previous_token": dict(positions="rope", bigram_buckets=64, smear=True),  # the cache's last token
 }
 GPT2_ARCH = compose(["+arch=gpt2"]).model  # GPT-2's switches, at the default size
 
@@ -277,7 +278,8 @@ def test_cache_with_positions_restarting_at_zero_would_differ(switch):
         assert (wrong - full[:, 6:]).abs().max() > 1e-4
 
 
-@pytest.mark.parametrize("switch", ["gpt2", "rope", "swiglu", "gqa", "qk_norm", "all", "all_mqa"])
+@pytest.mark.parametrize("switch", ["gpt2", "rope", "swiglu", "gqa", "qk_norm", "all", "all_mqa",
+                                    "previous_token"])
 def test_greedy_generation_is_the_same_with_and_without_the_cache(switch):
     model = randomized(config(**SWITCHES[switch]), std=0.3)
     idx = torch.randint(0, VOCAB, (2, 3))

@@ -177,7 +177,8 @@ DECODE_ARCH = dict(positions="rope", rope_theta=10000.0, norm="rmsnorm", norm_ep
                    mlp="swiglu", mlp_hidden=None, n_kv_head=2, qk_norm=False,
                    tie_embeddings=True, zero_init_residual=False, bias=False, mlp_ratio=4,
                    init_std=0.02, dropout=0.0, attn_dropout=None, activation=None,
-                   value_residual=False, unet_skips=False, attn_gate=False, xsa=False, mtp=0.0)
+                   value_residual=False, unet_skips=False, attn_gate=False, xsa=False, mtp=0.0,
+                   bigram_buckets=0, smear=False)
 
 
 @pytest.mark.parametrize("regime", options("regime"))

@@ -1,5 +1,6 @@
 """Round 4's switches (model/config.py, docs/model.md): value residual, U-net skips, the per-head
-output gate, exclusive self-attention and multi-token prediction. Each off changes nothing;
+output gate, exclusive self-attention, multi-token prediction, the hashed bigram embedding and
+the smear gate. Each off changes nothing;
 each on stays causal, agrees with the KV cache, learns, and keeps what it promises."""
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from training.config import OptimConfig
 D = torch.float64
 VOCAB = 41
 SWITCHES = {"value_residual": True, "unet_skips": True, "attn_gate": True, "xsa": True,
-            "mtp": 0.5}
+            "mtp": 0.5, "bigram_buckets": 64, "smear": True}
 ALL_ON = {**SWITCHES}
 
 
@@ -40,9 +41,9 @@ def test_each_switch_off_is_the_model_it_was():
     base = make()
     idx = torch.randint(0, VOCAB, (2, 16))
     for key, off in [("value_residual", False), ("unet_skips", False), ("attn_gate", False),
-                     ("xsa", False), ("mtp", 0.0)]:
+                     ("xsa", False), ("mtp", 0.0), ("bigram_buckets", 0), ("smear", False)]:
         torch.testing.assert_close(make(**{key: off})(idx)[0], base(idx)[0], rtol=0, atol=0)
-    assert params(**{k: (0.0 if k == "mtp" else False) for k in SWITCHES}) == params()
+    assert params(**{k: type(v)(0) for k, v in SWITCHES.items()}) == params()
 
 
 def test_each_switch_adds_only_its_own_parameters():
@@ -53,6 +54,8 @@ def test_each_switch_adds_only_its_own_parameters():
                                              for w in ("weight", "bias")}
     assert params(xsa=True) == base
     assert params(mtp=0.5) - base == {"mtp_proj.weight"}
+    assert params(bigram_buckets=64) - base == {"bigram.weight"}
+    assert params(smear=True) - base == {"smear_gate.weight", "smear_lam"}
     for key, on in SWITCHES.items():
         idx = torch.randint(0, VOCAB, (2, 16))
         assert not torch.allclose(make(**{key: on})(idx)[0], make()(idx)[0]) or key == "mtp"
@@ -143,7 +146,7 @@ def test_every_switch_learns_and_every_new_parameter_gets_a_gradient():
         loss = model(idx, idx.roll(-1, 1))[1]
         loss.backward()
         for name in ("blocks.1.attn.value_mix", "skip_weights", "blocks.0.attn.gate.weight",
-                     "mtp_proj.weight"):
+                     "mtp_proj.weight", "bigram.weight", "smear_gate.weight", "smear_lam"):
             assert model.get_parameter(name).grad.abs().sum() > 0, name
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -156,3 +159,27 @@ def test_no_export_format_has_weights_for_them():
         cfg = ModelConfig(**{key: on})
         assert any(f"model.{key}=" in p for p in gpt2_problems(cfg)), key
         assert any(f"model.{key}=" in p for p in llama_problems(cfg)), key
+
+
+def test_the_previous_token_terms_start_at_zero_and_read_only_the_token_before():
+    """Freshly built, both start as the plain model; trained, position t sees token t - 1
+    through them (and nothing earlier: a 1-layer model with attention cut off)."""
+    torch.manual_seed(0)
+    cfg = dict(n_layer=1, n_head=4, n_embd=32, block_size=16)
+    idx = torch.randint(0, VOCAB, (2, 16))
+    torch.manual_seed(1)
+    plain = GPT(ModelConfig(**cfg), VOCAB)
+    for switch in ({"bigram_buckets": 64}, {"smear": True}):
+        torch.manual_seed(1)
+        model = GPT(ModelConfig(**cfg, **switch), VOCAB)
+        model.load_state_dict(plain.state_dict(), strict=False)
+        torch.testing.assert_close(model(idx)[0], plain(idx)[0], rtol=0, atol=0)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.normal_(0.0, 0.2)
+            model.blocks[0].attn.out_proj.weight.zero_()  # no attention: tokens only
+        changed = idx.clone()
+        changed[:, 5] = (changed[:, 5] + 1) % VOCAB
+        moved = (model(changed)[0] - model(idx)[0]).abs().amax(dim=(0, 2))  # [T]
+        assert moved[5] > 0 and moved[6] > 0, switch  # the token itself, and the one after
+        assert moved[:5].max() == 0 and moved[7:].max() == 0, switch
