@@ -39,7 +39,7 @@ from safeio.cli import UserError
 from training.checkpoint import (CHECKPOINTS, WEIGHTS, Progress, link_latest, load_weights, restore,
                                  rng_state, save_best, save_checkpoint, seed_everything,
                                  set_rng_state, write_run_config, write_run_files)
-from training.budget import StepBudget, steps_within
+from training.budget import PROBE_STEPS, StepBudget
 from training.config import Config, NonFinite, register_configs
 from training.dtype_probe import choose_dtype
 from training.ema import WeightAverage
@@ -102,7 +102,7 @@ def train(cfg: Config, run_dir: Path, resuming: bool, world: World) -> dict:
         return {}  # a finished run was resumed: nothing to do
     t, p = cfg.train, run.progress
     meter = Speedometer()
-    budget = StepBudget(t.budget_minutes, p.step)
+    budget = StepBudget(t.budget_minutes, p.step, t.eval_interval)
     started = time.perf_counter() - p.elapsed
     bar = tqdm(total=t.max_steps, initial=p.step, dynamic_ncols=True, unit="step", file=sys.stderr,
                disable=True if not (t.progress and world.is_main) else None)
@@ -116,8 +116,8 @@ def train(cfg: Config, run_dir: Path, resuming: bool, world: World) -> dict:
                 break
             seconds = time.perf_counter() - tick
             meter.add(run.tokens_per_step, seconds)
-            if budget.add(p.step, seconds):  # train.budget_minutes: the step count, fixed now
-                fit_budget(run, budget.step_seconds(), bar)
+            if budget.add(p.step, seconds):  # train.budget_minutes: the step count, (re)fixed now
+                fit_budget(run, budget, bar)
             if p.step % t.log_interval == 0 and p.loss_window:
                 tokens_per_sec = meter.window_rate()
                 log_training(run, result, tokens_per_sec)
@@ -234,14 +234,20 @@ def build_run(cfg: Config, run_dir: Path, resuming: bool, world: World) -> Optio
     return run
 
 
-def fit_budget(run: Run, step_seconds: float, bar) -> None:
+def fit_budget(run: Run, budget: StepBudget, bar) -> None:
     """Fix train.max_steps from the measured step time (training/budget.py); every rank takes the
-    mean time, so all agree. config.yaml records the count: a resume keeps the schedule."""
-    t = run.cfg.train
-    step_seconds = all_mean(torch.tensor(step_seconds), run.world).item()
-    steps = steps_within(t.budget_minutes, step_seconds, t.max_steps)
+    mean times, so all agree. config.yaml records the count: a resume keeps the schedule."""
+    t, step = run.cfg.train, run.progress.step
+    step_seconds, spent = all_mean(torch.tensor([budget.step_seconds(), budget.spent],
+                                                dtype=torch.float64), run.world).tolist()
+    steps = budget.decide(step, step_seconds, spent, t.max_steps)
+    if steps is None:
+        return
     if run.world.is_main:
-        log.info(f"time budget: {t.budget_minutes:g} min at {1000 * step_seconds:.0f} ms a step: "
+        left = "" if step == PROBE_STEPS else \
+            f", {(60 * t.budget_minutes - spent) / 60:.1f} left at step {step:,},"
+        log.info(f"time budget: {t.budget_minutes:g} min{left} at {1000 * step_seconds:.0f} ms a "
+                 f"step: "
                  + (f"{steps:,} steps" if steps < t.max_steps
                     else f"all train.max_steps={t.max_steps:,} fit"))
     if steps < t.max_steps:

@@ -67,7 +67,8 @@ class TrainConfig:
     # At most this many steps (round 3 of docs/budget.md) ...
     max_steps: int = 2800
     # ... and fewer where they would take longer than this many minutes of training: the count
-    # is fixed from the speed of the first 50 steps and written in config.yaml
+    # is fixed from the speed of the first 50 steps, shortened at an evaluation where the steps
+    # have slowed, and written in config.yaml
     # (training/budget.py; null: always max_steps). Sized so that the README's first command takes
     # at most 12 minutes on a 2-core CPU (docs/results.md).
     budget_minutes: Optional[float] = 8.0
