@@ -118,6 +118,7 @@ TRAIN = [
     # optim
     positive("optim.lr"), non_negative("optim.min_lr"), non_negative("optim.warmup_steps", MAX_COUNT),
     non_negative("optim.weight_decay"), non_negative("optim.grad_clip"),
+    non_negative("optim.embedding_weight_decay", optional=True, words="0 or more, or null"),
     Limit("optim.decay_fraction", 0, 1, above=True, words="in (0, 1]"),
     positive("optim.muon_ns_steps", 1000), positive("optim.muon_lr_scale"),
     positive("optim.embedding_lr_scale"),

@@ -581,6 +581,8 @@ VALUES = [
     Case("beta1_one", V, lambda c: ["optim.beta1=1.0"], "beta1"),
     Case("beta2_nan", V, lambda c: ["optim.beta2=nan"], "beta2"),
     Case("muon_momentum_above_one", V, lambda c: ["optim.muon_momentum=1.5"], "muon_momentum"),
+    Case("embedding_weight_decay_negative", V, lambda c: ["optim.embedding_weight_decay=-0.1"],
+         "embedding_weight_decay"),
     Case("muon_ns_steps_zero", V, lambda c: ["optim.muon_ns_steps=0"], "muon_ns_steps"),
     Case("muon_ns_steps_a_million", V, lambda c: ["optim.muon_ns_steps=1000000"], "muon_ns_steps"),
     Case("sample_temperature_zero", V, lambda c: ["train.sample_temperature=0"], "temperature"),

@@ -209,3 +209,17 @@ def test_embedding_lr_scale_reaches_the_embeddings_alone(tie):
     assert others and all(lr == pytest.approx(1e-3) for lr in others)  # an untied head too
     plain = make_optimizer(model, OptimConfig(name=OptimizerName.muon))  # 1.0: groups as before
     assert [len(o.param_groups) for o in plain.optimizers] == [1, 2]
+
+
+def test_embedding_weight_decay_reaches_the_embeddings_alone():
+    """optim.embedding_weight_decay decays the (tied) token embedding apart; every other
+    matrix keeps weight_decay, and the biases and gains none."""
+    model = tiny_gpt()
+    opt = make_optimizer(model, OptimConfig(name=OptimizerName.muon, weight_decay=0.6,
+                                            embedding_weight_decay=0.1))
+    decay_of = {id(p): g["weight_decay"] for g in opt.param_groups for p in g["params"]}
+    named = dict(model.named_parameters())
+    assert decay_of[id(named["tok_emb.weight"])] == 0.1
+    assert {decay_of[id(p)] for n, p in named.items()
+            if p.dim() >= 2 and not n.startswith(("tok_emb", "pos_emb"))} == {0.6}
+    assert {decay_of[id(p)] for p in named.values() if p.dim() < 2} == {0.0}

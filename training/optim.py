@@ -62,16 +62,18 @@ def make_optimizer(model: torch.nn.Module, cfg: OptimConfig,
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]  # tied: once
     hidden = [p for n, p in named if cfg.name is OptimizerName.muon
               and p.dim() == 2 and n.startswith("blocks.")]
-    # the embeddings in a group of their own only when their lr differs (checkpoints keep the
-    # two-group layout otherwise)
-    embeddings = [p for n, p in named if cfg.embedding_lr_scale != 1.0
-                  and n.startswith(("tok_emb.", "pos_emb."))]
+    # the embeddings in a group of their own only when their lr or decay differs (checkpoints
+    # keep the two-group layout otherwise)
+    own = cfg.embedding_lr_scale != 1.0 or cfg.embedding_weight_decay is not None
+    embeddings = [p for n, p in named if own and n.startswith(("tok_emb.", "pos_emb."))]
     chosen = {id(p) for p in hidden + embeddings}
     rest = [p for _, p in named if id(p) not in chosen]
     groups = [{"params": [p for p in rest if p.dim() >= 2], "weight_decay": cfg.weight_decay},
               {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0}]
     if embeddings:
-        groups.append({"params": embeddings, "weight_decay": cfg.weight_decay,
+        decay = cfg.embedding_weight_decay
+        groups.append({"params": embeddings,
+                       "weight_decay": cfg.weight_decay if decay is None else decay,
                        "lr_scale": cfg.embedding_lr_scale})
     # On CUDA and MPS, the fused kernel updates every parameter in a few launches instead of
     # several per tensor (MPS has no foreach kernels, so its default is one tensor at a time);
