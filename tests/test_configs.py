@@ -39,13 +39,17 @@ def without_names(cfg: Config) -> dict:
 # The default model's switches, from round 2 of docs/budget.md (conf/model/small.yaml). The
 # dataclass keeps GPT-2's values, so that a ModelConfig() built in code is GPT-2's architecture.
 DEFAULT_SWITCHES = {"positions": "rope", "mlp": "relu2", "n_kv_head": 2, "attn_gate": True}
+# The default optimizer's embedding, from round 5 (conf/optim/muon.yaml); optim=adamw keeps
+# OptimConfig's values.
+DEFAULT_OPTIM = {"embedding_lr_scale": 2.0, "embedding_weight_decay": 0.1}
 
 
 def test_the_default_config_is_the_dataclass_defaults():
     """One source of defaults: `python train.py` runs what the dataclasses say, but for the
-    switches the default model group sets (and that file sets nothing else)."""
+    switches the default model and optim groups set (and those files set nothing else)."""
     expected = asdict(Config()) | {"run_name": "correct_seed1337"}
     expected["model"] |= DEFAULT_SWITCHES
+    expected["optim"] |= DEFAULT_OPTIM
     assert asdict(compose()) == expected
     assert asdict(compose(["+arch=gpt2"]))["model"] == asdict(Config())["model"]
 
@@ -132,13 +136,15 @@ def test_the_first_budget_rounds_keep_the_schedule_they_were_measured_with(arm):
     assert cfg.optim.min_lr == (3e-4 if arm == "r2_08_lr6e-3" else 2e-4)
 
 
-def test_the_default_is_round_3_s_last_arm_with_round_4_s_kept_switches():
+def test_the_default_is_round_3_s_last_arm_with_round_4_and_5_s_kept_switches():
     """`python train.py` trains r3_23_steps2800, the winner of round 3, reading its data in
-    epochs with a per-head output gate (round 4's kept switches); the budget experiment only
+    epochs with a per-head output gate (round 4's kept switches) and its embedding at twice the
+    lr and a weight decay of 0.1 (round 5's); the budget experiment only
     evaluates more often, hides the progress bar, and trains its steps on any machine, where the
     default's time budget may fix fewer."""
-    arm = asdict(compose(budget_arms()["r3_23_steps2800"] + ["data.order=epochs",
-                                                              "model.attn_gate=true"]))
+    arm = asdict(compose(budget_arms()["r3_23_steps2800"] + [
+        "data.order=epochs", "model.attn_gate=true", "optim.embedding_lr_scale=2.0",
+        "optim.embedding_weight_decay=0.1"]))
     default = asdict(compose())
     for flat in (arm, default):
         flat.pop("run_name")
