@@ -39,17 +39,13 @@ def without_names(cfg: Config) -> dict:
 # The default model's switches, from round 2 of docs/budget.md (conf/model/small.yaml). The
 # dataclass keeps GPT-2's values, so that a ModelConfig() built in code is GPT-2's architecture.
 DEFAULT_SWITCHES = {"positions": "rope", "mlp": "relu2", "n_kv_head": 2, "attn_gate": True}
-# The default optimizer's embedding, from round 5 (conf/optim/muon.yaml); optim=adamw keeps
-# OptimConfig's values.
-DEFAULT_OPTIM = {"embedding_lr_scale": 2.0, "embedding_weight_decay": 0.1}
 
 
 def test_the_default_config_is_the_dataclass_defaults():
     """One source of defaults: `python train.py` runs what the dataclasses say, but for the
-    switches the default model and optim groups set (and those files set nothing else)."""
+    switches the default model group sets (and that file sets nothing else)."""
     expected = asdict(Config()) | {"run_name": "correct_seed1337"}
     expected["model"] |= DEFAULT_SWITCHES
-    expected["optim"] |= DEFAULT_OPTIM
     assert asdict(compose()) == expected
     assert asdict(compose(["+arch=gpt2"]))["model"] == asdict(Config())["model"]
 
@@ -115,9 +111,9 @@ def budget_arms() -> dict[str, list[str]]:
     return arms
 
 
-def test_docs_budget_md_gives_every_arm_of_the_four_rounds():
+def test_docs_budget_md_gives_every_arm_of_the_five_rounds():
     rounds = [overrides[0] for overrides in budget_arms().values()]
-    assert [rounds.count(f"+experiment=budget_r{n}") for n in (1, 2, 3, 4)] == [8, 8, 23, 14]
+    assert [rounds.count(f"+experiment=budget_r{n}") for n in (1, 2, 3, 4, 5)] == [8, 8, 23, 14, 22]
 
 
 @pytest.mark.parametrize("arm", list(budget_arms()))
@@ -136,15 +132,14 @@ def test_the_first_budget_rounds_keep_the_schedule_they_were_measured_with(arm):
     assert cfg.optim.min_lr == (3e-4 if arm == "r2_08_lr6e-3" else 2e-4)
 
 
-def test_the_default_is_round_3_s_last_arm_with_round_4_and_5_s_kept_switches():
+def test_the_default_is_round_3_s_last_arm_with_round_4_s_kept_switches():
     """`python train.py` trains r3_23_steps2800, the winner of round 3, reading its data in
-    epochs with a per-head output gate (round 4's kept switches) and its embedding at twice the
-    lr and a weight decay of 0.1 (round 5's); the budget experiment only
+    epochs with a per-head output gate (round 4's kept switches; round 5 kept none); the budget
+    experiment only
     evaluates more often, hides the progress bar, and trains its steps on any machine, where the
     default's time budget may fix fewer."""
-    arm = asdict(compose(budget_arms()["r3_23_steps2800"] + [
-        "data.order=epochs", "model.attn_gate=true", "optim.embedding_lr_scale=2.0",
-        "optim.embedding_weight_decay=0.1"]))
+    arm = asdict(compose(budget_arms()["r3_23_steps2800"] + ["data.order=epochs",
+                                                              "model.attn_gate=true"]))
     default = asdict(compose())
     for flat in (arm, default):
         flat.pop("run_name")
@@ -242,3 +237,12 @@ def test_round_4_s_base_is_round_3_s_default_at_the_proxy_budget():
     assert base.train.max_steps == 800 and base.data.order.value == "random"
     assert (base.model, base.optim) == (r3.model, r3.optim)
     assert compose(budget_arms()["r4_epochs"]).data.order.value == "epochs"
+
+
+def test_round_5_s_base_is_round_4_s_default_at_the_proxy_budget():
+    """r5_base: the default as round 4 left it (epochs, the gate) at 800 steps, and r5full_base
+    the same at the full 2,800."""
+    base, default = compose(budget_arms()["r5_base"]), compose()
+    assert base.train.max_steps == 800 and base.data.order.value == "epochs"
+    assert (base.model, base.optim, base.data) == (default.model, default.optim, default.data)
+    assert compose(budget_arms()["r5full_base"]).train.max_steps == default.train.max_steps
