@@ -60,8 +60,8 @@ class OptimConfig:
     # tied head the same matrix is the head, so it applies to both
     embedding_lr_scale: float = 1.0
     muon_ns_steps: int = 5       # Newton-Schulz iterations orthogonalising each update
-    # The token (and learned position) embeddings' own weight decay; null = weight_decay. The
-    # tied embedding is a quarter of the decayed weights and its rare rows see few gradients.
+    # The token (and learned position) embeddings' own weight decay; null = weight_decay
+    # (docs/budget.md, round 5, measured it).
     embedding_weight_decay: Optional[float] = None
 
 
