@@ -135,9 +135,8 @@ def test_the_first_budget_rounds_keep_the_schedule_they_were_measured_with(arm):
 def test_the_default_is_round_3_s_last_arm_with_round_4_s_kept_switches():
     """`python train.py` trains r3_23_steps2800, the winner of round 3, reading its data in
     epochs with a per-head output gate (round 4's kept switches; round 5 kept none); the budget
-    experiment only
-    evaluates more often, hides the progress bar, and trains its steps on any machine, where the
-    default's time budget may fix fewer."""
+    experiment only evaluates more often, hides the progress bar, and trains its steps on any
+    machine, where the default's time budget may fix fewer."""
     arm = asdict(compose(budget_arms()["r3_23_steps2800"] + ["data.order=epochs",
                                                               "model.attn_gate=true"]))
     default = asdict(compose())

@@ -55,9 +55,9 @@ def make_optimizer(model: torch.nn.Module, cfg: OptimConfig,
     MLP's) get Muon: its update is the momentum orthogonalised by a few Newton-Schulz steps, so
     every direction of the matrix moves at the same rate. Embeddings (tied with the head),
     positions, biases and LayerNorm stay with AdamW, as Muon is meant for hidden matrices only.
-    The embeddings' lr may be scaled apart (optim.embedding_lr_scale): a row of the token
-    embedding learns only from the tokens of a batch that use it. `dtype` is the run's: under
-    bf16 Muon orthogonalises in bf16 too (training/muon.py).
+    The embeddings' lr and weight decay may be set apart (optim.embedding_lr_scale,
+    optim.embedding_weight_decay; docs/budget.md, round 5). `dtype` is the run's: under bf16
+    Muon orthogonalises in bf16 too (training/muon.py).
     """
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]  # tied: once
     hidden = [p for n, p in named if cfg.name is OptimizerName.muon
