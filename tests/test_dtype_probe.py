@@ -113,6 +113,31 @@ def test_the_key_changes_with_the_shape_and_the_threads(tmp_path):
         torch.set_num_threads(threads)
 
 
+ZEN4 = ("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 17\n"
+        "model name\t: AMD EPYC\nflags\t\t: fpu avx2 avx512f avx512_bf16\n\n"
+        "processor\t: 1\nmodel name\t: AMD EPYC\nflags\t\t: fpu avx2\n")
+
+
+@pytest.mark.parametrize("other", [ZEN4.replace(" avx512f avx512_bf16", "", 1),  # AVX2 only
+                                   ZEN4.replace(": 17", ": 1", 1)])            # another model
+def test_the_key_tells_cpus_of_one_name_apart(tmp_path, monkeypatch, other):
+    """A virtual machine may name an AVX2-only EPYC and a Zen 4 alike ("AMD EPYC"), and a disk
+    may move between them: their timings must not share an entry. Only the first processor's
+    block counts (the others repeat it)."""
+    def key_on(cpuinfo: str) -> str:
+        path = tmp_path / "cpuinfo"
+        path.write_text(cpuinfo)
+        monkeypatch.setattr(dtype_probe, "CPUINFO", path)
+        return probe_key(tiny_config(tmp_path), VOCAB)
+
+    zen4 = key_on(ZEN4)
+    assert zen4.startswith("AMD EPYC [")
+    assert key_on(ZEN4.replace("fpu avx2\n", "fpu\n")) == zen4  # the second block is ignored
+    assert key_on(other) != zen4
+    monkeypatch.setattr(dtype_probe, "CPUINFO", tmp_path / "missing")
+    assert probe_key(tiny_config(tmp_path), VOCAB)  # no /proc/cpuinfo (macOS): the platform's name
+
+
 # ----------------------------------------------------------------------------- the cache
 
 

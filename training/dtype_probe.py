@@ -35,6 +35,10 @@ from training.checkpoint import atomic_write
 from training.config import Config
 from training.device import NATIVE_BF16_ENV, autocast, forced_cpu_bf16, pick_dtype
 
+CPUINFO = Path("/proc/cpuinfo")
+# its fields that tell CPUs apart in speed (x86, then ARM), beside the model name
+SPEED_FIELDS = ("vendor_id", "cpu family", "model", "flags",
+                "CPU implementer", "CPU architecture", "CPU part", "Features")
 MARGIN = 0.05        # bf16 must be at least 5% faster to be taken over the more accurate fp32
 WARMUP = 1           # untimed steps per dtype (allocator, first-call costs)
 MIN_REPS, MAX_REPS = 3, 7   # timed steps per dtype: at least MIN_REPS, more while in budget
@@ -174,13 +178,20 @@ def probe_key(cfg: Config, vocab_size: int) -> str:
 
 
 def cpu_name() -> str:
+    """The CPU's model name and a digest of what sets its speed: vendor, family, model and
+    instruction-set flags (ARM: implementer, part, features). A virtual machine may call an
+    AVX2-only EPYC and a Zen 4 with AVX512-BF16 both "AMD EPYC", and a disk (a cloud volume,
+    this project's own machines) may move between them, and bf16 is far slower on the one and
+    far faster on the other (docs/dtype.md): the name alone must not share a timing."""
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
+        block = CPUINFO.read_text().split("\n\n")[0]  # the first processor
     except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown cpu"
+        return platform.processor() or platform.machine() or "unknown cpu"
+    fields = {key.strip(): value.strip() for key, value in
+              (line.split(":", 1) for line in block.splitlines() if ":" in line)}
+    name = fields.get("model name") or platform.processor() or platform.machine() or "unknown cpu"
+    speed = [fields.get(k, "") for k in SPEED_FIELDS]
+    return f"{name} [{hashlib.sha256(repr(speed).encode()).hexdigest()[:8]}]"
 
 
 # ----------------------------------------------------------------------------- the cache
