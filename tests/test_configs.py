@@ -39,13 +39,17 @@ def without_names(cfg: Config) -> dict:
 # The default model's switches, from round 2 of docs/budget.md (conf/model/small.yaml). The
 # dataclass keeps GPT-2's values, so that a ModelConfig() built in code is GPT-2's architecture.
 DEFAULT_SWITCHES = {"positions": "rope", "mlp": "relu2", "n_kv_head": 2, "attn_gate": True}
+# The default optimizer's AdamW betas, from round 6 (conf/optim/muon.yaml); the dataclass keeps
+# AdamW's usual ones, which `optim=adamw` trains with.
+DEFAULT_BETAS = {"beta1": 0.8, "beta2": 0.999}
 
 
 def test_the_default_config_is_the_dataclass_defaults():
     """One source of defaults: `python train.py` runs what the dataclasses say, but for the
-    switches the default model group sets (and that file sets nothing else)."""
+    switches the default model and optimizer groups set (and those files set nothing else)."""
     expected = asdict(Config()) | {"run_name": "correct_seed1337"}
     expected["model"] |= DEFAULT_SWITCHES
+    expected["optim"] |= DEFAULT_BETAS
     assert asdict(compose()) == expected
     assert asdict(compose(["+arch=gpt2"]))["model"] == asdict(Config())["model"]
 
@@ -111,9 +115,9 @@ def budget_arms() -> dict[str, list[str]]:
     return arms
 
 
-def test_docs_budget_md_gives_every_arm_of_the_five_rounds():
+def test_docs_budget_md_gives_every_arm_of_the_six_rounds():
     rounds = [overrides[0] for overrides in budget_arms().values()]
-    assert [rounds.count(f"+experiment=budget_r{n}") for n in (1, 2, 3, 4, 5)] == [8, 8, 23, 14, 26]
+    assert [rounds.count(f"+experiment=budget_r{n}") for n in range(1, 7)] == [8, 8, 23, 14, 26, 9]
 
 
 @pytest.mark.parametrize("arm", list(budget_arms()))
@@ -132,13 +136,14 @@ def test_the_first_budget_rounds_keep_the_schedule_they_were_measured_with(arm):
     assert cfg.optim.min_lr == (3e-4 if arm == "r2_08_lr6e-3" else 2e-4)
 
 
-def test_the_default_is_round_3_s_last_arm_with_round_4_s_kept_switches():
+def test_the_default_is_round_3_s_last_arm_with_the_later_rounds_kept_switches():
     """`python train.py` trains r3_23_steps2800, the winner of round 3, reading its data in
-    epochs with a per-head output gate (round 4's kept switches; round 5 kept none); the budget
-    experiment only evaluates more often, hides the progress bar, and trains its steps on any
-    machine, where the default's time budget may fix fewer."""
-    arm = asdict(compose(budget_arms()["r3_23_steps2800"] + ["data.order=epochs",
-                                                              "model.attn_gate=true"]))
+    epochs with a per-head output gate (round 4's kept switches; round 5 kept none) and AdamW's
+    betas 0.8 and 0.999 beside Muon (round 6's); the budget experiment only evaluates more
+    often, hides the progress bar, and trains its steps on any machine, where the default's time
+    budget may fix fewer."""
+    arm = asdict(compose(budget_arms()["r3_23_steps2800"] + [
+        "data.order=epochs", "model.attn_gate=true", "optim.beta1=0.8", "optim.beta2=0.999"]))
     default = asdict(compose())
     for flat in (arm, default):
         flat.pop("run_name")
@@ -241,7 +246,19 @@ def test_round_4_s_base_is_round_3_s_default_at_the_proxy_budget():
 def test_round_5_s_base_is_round_4_s_default_at_the_proxy_budget():
     """r5_base: the default as round 4 left it (epochs, the gate) at 800 steps, and r5full_base
     the same at the full 2,800."""
-    base, default = compose(budget_arms()["r5_base"]), compose()
+    base = compose(budget_arms()["r5_base"])
+    default = compose(["optim.beta1=0.9", "optim.beta2=0.99"])  # round 4's (round 6 moved them)
     assert base.train.max_steps == 800 and base.data.order.value == "epochs"
     assert (base.model, base.optim, base.data) == (default.model, default.optim, default.data)
     assert compose(budget_arms()["r5full_base"]).train.max_steps == default.train.max_steps
+
+
+def test_round_6_s_winner_is_the_default_at_the_budget_experiment():
+    """Round 6 ran on round 5's base (no switch was kept in between), and its kept arm,
+    r6full_beta1_0.8_beta2, trains what the default trains."""
+    base, r5 = asdict(compose(budget_arms()["r6_base"])), asdict(compose(budget_arms()["r5_base"]))
+    base.pop("run_name"), r5.pop("run_name")
+    assert base == r5
+    winner, default = compose(budget_arms()["r6full_beta1_0.8_beta2"]), compose()
+    assert (winner.model, winner.optim, winner.data) == (default.model, default.optim, default.data)
+    assert winner.train.max_steps == default.train.max_steps
