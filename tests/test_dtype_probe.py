@@ -14,7 +14,7 @@ import yaml
 
 from helpers import SCRIPT_ENV, TRAIN, corpus_args, write_corpus
 from model.config import ModelConfig
-from training import dtype_probe
+from training import device, dtype_probe
 from training.config import Config
 from training.device import NATIVE_BF16_ENV
 from training.dtype_probe import (CACHE_FILE, Choice, choose_dtype, decide, measure, probe_key,
@@ -127,14 +127,15 @@ def test_the_key_tells_cpus_of_one_name_apart(tmp_path, monkeypatch, other):
     def key_on(cpuinfo: str) -> str:
         path = tmp_path / "cpuinfo"
         path.write_text(cpuinfo)
-        monkeypatch.setattr(dtype_probe, "CPUINFO", path)
+        monkeypatch.setattr(device, "CPUINFO", path)
         return probe_key(tiny_config(tmp_path), VOCAB)
 
     zen4 = key_on(ZEN4)
-    assert zen4.startswith("AMD EPYC [")
+    assert zen4.startswith("AMD EPYC [") and device.cpu_has_native_bf16()
     assert key_on(ZEN4.replace("fpu avx2\n", "fpu\n")) == zen4  # the second block is ignored
     assert key_on(other) != zen4
-    monkeypatch.setattr(dtype_probe, "CPUINFO", tmp_path / "missing")
+    assert device.cpu_has_native_bf16() == ("avx512_bf16" in other)  # read from the same fields
+    monkeypatch.setattr(device, "CPUINFO", tmp_path / "missing")
     assert probe_key(tiny_config(tmp_path), VOCAB)  # no /proc/cpuinfo (macOS): the platform's name
 
 

@@ -21,14 +21,25 @@ def forced_cpu_bf16() -> Optional[bool]:
     return forced == "1" if forced in ("0", "1") else None
 
 
+CPUINFO = Path("/proc/cpuinfo")
+
+
+def cpu_fields() -> dict[str, str]:
+    """The first processor's fields of /proc/cpuinfo (the others repeat them), e.g. "model name"
+    and "flags"; empty where there is no such file (macOS, Windows)."""
+    try:
+        block = CPUINFO.read_text().split("\n\n")[0]
+    except OSError:
+        return {}
+    return {key.strip(): value.strip() for key, value in
+            (line.split(":", 1) for line in block.splitlines() if ":" in line)}
+
+
 def cpu_has_native_bf16() -> bool:
     """True when the CPU has bf16 matrix instructions (AVX512-BF16 or AMX): what it can do, not
     what is fast (with AVX512-BF16 but no AMX, bf16 can still be the slower choice), so this
     only annotates benchmarks; `dtype=auto` measures (training/dtype_probe.py)."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
+    flags = cpu_fields().get("flags", "").split()
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 

@@ -33,10 +33,9 @@ import torch
 
 from training.checkpoint import atomic_write
 from training.config import Config
-from training.device import NATIVE_BF16_ENV, autocast, forced_cpu_bf16, pick_dtype
+from training.device import NATIVE_BF16_ENV, autocast, cpu_fields, forced_cpu_bf16, pick_dtype
 
-CPUINFO = Path("/proc/cpuinfo")
-# its fields that tell CPUs apart in speed (x86, then ARM), beside the model name
+# /proc/cpuinfo's fields that tell CPUs apart in speed (x86, then ARM), beside the model name
 SPEED_FIELDS = ("vendor_id", "cpu family", "model", "flags",
                 "CPU implementer", "CPU architecture", "CPU part", "Features")
 MARGIN = 0.05        # bf16 must be at least 5% faster to be taken over the more accurate fp32
@@ -183,13 +182,10 @@ def cpu_name() -> str:
     AVX2-only EPYC and a Zen 4 with AVX512-BF16 both "AMD EPYC", and a disk (a cloud volume,
     this project's own machines) may move between them, and bf16 is far slower on the one and
     far faster on the other (docs/dtype.md): the name alone must not share a timing."""
-    try:
-        block = CPUINFO.read_text().split("\n\n")[0]  # the first processor
-    except OSError:
-        return platform.processor() or platform.machine() or "unknown cpu"
-    fields = {key.strip(): value.strip() for key, value in
-              (line.split(":", 1) for line in block.splitlines() if ":" in line)}
+    fields = cpu_fields()
     name = fields.get("model name") or platform.processor() or platform.machine() or "unknown cpu"
+    if not fields:  # no /proc/cpuinfo: the platform's name
+        return name
     speed = [fields.get(k, "") for k in SPEED_FIELDS]
     return f"{name} [{hashlib.sha256(repr(speed).encode()).hexdigest()[:8]}]"
 
