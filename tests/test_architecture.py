@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 from model.attention import CausalSelfAttention
 from guard.limits import check_model
 from model.config import AttentionConfig, MLPKind, ModelConfig, Norm, Positions, gpt2_problems
-from model.gpt import GPT, MLP, make_norm
+from model.gpt import GPT, MLP, ReLUSquare, make_norm
 from model.rotary import apply_rotary, rotary_tables
 from training.checkpoint import load_weights, weights_bytes
 from guard.preflight import compose
@@ -102,6 +102,19 @@ def test_each_mlp_is_its_formula(kind):
         h = gate / (1 + torch.exp(-gate)) * up  # SiLU(x W_gate) * (x W_up)
     expected = h @ mlp.proj.weight.T + mlp.proj.bias
     torch.testing.assert_close(mlp(x), expected, atol=ATOL, rtol=0)
+
+
+def test_the_relu2_gradient_is_that_of_its_formula():
+    """ReLUSquare writes its own backward (2 relu(x)): it must equal autograd's for relu(x)^2,
+    including at x = 0 and below, where both are 0."""
+    x = torch.randn(3, 5, 16, dtype=D)
+    x[0, 0, :4] = 0.0
+    x.requires_grad_(True)
+    grad = torch.randn_like(x)
+    ReLUSquare.apply(x).backward(grad)
+    (expected,) = torch.autograd.grad(torch.clamp(x, min=0) ** 2, x, grad)
+    torch.testing.assert_close(x.grad, expected, atol=0, rtol=1e-15)
+    assert torch.autograd.gradcheck(ReLUSquare.apply, (x.detach()[1:].requires_grad_(True),))
 
 
 def test_swiglu_matches_the_two_matrix_mlp_in_parameters():
