@@ -115,9 +115,10 @@ def budget_arms() -> dict[str, list[str]]:
     return arms
 
 
-def test_docs_budget_md_gives_every_arm_of_the_six_rounds():
+def test_docs_budget_md_gives_every_arm_of_the_seven_rounds():
     rounds = [overrides[0] for overrides in budget_arms().values()]
-    assert [rounds.count(f"+experiment=budget_r{n}") for n in range(1, 7)] == [8, 8, 23, 14, 26, 11]
+    assert [rounds.count(f"+experiment=budget_r{n}") for n in range(1, 8)] == [8, 8, 23, 14, 26, 11,
+                                                                              2]
 
 
 @pytest.mark.parametrize("arm", list(budget_arms()))
@@ -139,11 +140,12 @@ def test_the_first_budget_rounds_keep_the_schedule_they_were_measured_with(arm):
 def test_the_default_is_round_3_s_last_arm_with_the_later_rounds_kept_switches():
     """`python train.py` trains r3_23_steps2800, the winner of round 3, reading its data in
     epochs with a per-head output gate (round 4's kept switches; round 5 kept none) and AdamW's
-    betas 0.8 and 0.999 beside Muon (round 6's); the budget experiment only evaluates more
-    often, hides the progress bar, and trains its steps on any machine, where the default's time
-    budget may fix fewer."""
+    betas 0.8 and 0.999 beside Muon (round 6's), for 3,400 steps (round 7's); the budget
+    experiment only evaluates more often, hides the progress bar, and trains its steps on any
+    machine, where the default's time budget may fix fewer."""
     arm = asdict(compose(budget_arms()["r3_23_steps2800"] + [
-        "data.order=epochs", "model.attn_gate=true", "optim.beta1=0.8", "optim.beta2=0.999"]))
+        "data.order=epochs", "model.attn_gate=true", "optim.beta1=0.8", "optim.beta2=0.999",
+        "train.max_steps=3400"]))
     default = asdict(compose())
     for flat in (arm, default):
         flat.pop("run_name")
@@ -250,15 +252,25 @@ def test_round_5_s_base_is_round_4_s_default_at_the_proxy_budget():
     default = compose(["optim.beta1=0.9", "optim.beta2=0.99"])  # round 4's (round 6 moved them)
     assert base.train.max_steps == 800 and base.data.order.value == "epochs"
     assert (base.model, base.optim, base.data) == (default.model, default.optim, default.data)
-    assert compose(budget_arms()["r5full_base"]).train.max_steps == default.train.max_steps
+    assert compose(budget_arms()["r5full_base"]).train.max_steps == 2800  # round 7 moved it
 
 
 def test_round_6_s_winner_is_the_default_at_the_budget_experiment():
     """Round 6 ran on round 5's base (no switch was kept in between), and its kept arm,
-    r6full_beta1_0.8_beta2, trains what the default trains."""
+    r6full_beta1_0.8_beta2, trains the default's model, optimizer and data (round 7 lengthened it)."""
     base, r5 = asdict(compose(budget_arms()["r6_base"])), asdict(compose(budget_arms()["r5_base"]))
     base.pop("run_name"), r5.pop("run_name")
     assert base == r5
     winner, default = compose(budget_arms()["r6full_beta1_0.8_beta2"]), compose()
     assert (winner.model, winner.optim, winner.data) == (default.model, default.optim, default.data)
-    assert winner.train.max_steps == default.train.max_steps
+    assert winner.train.max_steps == 2800  # round 7 moved it
+
+
+def test_round_7_s_base_is_round_6_s_winner_and_its_arm_the_default_s_steps():
+    """r7full_base trains round 6's kept arm again; r7full_steps3400 trains what the default
+    trains, for its 3,400 steps."""
+    base, r6 = compose(budget_arms()["r7full_base"]), compose(budget_arms()["r6full_beta1_0.8_beta2"])
+    assert (base.model, base.optim, base.data, base.train) == (r6.model, r6.optim, r6.data, r6.train)
+    arm, default = compose(budget_arms()["r7full_steps3400"]), compose()
+    assert (arm.model, arm.optim, arm.data) == (default.model, default.optim, default.data)
+    assert arm.train.max_steps == default.train.max_steps == 3400
