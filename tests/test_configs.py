@@ -257,7 +257,8 @@ def test_round_5_s_base_is_round_4_s_default_at_the_proxy_budget():
 
 def test_round_6_s_winner_is_the_default_at_the_budget_experiment():
     """Round 6 ran on round 5's base (no switch was kept in between), and its kept arm,
-    r6full_beta1_0.8_beta2, trains the default's model, optimizer and data (round 7 lengthened it)."""
+    r6full_beta1_0.8_beta2, trains the default's model, optimizer and data (round 7 lengthened
+    the run)."""
     base, r5 = asdict(compose(budget_arms()["r6_base"])), asdict(compose(budget_arms()["r5_base"]))
     base.pop("run_name"), r5.pop("run_name")
     assert base == r5
@@ -269,8 +270,10 @@ def test_round_6_s_winner_is_the_default_at_the_budget_experiment():
 def test_round_7_s_base_is_round_6_s_winner_and_its_arm_the_default_s_steps():
     """r7full_base trains round 6's kept arm again; r7full_steps3400 trains what the default
     trains, for its 3,400 steps."""
-    base, r6 = compose(budget_arms()["r7full_base"]), compose(budget_arms()["r6full_beta1_0.8_beta2"])
-    assert (base.model, base.optim, base.data, base.train) == (r6.model, r6.optim, r6.data, r6.train)
+    base = compose(budget_arms()["r7full_base"])
+    r6 = compose(budget_arms()["r6full_beta1_0.8_beta2"])
+    assert (base.model, base.optim, base.data, base.train) == (r6.model, r6.optim, r6.data,
+                                                               r6.train)
     arm, default = compose(budget_arms()["r7full_steps3400"]), compose()
     assert (arm.model, arm.optim, arm.data) == (default.model, default.optim, default.data)
     assert arm.train.max_steps == default.train.max_steps == 3400
