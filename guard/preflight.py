@@ -432,10 +432,10 @@ class Launch:
             settled = settle(task, overrides, run)
             lock_run(run)  # after every check, before anything is written
             return Job(settled, cfg, None)
-        path = resolved(Path(_select(cfg, "hydra.run.dir")))
-        check_new_run_dir(path, cfg.hydra.output_subdir)
+        path, unique = resolved(Path(_select(cfg, "hydra.run.dir"))), "hydra.run.dir" not in given
+        check_new_run_dir(path, cfg.hydra.output_subdir, unique)
         settled = settle(task, overrides, path)
-        made = create_dir(path, unique="hydra.run.dir" not in given)
+        made = create_dir(path, unique)
         self.made.append(made)
         lock_run(made.path)
         return Job(replace(settled, run_dir=made.path), cfg, cfg.hydra.output_subdir)
@@ -540,10 +540,13 @@ def refuse_checkpointed(path: Path) -> None:
                         "or choose another hydra.run.dir")
 
 
-def check_new_run_dir(path: Path, output_subdir: Optional[str]) -> None:
+def check_new_run_dir(path: Path, output_subdir: Optional[str], unique: bool = False) -> None:
     """A new run's directory (resolved) must not hold a checkpoint, lie inside a run, or hold
-    files of something that is not a run; and it must be possible to create."""
-    refuse_checkpointed(path)
+    files of something that is not a run; and it must be possible to create. With unique (the
+    default timestamped name), what a directory of that name holds does not matter: another run
+    started in the same second may be filling it, and create_dir takes a name of its own."""
+    if not unique:
+        refuse_checkpointed(path)
     if "${" in str(path):  # resume= would read it as an interpolation
         raise UserError(f"the run directory {path} contains '${{', which an override (resume=) "
                         f"would read as an interpolation; choose another directory")
@@ -551,7 +554,7 @@ def check_new_run_dir(path: Path, output_subdir: Optional[str]) -> None:
         if is_run(parent) or holds_checkpoints(parent):
             raise UserError(f"hydra.run.dir {path} is inside the run {parent}; a new run goes "
                             f"into a directory of its own")
-    if path.exists() or path.is_symlink():
+    if (path.exists() or path.is_symlink()) and not unique:
         if not path.is_dir():
             raise UserError(f"cannot create the run directory {path}: it exists and is not a "
                             f"directory")
@@ -566,7 +569,7 @@ def check_new_run_dir(path: Path, output_subdir: Optional[str]) -> None:
         if inner != path and path not in inner.parents:
             raise UserError(f"hydra.output_subdir={output_subdir} leads out of the run directory "
                             f"{path}")
-    existing = path
+    existing = path.parent if unique else path  # unique: a name of its own, beside path
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
     if not existing.is_dir():

@@ -4,6 +4,8 @@ one process, the others wait and use it, and every run succeeds. Runs that share
 timestamped directory name get directories of their own."""
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from forkserver import ForkServer
@@ -56,3 +58,23 @@ def test_runs_started_together_with_the_default_directory_get_one_each(server, f
     assert len(runs) == 3, runs
     for run in runs:
         assert (run / "checkpoints" / "latest").read_text() == "step_00000002"
+
+
+def test_a_default_name_another_run_is_filling_is_not_shared(server, fake_sdist, tmp_path):
+    """Deterministically, what the test above leaves to timing: another run has just made the
+    default timestamped directory and written its .hydra (not yet a run). This run neither
+    refuses nor shares it: it takes the name with _2."""
+    now = time.time()
+    for second in range(120):  # every name this run can take while it starts
+        name = time.strftime("%Y-%m-%d_%H-%M-%S", time.localtime(now + second))
+        (tmp_path / "runs" / name / ".hydra").mkdir(parents=True)
+    ok(server.wait(server.start("train.py", [
+        "+experiment=smoke", f"data.sdist_path={fake_sdist}", f"data.cache_dir={tmp_path / 'cache'}",
+        "train.max_steps=2", "train.eval_interval=2", "train.sample_tokens=0", "train.threads=1"],
+        cwd=tmp_path), timeout=240))
+    runs = [p.name for p in (tmp_path / "runs").iterdir() if (p / "config.yaml").exists()]
+    assert len(runs) == 1 and runs[0].endswith("_2"), runs
+    # a directory named by hand is the user's: its .hydra is refused, not overwritten
+    named = server.wait(server.start("train.py", ["+experiment=smoke",
+                                                  f"hydra.run.dir=runs/{name}"], cwd=tmp_path))
+    assert named.returncode == 2 and "holds .hydra but is not a run directory" in named.stderr
