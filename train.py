@@ -41,6 +41,7 @@ from training.checkpoint import (CHECKPOINTS, WEIGHTS, Progress, link_latest, lo
                                  set_rng_state, write_run_config, write_run_files)
 from training.budget import PROBE_STEPS, StepBudget
 from training.config import Config, NonFinite, register_configs
+from training.cpu_memory import keep_freed_memory
 from training.dtype_probe import choose_dtype
 from training.ema import WeightAverage
 from training.evaluate import (attention_diagnostics, bits_per_char, cached_loss, full_split_loss,
@@ -168,6 +169,8 @@ def build_run(cfg: Config, run_dir: Path, resuming: bool, world: World) -> Optio
     device = world.device
     if device.type == "cuda":
         torch.set_float32_matmul_precision("high")  # TF32 for any matmul left in float32
+    if device.type == "cpu":  # each step reuses the memory the last one freed
+        keep_freed_memory()
     seed_everything(cfg.seed)
 
     # Rank 0 builds the token cache first; the others then only read it.

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, Optional, Sequence
 import torch
 
 from safeio.cli import UserError
+from training.cpu_memory import keep_freed_memory
 
 if TYPE_CHECKING:
     from training.config import Config
@@ -69,12 +70,16 @@ def resolve_repetitions(args: BenchArgs, reps: int = DEFAULT_REPS,
 
 
 def setup(args: BenchArgs) -> torch.device:
-    """Apply threads= and resolve device= (the same rule as train.py's train.device)."""
+    """Apply threads= and resolve device= (the same rule as train.py's train.device); on a CPU,
+    keep freed memory as train.py does (training/cpu_memory.py)."""
     from guard.limits import parse_device
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    return parse_device(args.device)
+    device = parse_device(args.device)
+    if device.type == "cpu":
+        keep_freed_memory()
+    return device
 
 
 # ----------------------------------------------------------------------------- configuration
