@@ -6,6 +6,7 @@ import json
 import math
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -262,5 +263,28 @@ def test_the_probe_stops_once_one_dtype_is_clearly_slower(tmp_path, monkeypatch)
     steps = count_steps(monkeypatch)
     monkeypatch.setattr(dtype_probe, "CLEAR", 1.0)  # any ratio is clear
     fp32, bf16 = measure(tiny_config(tmp_path), VOCAB, CPU)
-    assert len(steps) == 2 * dtype_probe.WARMUP  # the warm-up already told
+    assert len(steps) == 2 * (dtype_probe.WARMUP + 1)  # one timed step of each told
     assert fp32 > 0 and bf16 > 0
+
+
+def test_a_slow_first_step_does_not_decide(tmp_path, monkeypatch):
+    """A process's first step pays one-time costs: in a fresh clone's first run, fp32's first
+    step took several times its later ones, and the probe, timing it, took bf16 for 4x faster
+    than fp32 where it was 1.6x. Here fp32's first step is made a second slower."""
+    import training.optim
+    real = training.optim.make_optimizer
+
+    def slow_first_fp32_step(model, optim, dtype):
+        optimizer, calls = real(model, optim, dtype), []
+        step = optimizer.step
+
+        def first_slow():
+            if dtype == torch.float32 and not calls:
+                time.sleep(1.0)
+            calls.append(1)
+            step()
+        optimizer.step = first_slow
+        return optimizer
+    monkeypatch.setattr(training.optim, "make_optimizer", slow_first_fp32_step)
+    fp32, bf16 = measure(tiny_config(tmp_path), VOCAB, CPU)
+    assert fp32 < 0.5, fp32

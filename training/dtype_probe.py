@@ -5,8 +5,8 @@ AMX the default step measured 255 ms in bf16 and 226 ms in fp32 (1.13x slower), 
 model 1.47x slower; without bf16 units (AVX2 only) bf16 is emulated and slower still; with AMX
 it is faster. So the run measures: a few training steps of the configured model itself (its
 shapes, attention, optimizer and thread count; random tokens), fp32 and bf16 interleaved, the
-median of each: a few seconds (fewer repetitions past CAP_S; none after the warm-up when one
-dtype is already CLEAR times the other). bf16 is chosen only when it is at least MARGIN
+median of each: a few seconds (fewer repetitions past CAP_S; one when one dtype is already
+CLEAR times the other). bf16 is chosen only when it is at least MARGIN
 faster, as fp32 is the more accurate. The timings are cached per machine, torch version, thread
 count and model shape in `<data.cache_dir>/dtype.json`, next to the token cache, so the probe
 costs seconds once; the choice itself is always `decide(timings)`, so a cached entry and a
@@ -150,19 +150,19 @@ def measure(cfg: Config, vocab_size: int, device: torch.device) -> tuple[float, 
             return statistics.median(times[torch.bfloat16]) / statistics.median(
                 times[torch.float32])
 
-        # The warm-up's times are kept only when they already tell (emulated bf16 can be 10-20x
-        # slower: a further step of it could cost minutes).
-        warm = {dtype: [] for dtype in NAMES}
-        ratio = [one_round(warm) for _ in range(WARMUP)][-1]
-        times = warm
-        if 1 / CLEAR < ratio < CLEAR:
-            times = {dtype: [] for dtype in NAMES}
-            for i in range(MAX_REPS):
-                ratio = one_round(times)
-                elapsed = time.perf_counter() - started
-                if (i + 1 >= MIN_REPS and elapsed > BUDGET_S) or elapsed > CAP_S \
-                        or not 1 / CLEAR < ratio < CLEAR:
-                    break
+        # The warm-up is never timed: a process's first step pays one-time costs, which once
+        # made fp32 look several times slower than it is (docs/dtype.md). Once one dtype's step
+        # is CLEAR times the other's, one timed step of each is enough (emulated bf16 can be
+        # 10-20x slower: a further step of it could cost minutes).
+        for _ in range(WARMUP):
+            one_round({dtype: [] for dtype in NAMES})
+        times = {dtype: [] for dtype in NAMES}
+        for i in range(MAX_REPS):
+            ratio = one_round(times)
+            elapsed = time.perf_counter() - started
+            if (i + 1 >= MIN_REPS and elapsed > BUDGET_S) or elapsed > CAP_S \
+                    or not 1 / CLEAR < ratio < CLEAR:
+                break
     return statistics.median(times[torch.float32]), statistics.median(times[torch.bfloat16])
 
 
