@@ -5,8 +5,8 @@ AMX the default step measured 255 ms in bf16 and 226 ms in fp32 (1.13x slower), 
 model 1.47x slower; without bf16 units (AVX2 only) bf16 is emulated and slower still; with AMX
 it is faster. So the run measures: a few training steps of the configured model itself (its
 shapes, attention, optimizer and thread count; random tokens), fp32 and bf16 interleaved, the
-median of each: a few seconds (fewer repetitions past CAP_S; one when one dtype is already
-CLEAR times the other). bf16 is chosen only when it is at least MARGIN
+median of each: a few seconds (fewer repetitions past CAP_S; one when bf16's step is already
+CLEAR times fp32's, as emulated bf16's is). bf16 is chosen only when it is at least MARGIN
 faster, as fp32 is the more accurate. The timings are cached per machine, torch version, thread
 count and model shape in `<data.cache_dir>/dtype.json`, next to the token cache, so the probe
 costs seconds once; the choice itself is always `decide(timings)`, so a cached entry and a
@@ -43,7 +43,7 @@ WARMUP = 1           # untimed steps per dtype (allocator, first-call costs)
 MIN_REPS, MAX_REPS = 3, 7   # timed steps per dtype: at least MIN_REPS, more while in budget
 BUDGET_S = 3.0       # a probe stops adding repetitions once it has run this long ...
 CAP_S = 15.0         # ... and stops short of MIN_REPS past this (a big model, a loaded machine)
-CLEAR = 2.0          # or once one dtype's step is this many times the other's (emulated bf16)
+CLEAR = 2.0          # or once bf16's step is this many times fp32's (emulated bf16)
 CACHE_FILE = "dtype.json"
 CACHE_FORMAT = 1
 NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
@@ -150,10 +150,11 @@ def measure(cfg: Config, vocab_size: int, device: torch.device) -> tuple[float, 
             return statistics.median(times[torch.bfloat16]) / statistics.median(
                 times[torch.float32])
 
-        # The warm-up is never timed: a process's first step pays one-time costs, which once
-        # made fp32 look several times slower than it is (docs/dtype.md). Once one dtype's step
-        # is CLEAR times the other's, one timed step of each is enough (emulated bf16 can be
-        # 10-20x slower: a further step of it could cost minutes).
+        # The warm-up is never timed, and bf16 is never taken on one step's evidence: a
+        # process's first steps pay one-time costs, which made fp32 look over twice as slow as
+        # it is (docs/dtype.md). Only a bf16 step CLEAR times fp32's ends the probe after one
+        # timed step of each (emulated bf16 can be 10-20x slower: a further step of it could
+        # cost minutes).
         for _ in range(WARMUP):
             one_round({dtype: [] for dtype in NAMES})
         times = {dtype: [] for dtype in NAMES}
@@ -161,7 +162,7 @@ def measure(cfg: Config, vocab_size: int, device: torch.device) -> tuple[float, 
             ratio = one_round(times)
             elapsed = time.perf_counter() - started
             if (i + 1 >= MIN_REPS and elapsed > BUDGET_S) or elapsed > CAP_S \
-                    or not 1 / CLEAR < ratio < CLEAR:
+                    or ratio >= CLEAR:
                 break
     return statistics.median(times[torch.float32]), statistics.median(times[torch.bfloat16])
 
