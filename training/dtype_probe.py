@@ -150,11 +150,11 @@ def measure(cfg: Config, vocab_size: int, device: torch.device) -> tuple[float, 
             return statistics.median(times[torch.bfloat16]) / statistics.median(
                 times[torch.float32])
 
-        # The warm-up is never timed, and bf16 is never taken on one step's evidence: a
-        # process's first steps pay one-time costs, which made fp32 look over twice as slow as
-        # it is (docs/dtype.md). Only a bf16 step CLEAR times fp32's ends the probe after one
-        # timed step of each (emulated bf16 can be 10-20x slower: a further step of it could
-        # cost minutes).
+        # The warm-up is never timed, and short of CAP_S bf16 is not taken on one step's
+        # evidence: a process's first steps pay one-time costs, which made fp32 look over twice
+        # as slow as it is (docs/dtype.md). Only a bf16 step CLEAR times fp32's ends the probe
+        # after one timed step of each (emulated bf16 can be 10-20x slower: a further step of
+        # it could cost minutes).
         for _ in range(WARMUP):
             one_round({dtype: [] for dtype in NAMES})
         times = {dtype: [] for dtype in NAMES}
