@@ -20,6 +20,7 @@ import resource
 import statistics
 import sys
 import time
+import traceback
 from dataclasses import dataclass, field
 
 import torch
@@ -43,24 +44,34 @@ def child_measurement(step, threads: int, keep: bool, steps: int) -> tuple[float
     """(seconds, page faults) per step, measured in a forked child."""
     read, write = os.pipe()
     pid = os.fork()
-    if pid == 0:  # the child: measure, write, exit without running the parent's clean-up
-        os.close(read)
-        torch.set_num_threads(threads)
-        if keep:
-            keep_freed_memory()
-        for _ in range(2):
-            step()
-        faults, start = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, time.perf_counter()
-        for _ in range(steps):
-            step()
-        seconds = (time.perf_counter() - start) / steps
-        faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) / steps
-        os.write(write, f"{seconds} {faults}".encode())
-        os._exit(0)
+    if pid == 0:  # the child: measure, write, exit without running the parent's code after
+        status = 1
+        try:
+            os.close(read)
+            torch.set_num_threads(threads)
+            if keep:
+                keep_freed_memory()
+            for _ in range(2):
+                step()
+            faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+            start = time.perf_counter()
+            for _ in range(steps):
+                step()
+            seconds = (time.perf_counter() - start) / steps
+            faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) / steps
+            os.write(write, f"{seconds} {faults}".encode())
+            status = 0
+        except BaseException:
+            traceback.print_exc()
+        finally:  # the child never returns into the parent's code
+            os._exit(status)
     os.close(write)
     with os.fdopen(read) as pipe:
-        seconds, faults = map(float, pipe.read().split())
+        measured = pipe.read().split()
     os.waitpid(pid, 0)
+    if len(measured) != 2:
+        raise UserError("a measuring child failed (its error is above)")
+    seconds, faults = map(float, measured)
     return seconds, faults
 
 
