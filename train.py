@@ -119,7 +119,7 @@ def train(cfg: Config, run_dir: Path, resuming: bool, world: World) -> dict:
             meter.add(run.tokens_per_step, seconds)
             if budget.add(p.step, seconds):  # train.budget_minutes: the step count, (re)fixed now
                 fit_budget(run, budget, bar)
-            if p.step % t.log_interval == 0 and p.loss_window:
+            if (p.step % t.log_interval == 0 or p.step == t.max_steps) and p.loss_window:
                 tokens_per_sec = meter.window_rate()
                 log_training(run, result, tokens_per_sec)
                 bar.set_postfix(loss=f"{run.last_train_loss:.3f}", tok_s=f"{tokens_per_sec:,.0f}",
@@ -332,7 +332,7 @@ def skip_nonfinite(run: Run, what: str) -> None:
 
 
 def log_training(run: Run, result: StepResult, tokens_per_sec: float) -> None:
-    """The training curves, every train.log_interval steps."""
+    """The training curves, every train.log_interval steps and at the last step."""
     p, w = run.progress, run.writer
     run.last_train_loss = float(np.mean(p.loss_window))
     p.loss_window = []

@@ -40,11 +40,14 @@ def test_train_interrupt_resume_sample(tmp_path):
     stopped = load_state(latest_checkpoint(run_dir))["step"]
     assert 10 <= stopped < 100000
 
-    resumed = ok(run([TRAIN, f"resume={run_dir}", f"train.max_steps={stopped + 10}"], cwd=tmp_path))
+    end = (stopped // 10 + 2) * 10 + 3  # not a multiple of log_interval (10)
+    resumed = ok(run([TRAIN, f"resume={run_dir}", f"train.max_steps={end}"], cwd=tmp_path))
     assert f"from step {stopped}" in resumed.stderr
-    assert latest_checkpoint(run_dir).name == f"step_{stopped + 10:08d}"
-    logged = [step for step, _ in scalars(run_dir)["val/loss"]]
-    assert logged == sorted(set(logged)) and logged[-1] == stopped + 10  # none lost or repeated
+    assert latest_checkpoint(run_dir).name == f"step_{end:08d}"
+    curves = scalars(run_dir)
+    logged = [step for step, _ in curves["val/loss"]]
+    assert logged == sorted(set(logged)) and logged[-1] == end  # none lost or repeated
+    assert curves["train/loss"][-1][0] == end  # the last step's loss, not one 3 steps old
 
     sample = ok(run([GENERATE, f"run={run_dir}", "prompt=ROMEO:", "max_new_tokens=20"],
                     cwd=tmp_path))
