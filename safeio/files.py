@@ -19,11 +19,12 @@ import re
 import stat
 from enum import Enum
 from pathlib import Path
+from typing import Optional
 
 import yaml
 from omegaconf import DictConfig, OmegaConf
 
-from safeio.cli import FileRefused, FormatError, first_line
+from safeio.cli import FileRefused, FormatError, UserError, first_line
 
 KIB, MIB = 1 << 10, 1 << 20
 
@@ -95,6 +96,21 @@ def check_output_file(path: Path, what: str) -> None:
         raise FileRefused(f"cannot write {what} {path}: {exc.strerror}") from None
     if not stat.S_ISREG(st.st_mode):
         raise FileRefused(f"{what} {path} is {kind_of(st.st_mode)}, not a file to write")
+
+
+def check_outputs(files: list[Path], overwrite: bool, own: Optional[Path] = None) -> None:
+    """Where a script writes its files: never over a file that is there already (a picture
+    committed in docs/, say) unless the user asks with overwrite=true; a script's own folder (the
+    study it summarises) is its to rewrite. Refuses, naming the first, files that exist outside
+    `own` when overwrite is false, and outputs that are not files (a directory of that name)."""
+    for path in files:
+        if path.is_dir():
+            raise UserError(f"{path} is a directory; give another out=")
+        check_output_file(path, "out=")  # a FIFO or a device is named as what it is
+        inside = own is not None and path.resolve().parent == own.resolve()
+        if path.exists() and not inside and not overwrite:
+            raise UserError(f"{path} exists (a committed picture?); add overwrite=true to replace "
+                            f"it, or give another out=")
 
 
 def read_text(path: Path, what: str, limit: int) -> str:

@@ -31,7 +31,7 @@ from safeio.files import check_output_file
 from guard.limits import prompt_ids
 from guard.run_dir import load_run, resolve_latest, validation_window
 from scripts.maps import colorbar, draw_map
-from scripts.outputs import check_outputs
+from safeio.files import check_outputs
 from training.attention_maps import attention_weights, future_weight, grid_image, token_labels
 from training.checkpoint import LATEST
 from guard.weights_choice import choose_weights
@@ -55,7 +55,7 @@ class MapArgs:
     # the validation window's length, 2 to the run's context (null: the run's own setting,
     # train.attention_map_tokens, as in its TensorBoard images)
     tokens: Optional[int] = None
-    overwrite: bool = False         # replace out= if it exists (as every script: scripts/outputs.py)
+    overwrite: bool = False         # replace out= if it exists (as every script: safeio/files.py)
 
 
 def check(args: MapArgs) -> None:

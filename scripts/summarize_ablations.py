@@ -40,7 +40,7 @@ from omegaconf import MISSING  # noqa: E402
 
 from safeio.cli import UserError, parse_key_values, run_cli  # noqa: E402
 from safeio.files import check_output_file  # noqa: E402
-from scripts.outputs import check_outputs  # noqa: E402
+from safeio.files import check_outputs  # noqa: E402
 
 RUN_NAME = re.compile(r"^(?P<regime>[^-]+)-(?P<variant>.+)_seed(?P<seed>\d+)$")
 METRICS = {"train": "train/loss", "val": "val/loss", "causal": "val/causal_loss",

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from helpers import REPO_ROOT
-from scripts.check_attention.checks import check
-from scripts.check_attention.options import Options
-from scripts.check_attention.sandbox import Sandbox
+from check_attention.checks import check
+from check_attention.options import Options
+from check_attention.sandbox.host import Sandbox
 
 LAYERS = REPO_ROOT / "tests" / "attention_layers"
 ITEMS = ("scale", "w_o", "before_softmax", "mask_value", "shape", "causal", "equation")

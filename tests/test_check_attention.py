@@ -1,4 +1,4 @@
-"""The attention checker (scripts/check_attention): run on layers written in each common layout,
+"""The attention checker (check_attention): run on layers written in each common layout,
 correct and with each classic mistake (tests/attention_layers/), it must give the right verdict
 and name the right item in plain words; it must refuse what it cannot use with one `error:`
 line; and nothing the checked file does may reach the project or the checker's references.
@@ -18,9 +18,9 @@ import pytest
 
 from helpers import REPO_ROOT, SCRIPT_ENV, one_error_line
 from check_helpers import ITEMS, failing, run, sandbox  # noqa: F401 (a fixture)
-from scripts.check_attention.checks import CheckError, check
-from scripts.check_attention.options import Options
-from scripts.check_attention.sandbox import Sandbox
+from check_attention.checks import CheckError, check
+from check_attention.options import Options
+from check_attention.sandbox.host import Sandbox
 
 
 
@@ -293,7 +293,7 @@ def test_without_landlock_a_write_into_the_project_is_caught(tmp_path):
 
 
 def cli(*args, cwd=REPO_ROOT) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "scripts.check_attention", *map(str, args)],
+    return subprocess.run([sys.executable, "-m", "check_attention", *map(str, args)],
                           cwd=cwd, env=SCRIPT_ENV, capture_output=True, text=True, timeout=300)
 
 
@@ -321,9 +321,9 @@ def test_bad_command_lines_get_one_error_line(args, words):
 
 
 def test_a_path_with_an_equals_sign_is_the_file(tmp_path):
-    """`python -m scripts.check_attention runs/lr=0.1/layer.py:Attn` names the file (issue 28):
+    """`python -m check_attention runs/lr=0.1/layer.py:Attn` names the file (issue 28):
     an argument ending in .py:NAME is the target, whatever its path holds."""
-    from scripts.check_attention.__main__ import parse_args
+    from check_attention.__main__ import parse_args
     folder = tmp_path / "lr=0.1"
     folder.mkdir()
     (folder / "layer.py").write_text("")
@@ -353,7 +353,7 @@ def readme_example() -> tuple[str, list[str]]:
     """The check_attention command docs/check_attention.md shows (its "An example")
     and the output it shows."""
     section = (REPO_ROOT / "docs" / "check_attention.md").read_text().split("## An example", 1)[1]
-    command = re.search(r"```bash\n(python -m scripts\.check_attention [^\n]+)\n```", section)
+    command = re.search(r"```bash\n(python -m check_attention [^\n]+)\n```", section)
     output = re.search(r"```text\n(.*?)```", section, re.S)
     return command.group(1), output.group(1).strip().splitlines()
 

@@ -1,5 +1,5 @@
 """The attention checker over a folder of submissions, and as a call from a course's own tests
-(scripts/check_attention/grade.py, issue 32): every file is a row, a broken one included, with its
+(check_attention/grade.py, issue 32): every file is a row, a broken one included, with its
 diagnosis; the table is Markdown, CSV or JSON; `check(...)` returns a report a test asserts on,
 as docs/check_attention.md shows.
 
@@ -22,11 +22,11 @@ import pytest
 
 from safeio.cli import UserError
 from helpers import REPO_ROOT, SCRIPT_ENV, one_error_line
-from scripts.check_attention.__main__ import parse_args
-from scripts.check_attention.grade import (Row, csv_text, defined_name, grade, json_text, markdown,
+from check_attention.__main__ import parse_args
+from check_attention.grade import (Row, csv_text, defined_name, grade, json_text, markdown,
                                            resolve, write_table)
-from scripts.check_attention.options import Options
-from scripts.check_attention.report import Report
+from check_attention.options import Options
+from check_attention.report import Report
 
 LAYERS = REPO_ROOT / "tests" / "attention_layers"
 
@@ -107,11 +107,11 @@ def test_each_file_is_checked_on_the_first_name_it_defines(tmp_path):
 
 
 def test_an_object_is_found_again_by_its_file_and_name():
-    from scripts.check_attention.grade import sandbox_for
+    from check_attention.grade import sandbox_for
     assert resolve("tests/attention_layers/fused.py:NoScale") == (
         "tests/attention_layers/fused.py", "NoScale")
     file, name = resolve(sandbox_for)
-    assert (Path(file).resolve(), name) == (REPO_ROOT / "scripts/check_attention/grade.py",
+    assert (Path(file).resolve(), name) == (REPO_ROOT / "check_attention/grade.py",
                                             "sandbox_for")
 
     def local():
@@ -147,7 +147,7 @@ def test_bad_grading_command_lines_are_refused(args, words):
 
 
 def test_check_refuses_an_unknown_option():
-    from scripts.check_attention import check
+    from check_attention import check
     with pytest.raises(UserError, match="unknown option 'heads'"):
         check("tests/attention_layers/fused.py:NoScale", heads=2)
 
@@ -159,7 +159,7 @@ def test_check_refuses_an_unknown_option():
 def test_grading_the_test_layers_gives_a_row_per_file_broken_ones_included(tmp_path):
     out = tmp_path / "grades.csv"
     result = subprocess.run(
-        [sys.executable, "-m", "scripts.check_attention", "tests/attention_layers/", "Layer",
+        [sys.executable, "-m", "check_attention", "tests/attention_layers/", "Layer",
          "Unscaled", "NoOutProj", "fill_zero", "Torch", "ComplexOutput", f"out={out}"],
         cwd=REPO_ROOT, env=SCRIPT_ENV, capture_output=True, text=True, timeout=900)
     assert result.returncode == 1, result.stderr  # some fail
@@ -177,7 +177,7 @@ def test_grading_the_test_layers_gives_a_row_per_file_broken_ones_included(tmp_p
     assert (rows["fused.py"]["verdict"], rows["fused.py"]["w_o"]) == ("FAIL", "FAIL")
     assert rows["escape_tty.py"]["verdict"] == "PASS" and rows["odd.py"]["verdict"] == "PASS"
     # and an existing table is kept unless told
-    again = subprocess.run([sys.executable, "-m", "scripts.check_attention",
+    again = subprocess.run([sys.executable, "-m", "check_attention",
                             "tests/attention_layers/", "Layer", f"out={out}"], cwd=REPO_ROOT,
                            env=SCRIPT_ENV, capture_output=True, text=True, timeout=300)
     assert again.returncode == 2 and "overwrite=true" in one_error_line(again)
@@ -247,7 +247,7 @@ def test_the_docs_pytest_example_runs(tmp_path):
 
 @pytest.mark.slow
 def test_check_takes_an_object_or_a_path_and_reports_an_unusable_one():
-    from scripts.check_attention import check
+    from check_attention import check
     sys.path.insert(0, str(LAYERS))
     try:
         from separate import ScaleDModel  # only defines classes: safe to import here

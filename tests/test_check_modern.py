@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from check_helpers import ITEMS, PROBES, failing, run, sandbox, text  # noqa: F401 (a fixture)
-from scripts.check_attention import course, modern
+from check_attention import modern
+from check_attention.sandbox import course
 
 
 

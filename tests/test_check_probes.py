@@ -1,4 +1,4 @@
-"""The attention checker's probes past the checklist (scripts/check_attention/probes.py): each
+"""The attention checker's probes past the checklist (check_attention/probes.py): each
 layer in tests/attention_layers/ that makes one of the mistakes the 8-position forward pass
 cannot see (a wrong backward, a chunked loop wrong after 64 queries, batch mixing, dropout left
 on in eval mode, a -1e4 mask, in-place writes into the input) must be named as that mistake,

@@ -290,7 +290,7 @@ def test_each_argument_is_one_its_command_takes(command):
     t = target(command.argv)
     where = f"{command.where}: {shlex.join(command.argv)}"
     source = source_of(t)
-    if source is None or not source.is_file() or t.name == "scripts.check_attention":
+    if source is None or not source.is_file() or t.name == "check_attention":
         return  # its own parser (docs/check_attention.md), or a program from elsewhere
     if t.name.endswith("train.py"):
         for arg in t.args:

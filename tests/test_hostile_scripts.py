@@ -180,7 +180,7 @@ def test_train_from_a_folder_with_a_model_override_says_which_in_one_line(tmp_pa
 
 
 def test_attention_map_keeps_an_existing_picture_unless_told(tmp_path, capsys):
-    """As every script (scripts/outputs.py): the refusal comes before the run is read."""
+    """As every script (safeio/files.py): the refusal comes before the run is read."""
     from scripts.attention_map import main
 
     picture = tmp_path / "map.png"

@@ -1,11 +1,13 @@
 """The packages stand on floors, and every import points down (or stays on its floor).
 
-    safeio -> model -> data -> interop -> training -> guard -> entry points
+    safeio -> model -> data -> interop -> training -> guard -> check_attention -> entry points
 
 safeio/ (errors, bounded reads, readers of untrusted formats, system probes) imports nothing of the
 project; the core (model/, data/, training/) and interop/ stand on it; guard/ (the policy: ranges,
-run directories, preflight, sweeps) stands on all of them, and only the entry points (train.py,
-generate.py, scripts/, bench/, tools/) import it. Read from the source with `ast`, so an import
+run directories, preflight, sweeps) stands on all of them; check_attention/ (the checker, a
+product of its own) is the top floor, and only the entry points (train.py, generate.py, scripts/,
+bench/, tools/) import the floors above the core. check_attention/sandbox/ imports nothing of the
+project: the host runs its files before the project is on its path. Read from the source with `ast`, so an import
 written inside a function counts as much as one at the top of a file: a late import hides a
 circle from Python, not from the layering.
 """
@@ -17,7 +19,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-FLOORS = ["safeio", "model", "data", "interop", "training", "guard"]
+FLOORS = ["safeio", "model", "data", "interop", "training", "guard", "check_attention"]
 ENTRY_POINTS = {"train", "generate", "scripts", "bench", "tools", "tests"}  # above every floor
 
 
@@ -56,6 +58,21 @@ def test_safeio_imports_nothing_of_the_project():
     found = [f"{path.relative_to(ROOT)}:{line} imports {name}"
              for path in sorted((ROOT / "safeio").rglob("*.py"))
              for line, name in imported_packages(path) if name in project - own]
+    assert found == []
+
+
+def test_the_sandbox_imports_nothing_of_the_project():
+    """check_attention/sandbox/ runs in the host before the project is importable: stdlib and torch
+    only, and its own files (as top-level modules there, as check_attention.sandbox.* here)."""
+    project = set(FLOORS) | ENTRY_POINTS
+    found = []
+    for path in sorted((ROOT / "check_attention" / "sandbox").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
+            found += [f"{path.relative_to(ROOT)}:{node.lineno} imports {name}" for name in names
+                      if name.split(".")[0] in project
+                      and not name.startswith("check_attention.sandbox")]
     assert found == []
 
 

@@ -1,4 +1,4 @@
-"""The checker's sandbox (scripts/check_attention/sandbox.py, confine.py) against files that try
+"""The checker's sandbox (check_attention/sandbox/host.py, confine.py) against files that try
 to get out of it (tests/attention_layers/escape_*.py, issue 28). Each hostile file tries every
 way it knows at import and raises naming each one that worked; here each must import cleanly,
 and what it aimed at (a terminal, a listener, a file's metadata, a shared place, a process left
@@ -20,7 +20,7 @@ import time
 import pytest
 
 from helpers import REPO_ROOT, SCRIPT_ENV
-from scripts.check_attention.sandbox import Sandbox
+from check_attention.sandbox.host import Sandbox
 
 LAYERS = REPO_ROOT / "tests" / "attention_layers"
 TARGETS = "CHECK_ATTENTION_ESCAPE_TARGETS"
@@ -157,7 +157,7 @@ def test_no_capabilities_are_left(sandbox):
 def test_the_command_under_a_terminal_cannot_type_into_it():
     """As a user runs it from a shell: the checker's own process has a controlling terminal (a
     pseudo-terminal here). The checked file must find none, and the verdict is PASS."""
-    argv = [sys.executable, "-m", "scripts.check_attention",
+    argv = [sys.executable, "-m", "check_attention",
             "tests/attention_layers/escape_tty.py:Layer"]
     pid, master = pty.fork()
     if pid == 0:  # the child: pty.fork made the pseudo-terminal its controlling terminal

@@ -34,7 +34,7 @@ from omegaconf import MISSING
 
 from safeio.cli import UserError, parse_key_values, run_cli
 from guard.run_dir import event_files
-from scripts.outputs import check_outputs
+from safeio.files import check_outputs
 
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
                   "--no-first-run", "--disable-background-networking",

@@ -19,16 +19,16 @@ import torch
 
 from model.attention import causal_pattern
 from model.config import MaskMode
-from scripts.check_attention import layouts, modern
-from scripts.check_attention import probes as deeper
-from scripts.check_attention.compare import (INPUT_SCALES, PROBES, QKV_SCALES, TOLERANCE, Leaks,
+from check_attention import layouts, modern
+from check_attention import probes as deeper
+from check_attention.compare import (INPUT_SCALES, PROBES, QKV_SCALES, TOLERANCE, Leaks,
                                              golden, leak_matrix, rel_err, same)
-from scripts.check_attention.diagnosis import closest_words, first_difference, match, report_match
-from scripts.check_attention.options import MASKS, Options
-from scripts.check_attention.report import Report
-from scripts.check_attention.runner import D_MODEL, N_HEAD
-from scripts.check_attention.sandbox import CheckError, Sandbox, SandboxError, ask, project_snapshot
-from scripts.check_attention.variants import (all_variants, attend_heads, divisor_words,
+from check_attention.diagnosis import closest_words, first_difference, match, report_match
+from check_attention.options import MASKS, Options
+from check_attention.report import Report
+from check_attention.sandbox.runner import D_MODEL, N_HEAD
+from check_attention.sandbox.host import CheckError, Sandbox, SandboxError, ask, project_snapshot
+from check_attention.variants import (all_variants, attend_heads, divisor_words,
                                               mistake_words, num, variant_attend_kwargs)
 
 

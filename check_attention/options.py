@@ -43,7 +43,7 @@ class Options:
     workers: Optional[int] = None
     # grading a folder: also write the table to this .md, .csv or .json file
     out: Optional[str] = None
-    overwrite: bool = False    # replace out= if it exists (as every script: scripts/outputs.py)
+    overwrite: bool = False    # replace out= if it exists (as every script: safeio/files.py)
 
 
 # The range of each number, and why its ends are where they are. The causality check runs the

@@ -1,7 +1,7 @@
 """Check your own attention layer against the cheat sheet's checklist, or grade a folder of them.
 
-    python -m scripts.check_attention path/to/file.py:Name [key=value ...]
-    python -m scripts.check_attention submissions/ Name [Name ...] [key=value ...]
+    python -m check_attention path/to/file.py:Name [key=value ...]
+    python -m check_attention submissions/ Name [Name ...] [key=value ...]
 
 Name is a causal self-attention nn.Module class, built as Name(d_model, n_head) (or with the
 usual spellings: n_embd, num_heads, embed_dim, head_size, a nanoGPT-style config, ...), a
@@ -20,9 +20,9 @@ import sys
 from pathlib import Path
 
 from safeio.cli import UserError, parse_key_values, run_cli
-from scripts.check_attention.options import GRADING_ONLY, Options, check_options
+from check_attention.options import GRADING_ONLY, Options, check_options
 
-USAGE = ("usage: python -m scripts.check_attention FILE.py:NAME | FOLDER NAME [NAME ...] "
+USAGE = ("usage: python -m check_attention FILE.py:NAME | FOLDER NAME [NAME ...] "
          "[key=value ...]")
 
 
@@ -74,8 +74,8 @@ def parse_args(argv: list[str]) -> tuple[str, object, Options]:
 
 
 def grade_folder(folder: str, names: tuple, opts: Options) -> int:
-    from scripts.check_attention.grade import grade, markdown, progress_line, write_table
-    from scripts.outputs import check_outputs
+    from check_attention.grade import grade, markdown, progress_line, write_table
+    from safeio.files import check_outputs
     if opts.out:
         check_outputs([Path(opts.out)], opts.overwrite)
     rows = grade(folder, names, opts, progress=progress_line)
@@ -90,7 +90,7 @@ def run(argv: list[str]) -> int:
     path, name, opts = parse_args(argv)
     if isinstance(name, tuple):
         return grade_folder(path, name, opts)
-    from scripts.check_attention.grade import check_file, sandbox_for
+    from check_attention.grade import check_file, sandbox_for
 
     with sandbox_for(opts) as sandbox:  # the host imports torch while we do
         report = check_file(path, name, opts, sandbox)

@@ -10,10 +10,10 @@ from typing import Optional
 import torch
 
 from model.config import MaskMode
-from scripts.check_attention import layouts
-from scripts.check_attention.compare import PROBES, golden, rel_err
-from scripts.check_attention.report import Report
-from scripts.check_attention.variants import (ITEMS, Variant, all_variants, attend,
+from check_attention import layouts
+from check_attention.compare import PROBES, golden, rel_err
+from check_attention.report import Report
+from check_attention.variants import (ITEMS, Variant, all_variants, attend,
                                               divisor_words, mistake_words, module_output, num,
                                               variant_attend_kwargs)
 

@@ -30,10 +30,10 @@ import torch.nn as nn
 
 from model.attention import CausalSelfAttention
 from model.rotary import rotary_tables
-from scripts.check_attention import layouts
-from scripts.check_attention.compare import golden, rel_err
-from scripts.check_attention.report import Report
-from scripts.check_attention.variants import all_variants, mistake_words, num, pattern
+from check_attention import layouts
+from check_attention.compare import golden, rel_err
+from check_attention.report import Report
+from check_attention.variants import all_variants, mistake_words, num, pattern
 
 THETAS = (10000.0, 500000.0)      # Llama 2 / GPT-NeoX, and Llama 3
 THETA_NAMES = {"theta", "rope_theta", "base", "rope_base", "rotary_base", "rotary_emb_base"}

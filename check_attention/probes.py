@@ -20,11 +20,11 @@ import torch.nn.functional as F
 
 from model.attention import causal_pattern, scaled_dot_product_attention
 from model.pitfalls import masked_softmax
-from scripts.check_attention import layouts, modern
-from scripts.check_attention.compare import LEAK, TOLERANCE, rel_err, same
-from scripts.check_attention.options import MAX_PROBE_BYTES
-from scripts.check_attention.sandbox import ask
-from scripts.check_attention.variants import (SPLITS, Variant, module_output, pattern,
+from check_attention import layouts, modern
+from check_attention.compare import LEAK, TOLERANCE, rel_err, same
+from check_attention.options import MAX_PROBE_BYTES
+from check_attention.sandbox.host import ask
+from check_attention.variants import (SPLITS, Variant, module_output, pattern,
                                               variant_attend_kwargs)
 
 LENGTHS = (1, 7, 65, 129, 257)           # past the 16 / 32 / 64 / 128-wide tiles of kernels

@@ -1,5 +1,5 @@
 """Check many files, or one object, and never stop at a broken one: a folder of submissions as one
-table (`python -m scripts.check_attention submissions/ NAME ...`), and `check(...)`, the call a
+table (`python -m check_attention submissions/ NAME ...`), and `check(...)`, the call a
 course's own tests assert on.
 
 Each file is checked as the command checks one (checks.check): in a fresh sandboxed child, with
@@ -27,8 +27,8 @@ from typing import Optional
 
 from safeio.cli import FileRefused, UserError
 from safeio.files import check_output_file, check_regular, read_text
-from scripts.check_attention.options import Options, check_options
-from scripts.check_attention.report import ITEM_WORDS, Report
+from check_attention.options import Options, check_options
+from check_attention.report import ITEM_WORDS, Report
 
 # A submission is a page or two of Python; a bigger .py file is not one to read for its names.
 MAX_SUBMISSION_BYTES = 4 << 20
@@ -40,7 +40,7 @@ OUT_OF_MEMORY = ("can't allocate memory", "MemoryError", "Cannot allocate memory
 
 def sandbox_for(opts: Options):
     """A sandbox host for opts' device, its children held to opts.memory GiB."""
-    from scripts.check_attention.sandbox import Sandbox
+    from check_attention.sandbox.host import Sandbox
     memory = None if opts.memory is None else int(opts.memory * 2**30)
     return Sandbox(gpu=opts.device != "cpu", memory=memory)
 
@@ -48,7 +48,7 @@ def sandbox_for(opts: Options):
 def check_file(file: str, name: str, opts: Options, sandbox) -> Report:
     """The report on FILE:NAME; a file or object the checker cannot use is a report whose
     `error` says why (the command prints it as its one `error:` line)."""
-    from scripts.check_attention.checks import CheckError, check
+    from check_attention.checks import CheckError, check
     try:
         return check(file, name, opts, sandbox=sandbox)
     except CheckError as exc:

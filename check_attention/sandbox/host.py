@@ -264,7 +264,7 @@ class Child:
         if box.data not in ready and box.ctl in ready:  # it ended without answering
             self.exit, self.spoiled = box._recv(self.deadline + 5, box.ctl), True
             raise SandboxError(self._exit_words())
-        from scripts.check_attention.answers import BadAnswer, check_answer  # the checker's side
+        from check_attention.sandbox.answers import BadAnswer, check_answer  # the checker's side
         try:
             answer = box._recv(self.deadline + 5, box.data)
             check_answer(cmd, fields, answer)

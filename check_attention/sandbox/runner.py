@@ -1,7 +1,7 @@
 """What the sandboxed child does with the user's file: import it, build the layer, run it.
 
 This is the only code that touches the user's objects, and it runs in the child process only
-(see sandbox.py). It imports nothing from the project, answers one frame per request and never
+(see host.py). It imports nothing from the project, answers one frame per request and never
 judges anything: it reports what the layer returned, and the checker compares.
 
 Requests (dicts with a `cmd`):
@@ -25,10 +25,10 @@ import traceback
 import torch
 import torch.nn as nn
 
-try:  # the host imports this folder's files as top-level modules (sandbox.py)
+try:  # the host imports this folder's files as top-level modules (host.py)
     from course import adapter_factory, adapter_kind, adapter_words
 except ImportError:
-    from scripts.check_attention.course import adapter_factory, adapter_kind, adapter_words
+    from check_attention.sandbox.course import adapter_factory, adapter_kind, adapter_words
 
 # The spellings a constructor's parameters go by, for each size the checker builds with.
 D_MODEL = {"d_model", "n_embd", "n_embed", "embed_dim", "embedding_dim", "emb_dim", "embed_size",

@@ -24,7 +24,7 @@ from typing import Callable, Optional
 
 import torch
 
-from scripts.check_attention.variants import Weights
+from check_attention.variants import Weights
 
 ROLE_TOKENS = {"q": {"q", "query", "queries", "qry"}, "k": {"k", "key", "keys"},
                "v": {"v", "value", "values", "val"}, "o": {"o", "out", "output", "outs"}}

@@ -26,7 +26,7 @@ from model.attention import CausalSelfAttention, causal_pattern, scaled_dot_prod
 from model.config import AttentionConfig, AttentionImpl, MaskMode, Scale
 from model.pitfalls import masked_softmax
 
-CONF = Path(__file__).resolve().parents[2] / "conf" / "attention"
+CONF = Path(__file__).resolve().parents[1] / "conf" / "attention"
 PATTERNS = {"causal": 0, "mask_no_diagonal": -1, "mask_one_future": 1}  # tril diagonal offset
 ITEMS = ("scale", "w_o", "before_softmax", "mask_value")  # the checklist items a variant decides
 

@@ -1,0 +1,22 @@
+"""Check anyone's causal self-attention against the cheat sheet: `python -m check_attention
+FILE.py:NAME` (__main__.py), a folder of them as one table (grade.py), or from a course's own
+tests:
+
+    from check_attention import check
+    report = check("path/file.py:Name")          # or check(TheClass), check(the_function)
+    assert report.passed, report.text
+
+sandbox/ runs the file in a child that it shuts in, and checks what the child sends back;
+layouts.py, variants.py and diagnosis.py map its weights onto our layer and name the mistake;
+checks.py runs the checklist; compare.py and report.py judge and print.
+
+May import: safeio, model. (The checker judges against the project's own equation and pitfall
+table; sandbox/ imports nothing of the project.)
+"""
+
+
+def check(target, **options):
+    """grade.check: imported when called, so that `--help` and a mistyped command never wait for
+    torch."""
+    from check_attention.grade import check as check_one
+    return check_one(target, **options)
