@@ -16,7 +16,7 @@ from helpers import VARIANT_NEEDS
 from training.config import CONF_DIR, Config
 
 GROUPS = ("model", "attention", "data", "tokenizer", "optim", "train")
-PACKAGES = ("arm", "regime", "experiment", "gpu", "arch")  # added with +name=option
+PACKAGES = ("arm", "regime", "experiment", "arch")  # added with +name=option
 
 
 def options(group: str) -> list[str]:
