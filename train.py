@@ -43,7 +43,6 @@ from training.budget import PROBE_STEPS, StepBudget
 from training.config import Config, NonFinite, register_configs
 from training.cpu_memory import keep_freed_memory
 from training.dtype_probe import choose_dtype
-from training.ema import WeightAverage
 from training.evaluate import (attention_diagnostics, bits_per_char, cached_loss, full_split_loss,
                                mean_loss, qk_grad_norms, rising_validation, sample_text)
 from training.optim import Optimizers, lr_at, make_optimizer
@@ -72,7 +71,6 @@ class Run:
     writer: object                  # SummaryWriter on rank 0, NullWriter elsewhere
     progress: Progress
     ddp: Optional[DDP] = None       # the DDP wrapper, when there are several processes
-    average: Optional[WeightAverage] = None  # train.ema: what evaluations score and files hold
     saved_at: Optional[int] = None  # step of the newest checkpoint on disk
     metrics: dict = field(default_factory=dict)  # of the latest evaluation
     last_train_loss: float = math.nan
@@ -151,8 +149,7 @@ def train(cfg: Config, run_dir: Path, resuming: bool, world: World) -> dict:
         log.info(f"time budget of {t.max_minutes} min reached at step {p.step}")
     if not p.history or p.history[-1][0] != p.step:  # unless this step was just evaluated
         evaluate(run)
-    with averaged(run):
-        metrics = run.metrics | final_metrics(run, meter)
+    metrics = run.metrics | final_metrics(run, meter)
     run.writer.close()
     return metrics
 
@@ -198,10 +195,9 @@ def build_run(cfg: Config, run_dir: Path, resuming: bool, world: World) -> Optio
                                device)
     eval_batches = fixed_windows(corpus.validation, min(m.block_size, len(corpus.validation) - 1),
                                  t.eval_batches, t.batch_size, seed=cfg.seed + 1, device=device)
-    average = WeightAverage(model, t.ema, t.ema_start) if t.ema else None
     progress = Progress()
     if resuming:
-        progress = restore(run_dir, model, optimizer, sampler, corpus.tokenizer, average)
+        progress = restore(run_dir, model, optimizer, sampler, corpus.tokenizer)
         if progress.step >= t.max_steps:
             log.info(f"{run_dir} already finished ({progress.step} of train.max_steps="
                      f"{t.max_steps} steps); raise train.max_steps to train further.")
@@ -227,7 +223,7 @@ def build_run(cfg: Config, run_dir: Path, resuming: bool, world: World) -> Optio
     if not resuming:
         write_config(writer, cfg)
     run = Run(cfg, run_dir, world, corpus, model, step_model, optimizer, sampler, eval_batches,
-              choice.autocast(device), writer, progress, ddp=ddp, average=average,
+              choice.autocast(device), writer, progress, ddp=ddp,
               saved_at=progress.step if resuming else None)
     if world.is_main:
         log.info(f"model: {model.num_params() / 1e6:.2f}M parameters, vocab {corpus.vocab_size}, "
@@ -309,8 +305,6 @@ def optimizer_step(run: Run, stop: Optional[StopFlag] = None) -> Optional[StepRe
         skip_nonfinite(run, "loss" if not math.isfinite(loss) else "gradient")
     run.optimizer.zero_grad(set_to_none=True)
     p.step += 1
-    if run.average:
-        run.average.update(run.model, p.step)
     return StepResult(loss, norm, lr, list(zip(flat_qk[::2], flat_qk[1::2])))
 
 
@@ -347,13 +341,11 @@ def log_training(run: Run, result: StepResult, tokens_per_sec: float) -> None:
 
 
 def evaluate(run: Run) -> dict:
-    """One evaluation (of the weight average, with train.ema): the validation losses, then what
-    follows from them."""
-    with averaged(run):
-        metrics = validation_losses(run)
-        if run.world.is_main:
-            log_evaluation(run, metrics)
-        keep_best(run, metrics["causal_val_loss"])
+    """One evaluation: the validation losses, then what follows from them."""
+    metrics = validation_losses(run)
+    if run.world.is_main:
+        log_evaluation(run, metrics)
+    keep_best(run, metrics["causal_val_loss"])
     run.metrics = metrics
     check_overfitting(run)
     save(run)
@@ -461,17 +453,8 @@ def save(run: Run) -> None:
         run.writer.flush()  # everything logged up to this step is on disk before the checkpoint
         state = {"optimizer": run.optimizer.state_dict(), "sampler": run.sampler.state_dict(),
                  "rng": rng_state(), **p.state_dict()}
-        # with train.ema, the weights file holds the average and the state the weights trained on
-        with averaged(run) as trained:
-            if trained is not None:
-                state["training_weights"] = trained
-            save_checkpoint(run.run_dir, p.step, run.model, state, run.cfg.train.keep_checkpoints)
+        save_checkpoint(run.run_dir, p.step, run.model, state, run.cfg.train.keep_checkpoints)
     run.saved_at = p.step
-
-
-def averaged(run: Run) -> contextlib.AbstractContextManager:
-    """The weight average in the model for the block (train.ema; else the model as it is)."""
-    return run.average.swapped_in(run.model) if run.average else contextlib.nullcontext()
 
 
 def to_bpc(run: Run, nats_per_token: float) -> float:

@@ -1,6 +1,6 @@
 """What does a switch cost per training step? Each arm's step time against the default's.
 
-    python -m bench.arm_cost arms="data.order=epochs;model.xsa=true;train.ema=0.99" threads=1
+    python -m bench.arm_cost arms="data.order=epochs;model.qk_norm=true;model.mlp_ratio=5" threads=1
     python -m bench.arm_cost arms="model.n_layer=5" reps=21 optim=adamw   # other overrides: all arms
 
 The last line is the first arm's ratio (`ratio=1.04`: 4% slower a step than the default).
@@ -37,7 +37,7 @@ def main(argv: list[str]) -> int:
                                            about=__doc__.split("\n\n")[0], overrides=True)
         arms = {" ".join(arm.split()): arm.split() for arm in args.arms.split(";") if arm.strip()}
         if not arms:
-            raise UserError('give the arms to time, e.g. arms="model.xsa=true;train.ema=0.99"')
+            raise UserError('give the arms to time, e.g. arms="model.qk_norm=true;model.mlp_ratio=5"')
         device = setup(args)
         reps, warmup = resolve_repetitions(args, reps=REPS, quick_reps=3, warmup=WARMUP,
                                            quick_warmup=1)

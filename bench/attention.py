@@ -65,7 +65,7 @@ from bench.common import (GPU_RECIPE, MIB, BenchArgs, activation_bytes, compose_
                           cuda_peak_bytes, fmt, interleaved_medians, print_header, print_headline,
                           print_table, resolve_repetitions, setup, sync, usage)
 from safeio.cli import check_choices, parse_key_values, run_cli
-from model.attention import CausalSelfAttention
+from model.attention import CausalSelfAttention, attention_layer
 from model.config import AttentionConfig, AttentionImpl, ModelConfig
 from training.device import autocast, pick_dtype
 
@@ -171,8 +171,8 @@ def build_arms(model: ModelConfig, attn: AttentionConfig, T: int, device: torch.
     torch.manual_seed(SEED)
     # impl=reference: left to itself (auto) the layer would hand the work to the fused kernel
     reference = replace(attn, impl=AttentionImpl.reference)
-    ours = CausalSelfAttention(model.n_embd, model.n_head, block_size=T, attn=reference,
-                               bias=model.bias).to(device)
+    ours = attention_layer(model.n_embd, model.n_head, block_size=T, attn=reference,
+                           bias=model.bias).to(device)
     arms = {name: CoreLayer(model.n_embd, model.n_head, sdpa_core(backend), model.bias)
             for name, backend in sdpa_backends(device).items()}
     arms[REFERENCE] = Reference(ours)

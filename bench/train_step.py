@@ -199,7 +199,7 @@ def compiles_by_default(cfg: Config, device: torch.device) -> bool:
 def build_step(cfg: Config, dtype: torch.dtype, compile_mode: Optional[str],
                device: torch.device) -> Callable[[], None]:
     """One training step of `cfg` on fixed random tokens, as train.py takes it: forward under
-    autocast, backward, clipping, the optimizer step (and the weight average, with train.ema)."""
+    autocast, backward, clipping, the optimizer step."""
     torch.manual_seed(SEED)
     vocab, batch, block = cfg.tokenizer.planned_vocab_size, cfg.train.batch_size, cfg.model.block_size
     model = GPT(cfg.model, vocab, cfg.attention).to(device)

@@ -28,7 +28,7 @@ from typing import Optional
 import torch
 import torch.nn as nn
 
-from model.attention import CausalSelfAttention
+from model.attention import attention_layer
 from model.rotary import rotary_tables
 from check_attention import layouts
 from check_attention.compare import golden, rel_err
@@ -168,9 +168,9 @@ def output(r: Reading, rotary: Rotary, variant, pitfalls: tuple, x: torch.Tensor
                    rotary_interleaved=rotary.layout == "interleaved",
                    **{p: True for p in pitfalls})
     eps = (r.norm or {}).get("eps")
-    layer = CausalSelfAttention(D, r.h, block_size=T, attn=attn, bias=True, n_kv_head=r.h_kv,
-                                qk_norm=r.norm is not None,
-                                norm_eps=eps if eps is not None else 1e-6).to(dtype).eval()
+    layer = attention_layer(D, r.h, block_size=T, attn=attn, bias=True, n_kv_head=r.h_kv,
+                            qk_norm=r.norm is not None,
+                            norm_eps=eps if eps is not None else 1e-6).to(dtype).eval()
     zeros = torch.zeros(D + 2 * r.wk.size(0), dtype=torch.float64).split(
         [D, r.wk.size(0), r.wk.size(0)])
     weights = {"qkv.weight": torch.cat([r.wq, r.wk, r.wv]),

@@ -22,7 +22,7 @@ from typing import Optional
 import torch
 from omegaconf import OmegaConf
 
-from model.attention import CausalSelfAttention, causal_pattern, scaled_dot_product_attention
+from model.attention import attention_layer, causal_pattern, scaled_dot_product_attention
 from model.config import AttentionConfig, AttentionImpl, MaskMode, Scale
 from model.pitfalls import masked_softmax
 
@@ -126,7 +126,7 @@ def module_output(w: Weights, h: int, variant: Variant, x: torch.Tensor) -> torc
     """Our CausalSelfAttention (float64) with these weights, as `variant`: x [B, T, D] -> y."""
     D, T = w.wq.size(1), x.size(1)
     attn = replace(variant.attn, out_proj=w.wo is not None)
-    layer = CausalSelfAttention(D, h, block_size=T, attn=attn, bias=True).double().eval()
+    layer = attention_layer(D, h, block_size=T, attn=attn, bias=True).double().eval()
     with torch.no_grad():
         layer.qkv.weight.copy_(torch.cat([w.wq, w.wk, w.wv]))
         layer.qkv.bias.copy_(torch.cat([_bias(w.bq, D), _bias(w.bk, D), _bias(w.bv, D)]))

@@ -15,8 +15,8 @@ class Source(str, Enum):
 
 
 class Order(str, Enum):
-    random = "random"  # windows at any offset, drawn with replacement (the default)
-    epochs = "epochs"  # a fresh random order each epoch, every window once (data/batches.py)
+    random = "random"  # windows at any offset, drawn with replacement
+    epochs = "epochs"  # a fresh random order each epoch, every window once (the default)
 
 
 class TokenizerKind(str, Enum):
@@ -34,7 +34,7 @@ class DataConfig:
     # Joins the documents of a split into one stream.
     separator: str = ""
     # How training reads its windows (data/batches.py): epochs, each a fresh random order of
-    # every window once (round 4 of docs/budget.md: -0.010 nats/char), or random offsets with
+    # every window once (the default since round 4 of docs/budget.md), or random offsets with
     # replacement (rounds 1 to 3). Changes no token cache.
     order: Order = Order.epochs
 
@@ -64,9 +64,6 @@ class DataConfig:
     text_column: str = "text"
     # Cap on documents per split (null = all), to keep a first try on a big corpus short.
     max_documents: Optional[int] = None
-    # Unused: the corpus is tokenized as a stream, by tokenizers' own threads (data/prepare.py).
-    # It was the number of datasets.map processes; kept so that older runs' config.yaml reads.
-    num_proc: Optional[int] = None
 
 
 @dataclass

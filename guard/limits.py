@@ -106,8 +106,6 @@ TRAIN = [
     fraction("model.dropout"), fraction("model.attn_dropout", optional=True),
     positive("model.init_std", words="a positive number"),
     Limit("model.rope_theta", 1, above=True, words="a finite number above 1"),
-    non_negative("model.mtp", 10.0, words="a number in [0, 10]"),
-    non_negative("model.bigram_buckets", MAX_COUNT, words="0 (none) or a number of buckets"),
     Limit("model.norm_eps", 0, 1, above=True, below=True, words="in (0, 1)"),
     positive("model.mlp_hidden", optional=True, words="a positive integer or null"),
     positive("model.n_kv_head", optional=True, words="a positive integer or null"),
@@ -118,10 +116,8 @@ TRAIN = [
     # optim
     positive("optim.lr"), non_negative("optim.min_lr"), non_negative("optim.warmup_steps", MAX_COUNT),
     non_negative("optim.weight_decay"), non_negative("optim.grad_clip"),
-    non_negative("optim.embedding_weight_decay", optional=True, words="0 or more, or null"),
     Limit("optim.decay_fraction", 0, 1, above=True, words="in (0, 1]"),
     positive("optim.muon_ns_steps", 1000), positive("optim.muon_lr_scale"),
-    positive("optim.embedding_lr_scale"),
     fraction("optim.beta1"), fraction("optim.beta2"), fraction("optim.muon_momentum"),
     positive("optim.eps", words="a positive number"),
     # train
@@ -133,9 +129,7 @@ TRAIN = [
     temperature("train.sample_temperature"),
     positive("train.max_minutes", optional=True), positive("train.budget_minutes", optional=True),
     positive("train.threads", MAX_WORKERS, optional=True),
-    fraction("train.ema"), non_negative("train.ema_start", MAX_COUNT),
     # data, tokenizer, seed
-    positive("data.num_proc", MAX_WORKERS, optional=True),
     positive("data.max_documents", optional=True),
     non_negative("tokenizer.min_frequency", 2**32 - 1),
     positive("tokenizer.vocab_size", 2**32),  # ids are stored as uint32
@@ -465,7 +459,6 @@ def training_bytes(cfg: Config, vocab_size: int, device: torch.device, sizes: Si
         "logits": logits * B * T * vocab_size,
         "causal masks": sizes.buffer_bytes,
         "validation batches": 8 * t.eval_batches * B * (T + 1),
-        "weight average (train.ema)": FP32 * sizes.params if t.ema else 0,
     }
 
 

@@ -45,6 +45,7 @@ from guard.limits import (check_config, check_fused_kernel, check_text, check_tr
 from guard.run_dir import (check_resumable, is_model_folder, is_run, load_folder_weights,
                            read_source, refuse_folder_overrides, resolved, resume_target,
                            saved_config)
+from guard.retired import retired_override
 from safeio.run_lock import lock_run, release_locks, remember_command, unlock_run
 from safeio.system import parse_launch
 from guard.sweep import MAX_NAME, arm_names, expand
@@ -202,7 +203,7 @@ def _compose(overrides: Sequence[str]) -> DictConfig:
     try:
         cfg = hydra_compose("config", overrides=list(overrides), return_hydra_config=True)
     except Exception as exc:
-        raise UserError(one_line(exc)) from exc
+        raise UserError(retired_override(overrides) or one_line(exc)) from exc
     HydraConfig.instance().set_config(cfg)  # for ${hydra:...}, and the run's record of choices
     unknown = _added_key(cfg)
     if unknown:

@@ -28,6 +28,7 @@ from safeio.files import MIB, check_regular, kind_of, load_run_config, read_text
 from safeio.hf import CONFIG, open_folder
 from guard.limits import (check_choice, check_config, check_fused_kernel, check_model,
                           check_sampling_fits)
+from guard.retired import drop_retired
 from interop.hf import gpt2_model_config, gpt2_state
 from interop.hf_llama import llama_model_config, llama_state
 from model.fast_paths import fused_refusal
@@ -65,8 +66,10 @@ def is_run(path: Path) -> bool:
 
 
 def saved_config(path: Path) -> DictConfig:
-    """A run's config.yaml merged into the schema: data, of which nothing is instantiated."""
+    """A run's config.yaml merged into the schema: data, of which nothing is instantiated. The
+    keys of switches that have left the code are dropped, or the run refused (guard/retired.py)."""
     saved = load_run_config(path)
+    drop_retired(saved, path)
     try:
         return OmegaConf.merge(OmegaConf.structured(Config), saved)
     except OmegaConfBaseException as exc:  # keys or values that do not fit the schema
@@ -273,7 +276,7 @@ def read_source(path: Path) -> ModelSource:
     if not (path / "config.yaml").exists():
         raise UserError(f"{path} has no config.yaml: is it a run directory of train.py (or a "
                         f"model folder with config.json)?")
-    try:  # (the dataclasses' own checks: the legacy model.activation)
+    try:  # (anything the merge let through that the dataclasses refuse)
         cfg: Config = OmegaConf.to_object(saved_config(path / "config.yaml"))
     except OmegaConfBaseException as exc:
         raise FormatError(f"{path / 'config.yaml'} is not a run config of train.py: "

@@ -34,7 +34,7 @@ from safeio.cli import FormatError
 from safeio.corpus import load_tokenizer
 from safeio.hf import CONFIG, WEIGHTS, Fields, PathLike, open_folder, read_tensors, size_limit, \
     tensor_names  # CONFIG, WEIGHTS: the folder's file names, which the export writes too
-from model.config import AttentionConfig, MLPKind, MaskMode, ModelConfig, Scale, gpt2_problems
+from model.config import AttentionConfig, MLPKind, MaskMode, ModelConfig, Norm, Positions, Scale
 from model.gpt import GPT
 
 TOKENIZER = "tokenizer.json"
@@ -42,12 +42,42 @@ TOKENIZER_CONFIG = "tokenizer_config.json"
 LAYER_NORM_EPS = 1e-5  # nn.LayerNorm's default, which every LayerNorm of ours uses
 TIED_HEAD = "lm_head.weight"  # ours and GPT-2's: the same storage as the token embedding
 
-# transformers' names for the activation (ACT2FN keys). "gelu" is the exact erf GELU; "gelu_new"
-# (OpenAI's GPT-2) and "gelu_pytorch_tanh" are both the tanh approximation, written out in
-# Python or by torch: they differ by float rounding only.
+# GPT-2's MLPs, by transformers' names for the activation (ACT2FN keys). "gelu" is the exact erf
+# GELU; "gelu_new" (OpenAI's GPT-2) and "gelu_pytorch_tanh" are both the tanh approximation,
+# written out in Python or by torch: they differ by float rounding only.
 GPT2_ACTIVATIONS = {"gelu": MLPKind.gelu, "gelu_new": MLPKind.gelu_tanh,
                     "gelu_pytorch_tanh": MLPKind.gelu_tanh}
 EXPORT_ACTIVATION = {MLPKind.gelu: "gelu", MLPKind.gelu_tanh: "gelu_pytorch_tanh"}
+
+
+# ----------------------------------------------------------------------------- the architecture
+
+
+def gpt2_problems(cfg: ModelConfig) -> list[str]:
+    """The switches of cfg that GPT-2's architecture does not have ([] for a GPT-2 model: every
+    default of ModelConfig's switches, or `+arch=gpt2`)."""
+    problems = []
+    positions, norm, mlp = Positions(cfg.positions), Norm(cfg.norm), MLPKind(cfg.mlp)
+    if positions is not Positions.learned:
+        problems.append(f"model.positions={positions.value} (GPT-2 learns positions)")
+    if norm is not Norm.layernorm:
+        problems.append(f"model.norm={norm.value} (GPT-2 has LayerNorm)")
+    if mlp not in GPT2_ACTIVATIONS.values():
+        problems.append(f"model.mlp={mlp.value} (GPT-2's MLP is gelu or gelu_tanh)")
+    if cfg.mlp_hidden is not None and cfg.mlp_hidden != cfg.mlp_ratio * cfg.n_embd:
+        problems.append(f"model.mlp_hidden={cfg.mlp_hidden} (GPT-2's is a multiple of n_embd)")
+    if cfg.kv_heads != cfg.n_head:
+        problems.append(f"model.n_kv_head={cfg.n_kv_head} (GPT-2 has a key/value head per "
+                        f"query head)")
+    if cfg.qk_norm:
+        problems.append("model.qk_norm=true (GPT-2 does not normalise q and k)")
+    if not cfg.tie_embeddings:
+        problems.append("model.tie_embeddings=false (GPT-2's head is the token embedding)")
+    if cfg.norm_eps != LAYER_NORM_EPS:
+        problems.append(f"model.norm_eps={cfg.norm_eps} (GPT-2's LayerNorm has {LAYER_NORM_EPS})")
+    if cfg.attn_gate:
+        problems.append("model.attn_gate=true (GPT-2 has no gate on its heads' outputs)")
+    return problems
 
 
 # ----------------------------------------------------------------------------- names and shapes
@@ -218,7 +248,7 @@ def gpt2_model_config(config: dict, path: Path = Path(CONFIG)) -> tuple[ModelCon
     init_std = float(init_std) if init_std and init_std > 0 and math.isfinite(init_std) else 0.02
     cfg = ModelConfig(n_layer=sizes["n_layer"], n_head=sizes["n_head"], n_embd=sizes["n_embd"],
                       block_size=sizes["n_positions"], dropout=0.0, bias=True, init_std=init_std,
-                      mlp_ratio=inner // sizes["n_embd"], activation=GPT2_ACTIVATIONS[activation])
+                      mlp_ratio=inner // sizes["n_embd"], mlp=GPT2_ACTIVATIONS[activation])
     return cfg, sizes["vocab_size"]
 
 

@@ -27,8 +27,7 @@ import torch
 
 from safeio.cli import FormatError
 from safeio.hf import CONFIG, Fields, PathLike, open_folder, read_tensors, size_limit, tensor_names
-from model.config import (AttentionConfig, MaskMode, MLPKind, ModelConfig, Norm, Positions,
-                          Scale, record_switch_problems)
+from model.config import AttentionConfig, MaskMode, MLPKind, ModelConfig, Norm, Positions, Scale
 from model.gpt import GPT
 
 HEAD = "lm_head.weight"  # ours and theirs
@@ -129,7 +128,9 @@ def llama_problems(cfg: ModelConfig, arch: Architecture = LLAMA) -> list[str]:
         problems.append(f"model.qk_norm=false ({name} normalises q and k)")
     if cfg.bias and not arch.mlp_bias:
         problems.append(f"model.bias=true ({name}'s MLP has no biases)")
-    return problems + record_switch_problems(cfg)
+    if cfg.attn_gate:
+        problems.append(f"model.attn_gate=true ({name} has no gate on its heads' outputs)")
+    return problems
 
 
 def attention_problems(attn: AttentionConfig, name: str) -> list[str]:

@@ -87,15 +87,6 @@ def repeat_kv(x: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     return x.repeat_interleave(h // h_kv, dim=-3)
 
 
-def exclude_own_value(y: torch.Tensor, v: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    """y - (y . v / |v|^2) v per head and token (y, v [B, h, T, d_k]): each output without its
-    component along the token's own value vector (exclusive self-attention, model.xsa), so
-    that attention carries what the other tokens add, and the residual stream what the token
-    already is."""
-    along = (y * v).sum(-1, keepdim=True) / ((v * v).sum(-1, keepdim=True) + eps)  # [B, h, T, 1]
-    return y - along * v
-
-
 def causal_pattern(n: int, m: int, device=None) -> torch.Tensor:
     """Boolean [n, m]: True where query i (at absolute position m - n + i) may see key j.
 
@@ -113,15 +104,15 @@ class CausalSelfAttention(nn.Module):
 
     x [B, T, d_model] -> [B, T, d_model]. The architecture comes from the arguments: n_kv_head
     key/value heads (grouped-query attention; None = n_head), qk_norm (RMSNorm of each head's
-    q and k), and in forward the rotary tables (RoPE) when the model uses them. `attn` is the
-    variant: the correct layer, or one with a classic mistake, for which the layer becomes a
-    `PitfallAttention` (below: the steps model/pitfalls.py replaces, the rest this code).
+    q and k), gate (a sigmoid gate on each head's output), and in forward the rotary tables
+    (RoPE) when the model uses them. `attn` is the variant: this class computes the correct
+    layer; `attention_layer` (below) builds a `PitfallAttention` for a classic mistake.
     """
 
     def __init__(self, n_embd: int, n_head: int, block_size: int, attn: AttentionConfig,
                  dropout: float = 0.0, bias: bool = True, attn_dropout: Optional[float] = None,
                  n_kv_head: Optional[int] = None, qk_norm: bool = False, norm_eps: float = 1e-5,
-                 value_mix: bool = False, gate: bool = False, xsa: bool = False):
+                 gate: bool = False):
         super().__init__()
         assert n_embd % n_head == 0, \
             f"d_model ({n_embd}) must be divisible by the number of heads ({n_head})"
@@ -134,7 +125,7 @@ class CausalSelfAttention(nn.Module):
         # Whether impl=auto may use our kernel here: set by trust_fused_attention once the
         # kernel's self-check passed on the run's device (never by default).
         self.fused_trusted = False
-        self.attn = attn  # the variant (a pitfall makes this a PitfallAttention)
+        self.attn = attn  # the variant
         # W_Q (n_head heads), W_K and W_V (n_kv_head heads each) in one matmul; its rows are
         # [W_Q | W_K | W_V], each head's d_k rows in turn (qkv_rows gives the three sizes).
         self.qkv_rows = (n_head * d_k, n_kv_head * d_k, n_kv_head * d_k)
@@ -143,14 +134,8 @@ class CausalSelfAttention(nn.Module):
         self.q_norm = nn.RMSNorm(d_k, eps=norm_eps) if qk_norm else None
         self.k_norm = nn.RMSNorm(d_k, eps=norm_eps) if qk_norm else None
         self.out_proj = self.make_out_proj(n_embd, bias)  # W_O mixes the concatenated heads
-        # Round 4's options (docs/model.md), acting around the equation, never inside it: the
-        # weight lam of this layer's own values against the first layer's (value residual), the
-        # per-head output gate's W_g, and exclusive self-attention.
-        self.value_mix = nn.Parameter(torch.tensor(0.5)) if value_mix else None
+        # the per-head output gate's W_g (gated attention): after the equation, never inside it
         self.gate = nn.Linear(n_embd, n_head, bias=bias) if gate else None
-        self.xsa = xsa
-        # the first layer of a value-residual model keeps its last call's v for the later ones
-        self.keep_values, self.values = False, None
         self.resid_dropout = nn.Dropout(dropout)  # on the layer's output
         # The causal pattern is a property of the task: built once, shared by heads and batch.
         self.register_buffer("causal", causal_pattern(block_size, block_size), persistent=False)
@@ -158,12 +143,9 @@ class CausalSelfAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, cache: Optional["KVCache"] = None, layer: int = 0,
                 return_weights: bool = False,
-                rotary: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
-                v_first: Optional[torch.Tensor] = None):
+                rotary: Optional[tuple[torch.Tensor, torch.Tensor]] = None):
         """x [B, T, d_model] -> (y [B, T, d_model], weights [B, h, T, m] or None). rotary: the
-        (cos, sin) tables [T, d_k] of the T positions (model/rotary.py), or None. v_first: the
-        first layer's values of these tokens [B, h_kv, T, d_k], mixed into this layer's own
-        (model.value_residual); `self.values` keeps this call's, for the layers after."""
+        (cos, sin) tables [T, d_k] of the T positions (model/rotary.py), or None."""
         B, T, C = x.shape
         h, h_kv, d_k = self.n_head, self.n_kv_head, self.head_dim
 
@@ -176,17 +158,10 @@ class CausalSelfAttention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         if rotary is not None:  # RoPE: q and k turned by their positions' angles
             q, k, v = self.rotate(q, k, v, *rotary)
-        if self.value_mix is not None and v_first is not None:  # value residual
-            v = self.value_mix * v + (1 - self.value_mix) * v_first
-        if self.keep_values:
-            self.values = v
-        v_own = v  # the new tokens' own values, before the cache adds the past ones
         mask = None  # None: the causal pattern, right-aligned (query i at position m - T + i)
         if cache is not None:  # keys and values of every position so far: [B, h_kv, m, d_k]
             k, v, mask = cache.append(layer, k, v)
         y, weights = self.attend(q, k, v, mask, return_weights)  # [B, h, T, d_k]
-        if self.xsa:  # exclusive self-attention: drop what each token's own value says
-            y = exclude_own_value(y, repeat_kv(v_own, q))
         if self.gate is not None:  # one gate per head and token: [B, T, h] -> [B, h, T, 1]
             y = y * torch.sigmoid(self.gate(x)).transpose(1, 2).unsqueeze(-1)
         # concat heads, [B, h, T, d_k] -> [B, T, h * d_k], then W_O: the only step where the
@@ -241,11 +216,12 @@ class CausalSelfAttention(nn.Module):
 
     @attn.setter
     def attn(self, attn: AttentionConfig) -> None:
-        """A new variant (GPT.attention_variant swaps them): a layer given a pitfall runs the
-        pitfall's steps from then on, and the fast path is chosen again for it."""
+        """A new variant (GPT.attention_variant swaps a trained pitfall for its causal variant):
+        the fast path is chosen again for it. Only a PitfallAttention runs a pitfall's steps."""
+        if replaces_a_step(attn) and not isinstance(self, PitfallSteps):
+            raise ValueError(f"attention {attn.name!r} replaces a step of the correct layer: "
+                             f"build the layer with attention_layer()")
         self._attn = attn
-        if type(self) is CausalSelfAttention and replaces_a_step(attn):
-            self.__class__ = PitfallAttention
         if "qkv" in self._modules:
             self.select_fast_path()
 
@@ -270,6 +246,15 @@ class CausalSelfAttention(nn.Module):
 class PitfallAttention(PitfallSteps, CausalSelfAttention):
     """The layer with a classic mistake: model/pitfalls.py's steps in place of the correct
     ones it breaks, this file's code everywhere else."""
+
+
+def attention_layer(n_embd: int, n_head: int, block_size: int, attn: AttentionConfig,
+                    **options) -> CausalSelfAttention:
+    """The layer of the variant `attn`, its class chosen once: the correct layer, or a
+    PitfallAttention when `attn` replaces one of its steps (model/pitfalls.py). `options` are
+    CausalSelfAttention's (n_kv_head, qk_norm, gate, ...)."""
+    layer = PitfallAttention if replaces_a_step(attn) else CausalSelfAttention
+    return layer(n_embd, n_head, block_size, attn, **options)
 
 
 # ============================================================================= the KV cache
@@ -299,9 +284,6 @@ class KVCache:
         self.max_len, self.static = max_len, static
         self.length = 0  # positions filled, shared by all layers (on the host)
         self.position = torch.zeros((), dtype=torch.long, device=device)  # the same, on the device
-        # the last token fed, for the model's switches that read the token before each one
-        # (model.bigram_buckets, model.smear); -1: none yet
-        self.last_token = torch.full((batch, 1), -1, dtype=torch.long, device=device)
 
     @property
     def nbytes(self) -> int:
@@ -336,4 +318,3 @@ class KVCache:
         """Empty the cache, keeping its buffers (a captured decode step stays valid)."""
         self.length = 0
         self.position.zero_()
-        self.last_token.fill_(-1)

@@ -9,8 +9,6 @@ from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Optional
 
-from omegaconf.errors import ValidationError
-
 
 class Scale(str, Enum):
     """What the raw scores QK^T are divided by."""
@@ -49,9 +47,6 @@ class MLPKind(str, Enum):
     gelu_tanh = "gelu_tanh"  # the tanh approximation that OpenAI's GPT-2 was trained with
     relu2 = "relu2"          # ReLU(x)^2 (Primer; modded-nanogpt)
     swiglu = "swiglu"        # SiLU(x W_gate) * (x W_up), then W_down (Llama): three matrices
-
-
-GPT2_ACTIVATIONS = (MLPKind.gelu, MLPKind.gelu_tanh)
 
 
 class AttentionImpl(str, Enum):
@@ -132,7 +127,8 @@ PITFALL_SWITCHES = ("rope_on_values", "cache_positions_restart", "upper_left_mas
 
 @dataclass
 class ModelConfig:
-    """Size and regularisation of the decoder-only transformer."""
+    """The decoder-only transformer: its sizes, its regularisation and its architecture's
+    switches, each defaulting to GPT-2's (conf/model/small.yaml sets the default model's)."""
 
     n_layer: int = 4
     n_head: int = 4
@@ -148,8 +144,9 @@ class ModelConfig:
     init_std: float = 0.02
     # The MLP's hidden width is mlp_ratio * n_embd (see mlp_hidden).
     mlp_ratio: int = 4
-    # --- the architecture's switches (docs/model.md). GPT-2's values: learned, layernorm, gelu
-    # or gelu_tanh, n_kv_head null, qk_norm false, tie_embeddings true (conf/arch/gpt2.yaml).
+    # --- the architecture's switches (docs/model.md). Each default is GPT-2's: `+arch=gpt2`
+    # sets them back on top of another model, and interop/hf.py's gpt2_problems names a switch
+    # GPT-2 does not have.
     positions: Positions = Positions.learned
     # RoPE's base: pair j of a head turns by position * rope_theta^(-2j / d_k) radians.
     rope_theta: float = 10000.0
@@ -168,55 +165,9 @@ class ModelConfig:
     qk_norm: bool = False
     # The LM head is the token embedding (one matrix) or a matrix of its own.
     tie_embeddings: bool = True
-    # Start the projections that write into the residual stream (W_O, the MLP's output) at 0, so
-    # each block starts as the identity (modded-nanogpt); false = GPT-2's scaled normal init.
-    zero_init_residual: bool = False
-    # --- round 4 of docs/budget.md: techniques of 2026's small-model records, each off by default
-    # (docs/model.md). Every layer after the first mixes the first layer's values into its own,
-    # v <- lam v + (1 - lam) v_first, lam learned per layer from 0.5 (value residual, ResFormer).
-    value_residual: bool = False
-    # The first half of the blocks hand their outputs to the second half in reverse order, each
-    # added with a learned weight from 1 (U-net skips, modded-nanogpt).
-    unet_skips: bool = False
     # Each head's output times sigmoid(x W_g), one gate per head and token, before W_O (gated
-    # attention, Qwen 2025).
+    # attention, Qwen 2025; on in the default model since round 4 of docs/budget.md).
     attn_gate: bool = False
-    # Each head's output without its component along the token's own value vector (exclusive
-    # self-attention): attention then carries only what the other tokens add.
-    xsa: bool = False
-    # Multi-token prediction: this weight x the loss of a second head (one d x d matrix, then the
-    # shared LM head) that predicts the token after next, added in training only (DeepSeek-V3).
-    mtp: float = 0.0
-    # Buckets of a hashed embedding of each (previous token, token) pair, added to the token's
-    # embedding from 0 (BigramHash, Parameter Golf); 0 = none.
-    bigram_buckets: int = 0
-    # Each token's embedding plus lam * sigmoid(e_t . w) times the previous token's, lam learned
-    # from 0 (the smear gate, modded-nanogpt): a bigram's first half, for free.
-    smear: bool = False
-    # The old name of `mlp` (gelu | gelu_tanh), as in run directories written before the
-    # architecture had switches: such a config describes GPT-2's architecture, so giving it sets
-    # every switch above to GPT-2's value and `mlp` to it. New configs use `mlp`.
-    activation: Optional[str] = None
-
-    def __post_init__(self):
-        """The legacy `activation`, translated. Its mistakes are OmegaConf's ValidationError (a
-        ValueError), raised while a config is turned into this dataclass: the commands say it
-        in one line, as they do a value of the wrong type."""
-        if self.activation is None:
-            return
-        if self.activation not in [a.value for a in GPT2_ACTIVATIONS]:
-            raise ValidationError(f"model.activation must be one of "
-                             f"{[a.value for a in GPT2_ACTIVATIONS]} (the old name of model.mlp), "
-                             f"got {self.activation!r}")
-        defaults = ModelConfig()
-        for key, gpt2 in GPT2_SWITCHES.items():
-            if getattr(self, key) not in (gpt2, getattr(defaults, key)):  # set by hand
-                value = getattr(self, key)
-                raise ValidationError(f"model.activation (the old name of model.mlp) describes GPT-2's "
-                                 f"architecture, so it cannot go with model.{key}="
-                                 f"{getattr(value, 'value', value)}; use model.mlp instead")
-            setattr(self, key, gpt2)
-        self.mlp, self.activation = MLPKind(self.activation), None
 
     @property
     def head_dim(self) -> int:
@@ -235,46 +186,4 @@ class ModelConfig:
         if MLPKind(self.mlp) is MLPKind.swiglu:
             return -(-2 * self.mlp_ratio * self.n_embd // 3 // 8) * 8
         return self.mlp_ratio * self.n_embd
-
-
-# GPT-2's value of each switch that it has no choice of (conf/arch/gpt2.yaml writes them out).
-GPT2_SWITCHES = {"positions": Positions.learned, "norm": Norm.layernorm, "mlp_hidden": None,
-                 "n_kv_head": None, "qk_norm": False, "tie_embeddings": True,
-                 "zero_init_residual": False, **{key: False for key in (
-                     "value_residual", "unet_skips", "attn_gate", "xsa", "smear")},
-                 "mtp": 0.0, "bigram_buckets": 0}
-
-
-def record_switch_problems(cfg: ModelConfig) -> list[str]:
-    """Round 4's switches that are on: neither GPT-2 nor Llama has them."""
-    return [f"model.{key}={getattr(cfg, key)} (a technique of docs/budget.md's round 4, which "
-            f"this format has no weights for)" for key in ROUND_4_SWITCHES if getattr(cfg, key)]
-
-
-ROUND_4_SWITCHES = ("value_residual", "unet_skips", "attn_gate", "xsa", "mtp", "bigram_buckets",
-                    "smear")
-
-
-def gpt2_problems(cfg: ModelConfig) -> list[str]:
-    """The switches of cfg that GPT-2's architecture does not have ([] for a GPT-2 model)."""
-    problems = []
-    positions, norm, mlp = Positions(cfg.positions), Norm(cfg.norm), MLPKind(cfg.mlp)
-    if positions is not Positions.learned:
-        problems.append(f"model.positions={positions.value} (GPT-2 learns positions)")
-    if norm is not Norm.layernorm:
-        problems.append(f"model.norm={norm.value} (GPT-2 has LayerNorm)")
-    if mlp not in GPT2_ACTIVATIONS:
-        problems.append(f"model.mlp={mlp.value} (GPT-2's MLP is gelu or gelu_tanh)")
-    if cfg.mlp_hidden is not None and cfg.mlp_hidden != cfg.mlp_ratio * cfg.n_embd:
-        problems.append(f"model.mlp_hidden={cfg.mlp_hidden} (GPT-2's is a multiple of n_embd)")
-    if cfg.kv_heads != cfg.n_head:
-        problems.append(f"model.n_kv_head={cfg.n_kv_head} (GPT-2 has a key/value head per "
-                        f"query head)")
-    if cfg.qk_norm:
-        problems.append("model.qk_norm=true (GPT-2 does not normalise q and k)")
-    if not cfg.tie_embeddings:
-        problems.append("model.tie_embeddings=false (GPT-2's head is the token embedding)")
-    if cfg.norm_eps != 1e-5:
-        problems.append(f"model.norm_eps={cfg.norm_eps} (GPT-2's LayerNorm has 1e-5)")
-    return problems + record_switch_problems(cfg)
 

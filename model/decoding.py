@@ -63,7 +63,7 @@ class CapturedStep:
     def __init__(self, model, cache: KVCache):
         self.cache = cache
         self.token = torch.zeros(cache.k.size(1), 1, dtype=torch.long, device=cache.k.device)
-        length, position, last = cache.length, cache.position.clone(), cache.last_token.clone()
+        length, position = cache.length, cache.position.clone()
         # warm-up runs (lazy initialisation, library handles) must happen outside the graph,
         # on a side stream; each is undone so the cache is as it was
         side = torch.cuda.Stream()
@@ -73,7 +73,6 @@ class CapturedStep:
                 model(self.token, cache=cache)
                 cache.length = length
                 cache.position.copy_(position)
-                cache.last_token.copy_(last)
         torch.cuda.current_stream().wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph):

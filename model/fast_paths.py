@@ -1,4 +1,7 @@
-"""Faster code for the equation of model/attention.py: the same numbers, chosen once per layer.
+"""Faster code for the reading path: the same numbers as the code it stands beside.
+
+Most of it computes the equation of model/attention.py, a path chosen once per layer; the last
+section computes the MLP's ReLU^2 (model/gpt.py), `relu_squared`.
 
 Each path is a function (layer, q, k, v, mask) -> y [B, h, T, d_k], with q [B, h, T, d_k],
 k, v [B, h_kv, m, d_k] and mask None (the layer's causal pattern, right-aligned) or a [T, m]
@@ -16,7 +19,7 @@ train or eval, or given another variant (CausalSelfAttention.select_fast_path), 
 Paths 1-3 need the exact causal mask (is_causal: future weights exactly 0); a leaky pitfall
 runs `equation`, the layer's own equation with its steps. The tests hold each path equal to the
 equation (tests/test_attention.py, tests/test_fused_attention.py). Whether the kernel may run
-is decided here too, at the end: `fused_refusal` (what it cannot compute) and
+is decided here too, after the paths: `fused_refusal` (what it cannot compute) and
 `trust_fused_attention` (impl=auto uses it only where its self-check passed).
 """
 from __future__ import annotations
@@ -204,3 +207,28 @@ def trust_fused_attention(model: torch.nn.Module, device, dtype: torch.dtype):
         layer.fused_trusted = verdict.ok
         layer.select_fast_path()
     return verdict
+
+
+# ----------------------------------------------------------------------------- the MLP's ReLU^2
+
+
+def relu_squared(h: torch.Tensor) -> torch.Tensor:
+    """F.relu(h).square(): the same numbers and gradient, by `ReLUSquare`."""
+    return ReLUSquare.apply(h)
+
+
+class ReLUSquare(torch.autograd.Function):
+    """relu(x)^2, with d/dx = 2 relu(x), in two passes over the [B, T, hidden] activations each
+    way instead of five (relu, square, and backward's square, mask and product), and one saved
+    tensor instead of two (docs/budget.md, round 7)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        h = F.relu(x)
+        ctx.save_for_backward(h)
+        return h * h
+
+    @staticmethod
+    def backward(ctx, grad):
+        h, = ctx.saved_tensors
+        return (h + h).mul_(grad)

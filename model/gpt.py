@@ -1,8 +1,9 @@
 """A decoder-only transformer (GPT): embeddings, pre-norm blocks, LM head.
 
 Each part is a switch of ModelConfig (docs/model.md): learned or rotary positions, LayerNorm or
-RMSNorm, a GELU, ReLU^2 or SwiGLU MLP, grouped key/value heads, QK-norm, a head tied to the
-token embedding or not. GPT-2's architecture is one setting of them (conf/arch/gpt2.yaml).
+RMSNorm, a GELU, ReLU^2 or SwiGLU MLP, grouped key/value heads, QK-norm, a gate on each head's
+output, a head tied to the token embedding or not. GPT-2's architecture is one setting of them
+(conf/arch/gpt2.yaml).
 """
 from __future__ import annotations
 
@@ -14,14 +15,13 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from model.attention import CausalSelfAttention, KVCache
+from model.attention import KVCache, attention_layer
 from model.config import AttentionConfig, MLPKind, ModelConfig, Norm, Positions
 from model.decoding import Decoder
+from model.fast_paths import relu_squared
 from model.loss import choose_loss
 from model.rotary import rotary_tables
 from model.sampling import sample_next
-
-BIGRAM_HASH = 92821  # model.bigram_buckets: bucket = ((previous + 1) * this + token) mod buckets
 
 
 def make_norm(cfg: ModelConfig) -> nn.Module:
@@ -30,23 +30,6 @@ def make_norm(cfg: ModelConfig) -> nn.Module:
     if Norm(cfg.norm) is Norm.rmsnorm:
         return nn.RMSNorm(cfg.n_embd, eps=cfg.norm_eps)
     return nn.LayerNorm(cfg.n_embd, eps=cfg.norm_eps, bias=cfg.bias)
-
-
-class ReLUSquare(torch.autograd.Function):
-    """relu(x)^2, with d/dx = 2 relu(x): the same numbers as `F.relu(x).square()`, in two passes
-    over the [B, T, hidden] activations each way instead of five (relu, square, and backward's
-    square, mask and product), and one saved tensor instead of two (docs/budget.md, round 7)."""
-
-    @staticmethod
-    def forward(ctx, x):
-        h = F.relu(x)
-        ctx.save_for_backward(h)
-        return h * h
-
-    @staticmethod
-    def backward(ctx, grad):
-        h, = ctx.saved_tensors
-        return (h + h).mul_(grad)
 
 
 class MLP(nn.Module):
@@ -72,7 +55,7 @@ class MLP(nn.Module):
         elif self.kind is MLPKind.gelu_tanh:
             h = F.gelu(h, approximate="tanh")  # GPT-2's approximation (for weights trained with it)
         elif self.kind is MLPKind.relu2:
-            h = ReLUSquare.apply(h)
+            h = relu_squared(h)  # F.relu(h).square(), by faster code
         else:
             gate, up = h.chunk(2, dim=-1)
             h = F.silu(gate) * up
@@ -82,21 +65,20 @@ class MLP(nn.Module):
 class Block(nn.Module):
     """x + attn(norm(x)), then x + mlp(norm(x)): pre-norm keeps the residual path an identity."""
 
-    def __init__(self, cfg: ModelConfig, attn: AttentionConfig, first: bool = False):
+    def __init__(self, cfg: ModelConfig, attn: AttentionConfig):
         super().__init__()
         self.ln_1 = make_norm(cfg)
-        self.attn = CausalSelfAttention(cfg.n_embd, cfg.n_head, cfg.block_size, attn,
-                                        dropout=cfg.dropout, bias=cfg.bias,
-                                        attn_dropout=cfg.attn_dropout, n_kv_head=cfg.n_kv_head,
-                                        qk_norm=cfg.qk_norm, norm_eps=cfg.norm_eps,
-                                        value_mix=cfg.value_residual and not first,
-                                        gate=cfg.attn_gate, xsa=cfg.xsa)
+        self.attn = attention_layer(cfg.n_embd, cfg.n_head, cfg.block_size, attn,
+                                    dropout=cfg.dropout, bias=cfg.bias,
+                                    attn_dropout=cfg.attn_dropout, n_kv_head=cfg.n_kv_head,
+                                    qk_norm=cfg.qk_norm, norm_eps=cfg.norm_eps,
+                                    gate=cfg.attn_gate)
         self.ln_2 = make_norm(cfg)
         self.mlp = MLP(cfg)
 
     def forward(self, x, cache: Optional[KVCache] = None, layer: int = 0, return_weights=False,
-                rotary=None, v_first=None):
-        a, weights = self.attn(self.ln_1(x), cache, layer, return_weights, rotary, v_first)
+                rotary=None):
+        a, weights = self.attn(self.ln_1(x), cache, layer, return_weights, rotary)
         x = x + a
         x = x + self.mlp(self.ln_2(x))
         return x, weights
@@ -114,19 +96,7 @@ class GPT(nn.Module):
         # learned positions: a vector per position added to the token's; RoPE has no table
         self.pos_emb = None if self.rope else nn.Embedding(cfg.block_size, cfg.n_embd)
         self.drop = nn.Dropout(cfg.dropout)
-        self.blocks = nn.ModuleList(Block(cfg, attn, first=i == 0) for i in range(cfg.n_layer))
-        self.blocks[0].attn.keep_values = cfg.value_residual
-        # U-net skips: block i's output is added, times skip_weights[j], to the input of block
-        # n_layer - 1 - i, for the first n_layer // 2 blocks (j counts the receiving blocks)
-        self.skip_weights = nn.Parameter(torch.ones(cfg.n_layer // 2)) if cfg.unet_skips else None
-        # multi-token prediction: hidden state -> the one the shared head reads the token after
-        # next from (training only)
-        self.mtp_proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=False) if cfg.mtp > 0 else None
-        # the token before each one, added to its embedding: a hashed (previous, token) pair's
-        # vector, and a gated share of the previous token's embedding (the smear)
-        self.bigram = nn.Embedding(cfg.bigram_buckets, cfg.n_embd) if cfg.bigram_buckets else None
-        self.smear_gate = nn.Linear(cfg.n_embd, 1, bias=False) if cfg.smear else None
-        self.smear_lam = nn.Parameter(torch.zeros(1)) if cfg.smear else None
+        self.blocks = nn.ModuleList(Block(cfg, attn) for _ in range(cfg.n_layer))
         self.ln_f = make_norm(cfg)
         self.lm_head = nn.Linear(cfg.n_embd, vocab_size, bias=False)
         if cfg.tie_embeddings:
@@ -137,8 +107,8 @@ class GPT(nn.Module):
     def reset_parameters(self) -> None:
         """GPT-2 init: weights N(0, init_std), biases 0, norms' gains 1 (and biases 0); the
         projections that write into the residual stream use init_std / sqrt(2 * n_layer), since
-        each layer adds two such terms to it, or 0 with model.zero_init_residual. W_Q and W_K may
-        get their own std (attention.qk_init_std)."""
+        each layer adds two such terms to it. W_Q and W_K may get their own std
+        (attention.qk_init_std)."""
         std = self.cfg.init_std
         for module in self.modules():
             if isinstance(module, nn.Linear):
@@ -151,20 +121,13 @@ class GPT(nn.Module):
                 nn.init.ones_(module.weight)
                 if getattr(module, "bias", None) is not None:
                     nn.init.zeros_(module.bias)
-        if self.bigram is not None:  # from 0: the pairs start as the plain model
-            nn.init.zeros_(self.bigram.weight)
-        if self.smear_lam is not None:
-            nn.init.zeros_(self.smear_lam)
         resid_std = std / math.sqrt(2 * self.cfg.n_layer)
         for block in self.blocks:
             outputs = [block.mlp.proj.weight]
             if isinstance(block.attn.out_proj, nn.Linear):  # (not the no_out_proj pitfall)
                 outputs.append(block.attn.out_proj.weight)
             for weight in outputs:
-                if self.cfg.zero_init_residual:
-                    nn.init.zeros_(weight)
-                else:
-                    nn.init.normal_(weight, 0.0, resid_std)
+                nn.init.normal_(weight, 0.0, resid_std)
             if self.attn_cfg.qk_init_std is not None:
                 rows = sum(block.attn.qkv_rows[:2])  # W_Q and W_K
                 nn.init.normal_(block.attn.qkv.weight[:rows], 0.0, self.attn_cfg.qk_init_std)
@@ -188,24 +151,15 @@ class GPT(nn.Module):
         if cache is not None:  # after the cached ones
             pos = pos + self.blocks[0].attn.first_position(cache)
         x = self.tok_emb(idx)  # [B, T, d_model]
-        if self.bigram is not None or self.smear_gate is not None:
-            x = x + self.previous_token_terms(idx, x, cache)
         rotary = None
         if self.rope:  # the (cos, sin) tables of these positions, shared by every layer
             rotary = rotary_tables(pos, self.cfg.head_dim, self.cfg.rope_theta, x.dtype)
         else:
             x = x + self.pos_emb(pos)
         x = self.drop(x)
-        all_weights, skips, v_first = [], [], None
-        n_skips = len(self.skip_weights) if self.skip_weights is not None else 0
+        all_weights = []
         for layer, block in enumerate(self.blocks):
-            if layer >= self.cfg.n_layer - n_skips:  # U-net: the mirror block's output
-                x = x + self.skip_weights[layer - (self.cfg.n_layer - n_skips)] * skips.pop()
-            x, weights = block(x, cache, layer, return_weights, rotary, v_first)
-            if layer < n_skips:
-                skips.append(x)
-            if layer == 0 and self.cfg.value_residual:
-                v_first = block.attn.values  # [B, h_kv, T, d_k], mixed into every later layer
+            x, weights = block(x, cache, layer, return_weights, rotary)
             all_weights.append(weights)
         if cache is not None:
             cache.advance(T)
@@ -214,28 +168,7 @@ class GPT(nn.Module):
             logits, loss = self.lm_head(x), None  # [B, T, vocab_size]
         else:  # the same logits, and their mean cross-entropy (model/loss.py)
             logits, loss = self.loss(x, self.lm_head.weight, targets)
-            if self.mtp_proj is not None and self.training:  # position t also predicts t + 2
-                _, after_next = self.loss(self.mtp_proj(x[:, :-1]), self.lm_head.weight,
-                                          targets[:, 1:])
-                loss = loss + self.cfg.mtp * after_next
         return (logits, loss, all_weights) if return_weights else (logits, loss)
-
-    def previous_token_terms(self, idx: torch.Tensor, emb: torch.Tensor,
-                             cache: Optional[KVCache]) -> torch.Tensor:
-        """What the token before each one adds to its embedding, [B, T, d_model]: the bigram
-        bucket's vector, and lam * sigmoid(e_t . w) * e_{t-1}. A window's first token has no
-        token before it (the cache remembers the last one fed, for the next call)."""
-        first = cache.last_token if cache is not None else idx.new_full((idx.size(0), 1), -1)
-        prev = torch.cat([first, idx[:, :-1]], dim=1)  # [B, T] token ids, -1: none
-        if cache is not None:
-            cache.last_token.copy_(idx[:, -1:])
-        extra = torch.zeros_like(emb)
-        if self.bigram is not None:  # an odd multiplier: for one token, each previous one its bucket
-            extra = extra + self.bigram(((prev + 1) * BIGRAM_HASH + idx) % self.cfg.bigram_buckets)
-        if self.smear_gate is not None:
-            e_prev = self.tok_emb(prev.clamp(min=0)) * (prev >= 0).unsqueeze(-1)  # [B, T, d]
-            extra = extra + self.smear_lam * torch.sigmoid(self.smear_gate(emb)) * e_prev
-        return extra
 
     def select_fast_path(self, device=None) -> None:
         """Choose, for `device` (default: where the weights are), the code that computes the

@@ -58,17 +58,6 @@ def choose_loss(device: torch.device, vocab_size: int):
                              block_rows=max(1, BLOCK_ELEMENTS // vocab_size))
 
 
-def head_and_loss(x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
-                  block_rows: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(logits, loss) by row blocks of block_rows rows (None: by device and vocabulary size, as
-    the model chooses; 0: the plain `cross_entropy`)."""
-    if block_rows is None:
-        return choose_loss(x.device, weight.size(0))(x, weight, targets)
-    if not block_rows:
-        return cross_entropy(x, weight, targets)
-    return row_block_cross_entropy(x, weight, targets, block_rows)
-
-
 class RowBlockCrossEntropy(torch.autograd.Function):
     """The mean cross-entropy of x W^T, block of rows by block of rows, with the gradients of x
     and W made in the forward pass (see the module docstring). x [N, C], weight [V, C],

@@ -163,8 +163,7 @@ def load_state(ckpt: Path, keys: Iterable[str] = (), params: Optional[int] = Non
                           f"an earlier version of train.py), which this version cannot resume; "
                           f"its weights still load (generate.py, init_from)")
     text = read_text(path, "training state", MAX_STATE_JSON)
-    # a moment or two per parameter (float32), a copy of the weights (train.ema), and the
-    # generators' states
+    # a moment or two per parameter (float32) and the generators' states, with room to spare
     limit = MAX_STATE_BYTES if params is None else 4 * 4 * params + 64 * MIB
     tensors = _load_tensors(ckpt / STATE_TENSORS, "training state tensors", limit)
     try:

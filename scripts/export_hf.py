@@ -32,9 +32,9 @@ from safeio.cli import FormatError, UserError, parse_key_values, run_cli
 from safeio.corpus import MAX_TOKENIZER_BYTES
 from safeio.files import read_bytes
 from guard.run_dir import load_run, resolve_latest
-from model.config import AttentionConfig, ModelConfig, gpt2_problems
+from model.config import AttentionConfig, ModelConfig
 from interop.hf import (CONFIG, TOKENIZER, TOKENIZER_CONFIG, WEIGHTS, check_exportable, gpt2_config,
-                        to_gpt2_state_dict, tokenizer_config)
+                        gpt2_problems, to_gpt2_state_dict, tokenizer_config)
 from interop.hf_llama import (LLAMA, QWEN3, Architecture, check_llama_exportable, llama_config,
                               llama_problems, to_llama_state_dict)
 from guard.weights_choice import choose_weights

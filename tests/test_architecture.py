@@ -14,8 +14,10 @@ from omegaconf import OmegaConf
 
 from model.attention import CausalSelfAttention
 from guard.limits import check_model
-from model.config import AttentionConfig, MLPKind, ModelConfig, Norm, Positions, gpt2_problems
-from model.gpt import GPT, MLP, ReLUSquare, make_norm
+from interop.hf import gpt2_problems
+from model.config import AttentionConfig, MLPKind, ModelConfig, Positions
+from model.fast_paths import relu_squared
+from model.gpt import GPT, MLP, make_norm
 from model.rotary import apply_rotary, rotary_tables
 from training.checkpoint import load_weights, weights_bytes
 from guard.preflight import compose
@@ -38,12 +40,11 @@ SWITCHES = {
     "mqa": dict(n_kv_head=1),
     "qk_norm": dict(qk_norm=True),
     "untied": dict(tie_embeddings=False),
-    "zero_init": dict(zero_init_residual=True),
+    "gate": dict(attn_gate=True),
     "no_bias": dict(bias=False),
     "all": dict(positions="rope", norm="rmsnorm", mlp="swiglu", n_kv_head=2, qk_norm=True,
                 tie_embeddings=False, bias=False),
     "all_mqa": dict(positions="rope", norm="rmsnorm", mlp="relu2", n_kv_head=1, qk_norm=True),
-    "previous_token": dict(positions="rope", bigram_buckets=64, smear=True),  # the cache's last token
 }
 GPT2_ARCH = compose(["+arch=gpt2"]).model  # GPT-2's switches, at the default size
 
@@ -104,17 +105,23 @@ def test_each_mlp_is_its_formula(kind):
     torch.testing.assert_close(mlp(x), expected, atol=ATOL, rtol=0)
 
 
-def test_the_relu2_gradient_is_that_of_its_formula():
-    """ReLUSquare writes its own backward (2 relu(x)): it must equal autograd's for relu(x)^2,
-    including at x = 0 and below, where both are 0."""
-    x = torch.randn(3, 5, 16, dtype=D)
+@pytest.mark.parametrize("dtype", [D, torch.float32, torch.bfloat16])
+def test_relu_squared_is_f_relu_square_in_value_and_gradient(dtype):
+    """The MLP's relu2 runs model/fast_paths.py's relu_squared, which writes its own backward
+    (2 relu(x)): values and gradients must be those of F.relu(x).square(), including at x = 0
+    and below, where both are 0."""
+    x = torch.randn(3, 5, 16, dtype=dtype)
     x[0, 0, :4] = 0.0
     x.requires_grad_(True)
     grad = torch.randn_like(x)
-    ReLUSquare.apply(x).backward(grad)
-    (expected,) = torch.autograd.grad(torch.clamp(x, min=0) ** 2, x, grad)
-    torch.testing.assert_close(x.grad, expected, atol=0, rtol=1e-15)
-    assert torch.autograd.gradcheck(ReLUSquare.apply, (x.detach()[1:].requires_grad_(True),))
+    y = relu_squared(x)
+    y.backward(grad)
+    reference = F.relu(x).square()
+    (expected,) = torch.autograd.grad(reference, x, grad)
+    torch.testing.assert_close(y, reference, atol=0, rtol=0)
+    torch.testing.assert_close(x.grad, expected, atol=0, rtol=1e-15 if dtype is D else 1e-2)
+    if dtype is D:
+        assert torch.autograd.gradcheck(relu_squared, (x.detach()[1:].requires_grad_(True),))
 
 
 def test_swiglu_matches_the_two_matrix_mlp_in_parameters():
@@ -291,8 +298,8 @@ def test_cache_with_positions_restarting_at_zero_would_differ(switch):
         assert (wrong - full[:, 6:]).abs().max() > 1e-4
 
 
-@pytest.mark.parametrize("switch", ["gpt2", "rope", "swiglu", "gqa", "qk_norm", "all", "all_mqa",
-                                    "previous_token"])
+@pytest.mark.parametrize("switch", ["gpt2", "rope", "swiglu", "gqa", "qk_norm", "gate", "all",
+                                    "all_mqa"])
 def test_greedy_generation_is_the_same_with_and_without_the_cache(switch):
     model = randomized(config(**SWITCHES[switch]), std=0.3)
     idx = torch.randint(0, VOCAB, (2, 3))
@@ -321,12 +328,18 @@ def test_an_untied_head_is_its_own_matrix_and_survives_a_checkpoint(tmp_path):
     assert not torch.equal(other.lm_head.weight, other.tok_emb.weight)
 
 
-def test_zero_init_starts_every_block_as_the_identity():
-    model = GPT(config(zero_init_residual=True), VOCAB)
+def test_the_residual_projections_start_with_gpt2s_smaller_std():
+    """GPT-2's init: every weight N(0, init_std), but W_O and the MLP's output projection, which
+    write into the residual stream twice per block, N(0, init_std / sqrt(2 n_layer)), so the
+    stream's variance does not grow with depth. 65,536 draws a matrix: each std to about 1%."""
+    torch.manual_seed(0)
+    model = GPT(config(n_layer=8, n_embd=256, n_head=4, init_std=0.02), VOCAB)
+    resid = 0.02 / math.sqrt(2 * 8)
     for block in model.blocks:
-        assert not block.attn.out_proj.weight.any() and not block.mlp.proj.weight.any()
-    x = torch.randn(2, 5, 32)
-    assert torch.equal(model.blocks[0](x)[0], x)
+        for weight in (block.attn.out_proj.weight, block.mlp.proj.weight):
+            assert abs(weight.std().item() / resid - 1) < 0.03, weight.std().item()
+        for weight in (block.attn.qkv.weight, block.mlp.fc.weight):
+            assert abs(weight.std().item() / 0.02 - 1) < 0.03, weight.std().item()
 
 
 def test_the_gpt2_configuration_keeps_gpt2s_init_and_parameters():
@@ -343,15 +356,15 @@ def test_the_gpt2_configuration_keeps_gpt2s_init_and_parameters():
 # ----------------------------------------------------------------------------- config
 
 
-def test_the_old_activation_key_still_loads_as_gpt2():
-    """config.yaml of a run made before the switches: `activation:`, and none of the new keys."""
+def test_a_config_of_none_of_the_switches_is_gpt2():
+    """config.yaml of a run made before the switches has none of their keys: it loads as GPT-2
+    (ModelConfig's defaults), and GPT-2 import builds it the same way (interop/hf.py)."""
     old = OmegaConf.create({"model": {"n_layer": 2, "n_head": 2, "n_embd": 16, "block_size": 8,
                                       "dropout": 0.0, "attn_dropout": None, "bias": True,
-                                      "init_std": 0.02, "mlp_ratio": 4, "activation": "gelu_tanh"}})
+                                      "init_std": 0.02, "mlp_ratio": 4}})
     cfg: Config = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), old))
-    assert cfg.model.mlp is MLPKind.gelu_tanh and cfg.model.activation is None
-    assert cfg.model.positions is Positions.learned and cfg.model.norm is Norm.layernorm
-    assert cfg.model.tie_embeddings and cfg.model.kv_heads == 2 and not gpt2_problems(cfg.model)
+    assert not gpt2_problems(cfg.model) and cfg.model.kv_heads == 2
+    assert cfg.model == replace(GPT2_ARCH, n_layer=2, n_head=2, n_embd=16, block_size=8)
 
 
 @pytest.mark.parametrize("bad,match", [

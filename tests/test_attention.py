@@ -8,7 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from model.attention import CausalSelfAttention, KVCache, causal_pattern, scaled_dot_product_attention
+from model.attention import (CausalSelfAttention, KVCache, attention_layer, causal_pattern,
+                             scaled_dot_product_attention)
 from model import fast_paths
 from model.config import AttentionConfig, MaskMode, Scale
 from model.pitfalls import masked_softmax
@@ -284,7 +285,7 @@ def manual_module_forward(mod: CausalSelfAttention, x: torch.Tensor, divisor: fl
 
 
 def make_module(n_embd=32, n_head=4, block_size=16, attn=None, std=0.3):
-    mod = CausalSelfAttention(n_embd, n_head, block_size, attn or AttentionConfig()).double()
+    mod = attention_layer(n_embd, n_head, block_size, attn or AttentionConfig()).double()
     with torch.no_grad():  # larger weights than GPT's init, so that the scale matters
         for p in mod.parameters():
             p.normal_(0.0, std)

@@ -17,7 +17,7 @@ import torch
 
 from data.tokenizer import build_bpe_tokenizer, build_char_tokenizer
 from helpers import REPO_ROOT as REPO, SCRIPT_ENV, TRAIN, corpus_args, shakespeare_like, write_corpus
-from model.attention import CausalSelfAttention
+from model.attention import attention_layer
 from model.config import AttentionConfig, MaskMode, ModelConfig, Scale
 from model.gpt import GPT
 from training.attention_maps import (CARD_WIDTH, FUTURE_RGB, attention_weights, card_image,
@@ -41,7 +41,7 @@ LEAKY = ["mask_zero", "mask_fill_zero", "mask_after_softmax"]
 
 def layer_weights(variant: str, dtype=torch.float32, T: int = 16) -> torch.Tensor:
     torch.manual_seed(0)
-    layer = CausalSelfAttention(32, 4, T, VARIANTS[variant]).to(dtype)
+    layer = attention_layer(32, 4, T, VARIANTS[variant]).to(dtype)
     _, w = layer(torch.randn(3, T, 32, dtype=dtype), return_weights=True)
     return w.detach()  # [3, 4, T, T]
 

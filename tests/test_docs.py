@@ -7,6 +7,8 @@ config (or an option file of a group), each `key=value` of generate.py, the scri
 benches is a key of that script's dataclass (or, for a bench, a train.py override). The slow
 ones compose every `train.py` command with Hydra, as train.py would before its first step, and
 run every script's `--help`. Placeholders such as `<date>` stand for a path the reader fills in.
+A block that starts with `git checkout <commit>` (a past round of docs/budget.md) runs at that
+commit: its commands are checked only for the commit being in the history.
 """
 from __future__ import annotations
 
@@ -39,6 +41,7 @@ class Command:
     where: str           # page:line, for the failure message
     argv: tuple          # one command, as the shell splits it
     fenced: bool         # from a ```bash block (else an inline `python ...` span)
+    at: Optional[str] = None  # the commit a `git checkout` earlier in its block moved to
 
 
 def _lines_outside_code(path: Path):
@@ -67,11 +70,13 @@ def _split(text: str) -> list[list[str]]:
 
 
 def fenced_commands(path: Path) -> list[Command]:
-    lines, lang, heredoc = [], None, None  # lines: (line number, text) of the bash blocks
+    lines, lang, heredoc = [], None, None  # lines: (line number, text, block) of the bash blocks
+    block = 0
     for n, line in enumerate(path.read_text().splitlines(), 1):
         if lang is None:
             match = FENCE.match(line)
             lang = match.group(1) if match else None
+            block += 1
             continue
         if line.strip() == "```":
             lang = None
@@ -80,15 +85,17 @@ def fenced_commands(path: Path) -> list[Command]:
         elif heredoc:  # a here-document's lines are its program's input, not commands
             heredoc = None if line.strip() == heredoc else heredoc
         elif lines and lines[-1][1].endswith("\\"):  # a continued line
-            lines[-1] = (lines[-1][0], lines[-1][1][:-1] + " " + line.strip())
+            lines[-1] = (lines[-1][0], lines[-1][1][:-1] + " " + line.strip(), block)
         else:
-            lines.append((n, line.strip()))
+            lines.append((n, line.strip(), block))
             match = re.search(r"<<-?'?(\w+)'?", line)
             heredoc = match.group(1) if match else None
-    out = []
-    for n, text in lines:
+    out, at = [], {}  # at: block -> the commit its `git checkout` moved to
+    for n, text, block in lines:
         for argv in _split(re.sub(r"<<-?'?\w+'?", "", text)):
-            out.append(Command(f"{path.name}:{n}", tuple(argv), True))
+            out.append(Command(f"{path.name}:{n}", tuple(argv), True, at.get(block)))
+            if argv[:2] == ["git", "checkout"] and len(argv) == 3:
+                at[block] = argv[2]
     return out
 
 
@@ -265,6 +272,7 @@ def train_overrides(args: list[str]) -> list[str]:
 # The fast tests --------------------------------------------------------------------------------
 
 COMMANDS = all_commands()
+HERE = [c for c in COMMANDS if c.at is None]  # the commands that run at this commit
 
 
 def test_the_docs_have_commands_to_check():
@@ -273,7 +281,7 @@ def test_the_docs_have_commands_to_check():
     assert any(c.argv[:2] == ("python", "train.py") for c in fenced)
 
 
-@pytest.mark.parametrize("command", COMMANDS, ids=lambda c: c.where)
+@pytest.mark.parametrize("command", HERE, ids=lambda c: c.where)
 def test_each_command_names_what_exists(command):
     t = target(command.argv)
     where = f"{command.where}: {shlex.join(command.argv)}"
@@ -285,7 +293,7 @@ def test_each_command_names_what_exists(command):
         assert (REPO_ROOT / path).exists(), f"{where}: no {path} in the repository"
 
 
-@pytest.mark.parametrize("command", COMMANDS, ids=lambda c: c.where)
+@pytest.mark.parametrize("command", HERE, ids=lambda c: c.where)
 def test_each_argument_is_one_its_command_takes(command):
     t = target(command.argv)
     where = f"{command.where}: {shlex.join(command.argv)}"
@@ -314,6 +322,25 @@ def test_each_argument_is_one_its_command_takes(command):
     for arg in t.args:
         if arg.startswith("--"):
             assert arg.partition("=")[0] in defined, f"{where}: {arg} is not an option of {t.name}"
+
+
+def test_each_commit_a_block_checks_out_is_in_the_history():
+    """docs/budget.md runs each past round at the commit that wrote it up (`git checkout
+    <commit>` first in its block); each must be a commit of this repository's history."""
+    commits = {c.argv[2] for c in COMMANDS if c.argv[:2] == ("git", "checkout")}
+    assert {c.at for c in COMMANDS} - {None} == commits and len(commits) >= 7
+    try:
+        shallow = subprocess.run(["git", "rev-parse", "--is-shallow-repository"], cwd=REPO_ROOT,
+                                 capture_output=True, text=True, timeout=30)
+    except OSError:
+        pytest.skip("no git here")
+    if shallow.returncode != 0 or shallow.stdout.strip() != "false":
+        pytest.skip("not a clone with the whole history")
+    for commit in commits:
+        assert re.fullmatch(r"[0-9a-f]{7,40}", commit), commit
+        ancestor = subprocess.run(["git", "merge-base", "--is-ancestor", commit, "HEAD"],
+                                  cwd=REPO_ROOT, capture_output=True, timeout=30)
+        assert ancestor.returncode == 0, f"{commit} is not in the history of HEAD"
 
 
 def test_a_heredoc_s_python_compiles_and_imports_what_exists():
@@ -387,7 +414,7 @@ def test_the_link_checker_sees_a_broken_anchor(tmp_path):
 
 def test_the_override_checker_refuses_a_misspelt_key_and_a_missing_option():
     assert override_problem("model.n_layer=6") is None
-    assert override_problem("+experiment=budget_r2") is None
+    assert override_problem("+experiment=budget") is None
     assert "n_layers" in override_problem("model.n_layers=6")
     assert "conf/experiment/nope.yaml" in override_problem("+experiment=nope")
 
@@ -398,9 +425,9 @@ def _distinct(items):
     return list(dict.fromkeys(items))
 
 
-TRAIN_COMMANDS = _distinct(tuple(train_overrides(target(c.argv).args)) for c in COMMANDS
+TRAIN_COMMANDS = _distinct(tuple(train_overrides(target(c.argv).args)) for c in HERE
                            if target(c.argv).name.endswith("train.py"))
-HELP_TARGETS = _distinct((t.kind, t.name) for t in map(target, (c.argv for c in COMMANDS))
+HELP_TARGETS = _distinct((t.kind, t.name) for t in map(target, (c.argv for c in HERE))
                          if t.kind in ("module", "script") and t.name not in FOREIGN_MODULES
                          and source_of(t) is not None)
 

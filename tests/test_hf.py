@@ -26,7 +26,7 @@ from transformers import (AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2L
 from guard.limits import check_model
 from guard.run_dir import load_folder, load_run
 from helpers import REPO_ROOT, copy_folder
-from model.config import AttentionConfig, MLPKind, ModelConfig, Scale, gpt2_problems
+from model.config import AttentionConfig, MLPKind, ModelConfig, Scale
 from model.gpt import GPT
 from interop.hf import check_exportable, load_folder_tokenizer, to_gpt2_state_dict
 from safeio.cli import FormatError
@@ -192,12 +192,6 @@ def test_mlp_option_selects_the_tanh_gelu():
     assert not torch.equal(exact(idx)[0], tanh(idx)[0])  # the option reaches the MLP
     with pytest.raises(ValueError, match="model.mlp must be one of"):
         check_model(ModelConfig(mlp="relu"))
-    # the old name, as in run directories written before the switches: GPT-2's architecture
-    old = ModelConfig(activation="gelu_tanh")
-    assert old.mlp is MLPKind.gelu_tanh and old.activation is None
-    assert not gpt2_problems(old)
-    with pytest.raises(ValueError, match="model.activation must be one of"):
-        ModelConfig(activation="relu")
 
 
 GPT2_ARCH = compose(["+arch=gpt2"]).model  # GPT-2's switches, at the default size

@@ -5,7 +5,7 @@
     HANGS        a FIFO (or a device) named like a TensorBoard events file in a run directory
     CHECK_FIRST  scripts that wrote (or replaced) files before finding a mistake in their input;
                  values without the real bound (a layer past the last one)
-    TRACEBACKS   the legacy model.activation out of range; scripts.llama_pitfalls' values
+    TRACEBACKS   a retired key (model.activation); scripts.llama_pitfalls' values
     FOLDERS      overrides that cannot apply to an imported model folder (init_from=)
 """
 from __future__ import annotations
@@ -71,40 +71,31 @@ def test_scripts_reading_runs_refuse_an_events_fifo(tmp_path, module, arg):
 # ----------------------------------------------------------------------------- tracebacks
 
 
-def test_the_legacy_activation_out_of_range_is_a_mistake_in_one_line(tmp_path):
-    """model.activation (the old name of model.mlp) is checked while the config becomes a
-    dataclass: a ValueError there was a traceback in train.py and generate.py."""
-    from omegaconf import OmegaConf
-
-    from safeio.cli import MISTAKES, FormatError
+def test_a_retired_key_is_a_mistake_in_one_line(tmp_path):
+    """model.activation (the old name of model.mlp) left the code with round 4's switches
+    (guard/retired.py): a run directory that sets it reads as one line naming the commit."""
+    from safeio.cli import FormatError
     from guard.run_dir import read_source
-    from training.config import Config
 
-    with pytest.raises(MISTAKES, match=r"\['gelu', 'gelu_tanh'\].*got 'relu'"):
-        OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config),
-                                            {"model": {"activation": "relu"}}))
-    with pytest.raises(MISTAKES, match="cannot go with model.positions=rope"):
-        OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), {"model": {
-            "activation": "gelu", "positions": "rope"}}))
-    (tmp_path / "config.yaml").write_text("model:\n  activation: relu\n")
-    with pytest.raises(FormatError, match=r"config.yaml is not a run config.*'gelu_tanh'"):
+    (tmp_path / "config.yaml").write_text("model:\n  activation: gelu_tanh\n")
+    with pytest.raises(FormatError, match=r"model.activation=gelu_tanh .*`git checkout \w+`"):
         read_source(tmp_path)
 
 
 @pytest.mark.slow
-def test_train_and_generate_with_activation_relu_say_so_in_one_line(tmp_path):
+def test_train_and_generate_with_a_retired_key_say_so_in_one_line(tmp_path):
     line = refused(subprocess.run(
-        [sys.executable, str(REPO_ROOT / "train.py"), "+experiment=smoke", "model.activation=relu",
+        [sys.executable, str(REPO_ROOT / "train.py"), "+experiment=smoke", "model.activation=gelu",
          f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path, env=SCRIPT_ENV,
         capture_output=True, text=True, timeout=TIMEOUT_S))
-    assert "model.activation must be one of ['gelu', 'gelu_tanh']" in line
+    assert "model.activation is a switch train.py no longer has" in line and "git checkout" in line
     assert not (tmp_path / "run").exists()
     (tmp_path / "old").mkdir()
-    (tmp_path / "old" / "config.yaml").write_text("model:\n  activation: relu\n")
+    (tmp_path / "old" / "config.yaml").write_text("model:\n  activation: gelu\n")
     line = refused(subprocess.run(
         [sys.executable, str(REPO_ROOT / "generate.py"), f"run={tmp_path / 'old'}"], cwd=tmp_path,
         env=SCRIPT_ENV, capture_output=True, text=True, timeout=TIMEOUT_S))
-    assert "config.yaml" in line and "'gelu_tanh'" in line
+    assert "config.yaml: model.activation=gelu is a switch" in line and "git checkout" in line
 
 
 @pytest.mark.parametrize("arg, words", [

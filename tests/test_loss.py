@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from model.config import ModelConfig
 from model.gpt import GPT
-from model.loss import head_and_loss, row_block_cross_entropy
+from model.loss import cross_entropy, row_block_cross_entropy
 
 
 def inputs(n_rows=37, width=16, vocab=50, seed=0):
@@ -35,7 +35,7 @@ def loss_and_grads(fn, x, w, y, scale=1.0):
 @pytest.mark.parametrize("block_rows", [1, 5, 16, 37, 1000])
 def test_float32_equals_the_plain_loss_and_gradients(block_rows):
     x, w, y = inputs()
-    ours = loss_and_grads(functools.partial(head_and_loss, block_rows=block_rows), x, w, y)
+    ours = loss_and_grads(functools.partial(row_block_cross_entropy, block_rows=block_rows), x, w, y)
     ref = loss_and_grads(plain, x, w, y)
     for a, b in zip(ours, ref):  # logits (a block's matmul may round differently), loss, grads
         torch.testing.assert_close(a, b.view_as(a), rtol=1e-5, atol=1e-6)
@@ -45,7 +45,7 @@ def test_backward_scales_by_the_loss_gradient():
     """The gradients are made in forward for a loss gradient of 1: backward must still multiply
     by whatever it is given (a loss divided over micro-batches, a weighted sum)."""
     x, w, y = inputs()
-    ours = loss_and_grads(functools.partial(head_and_loss, block_rows=8), x, w, y, scale=-2.5)
+    ours = loss_and_grads(functools.partial(row_block_cross_entropy, block_rows=8), x, w, y, scale=-2.5)
     ref = loss_and_grads(plain, x, w, y, scale=-2.5)
     for a, b in zip(ours[2:], ref[2:]):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
@@ -54,8 +54,8 @@ def test_backward_scales_by_the_loss_gradient():
 def test_bf16_autocast_matches_the_plain_loss_under_autocast():
     x, w, y = inputs(n_rows=300, width=32, vocab=700)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        ours = loss_and_grads(functools.partial(head_and_loss, block_rows=64), x, w, y)
-        ref = loss_and_grads(lambda *a: head_and_loss(*a, block_rows=0), x, w, y)
+        ours = loss_and_grads(functools.partial(row_block_cross_entropy, block_rows=64), x, w, y)
+        ref = loss_and_grads(cross_entropy, x, w, y)
     assert ours[0].dtype == ref[0].dtype == torch.bfloat16  # logits in autocast's dtype
     assert ours[2].dtype == ours[3].dtype == torch.float32  # gradients of the fp32 leaves
     torch.testing.assert_close(ours[0], ref[0], rtol=1e-2, atol=1e-2)  # bf16 rounding
@@ -67,14 +67,14 @@ def test_bf16_autocast_matches_the_plain_loss_under_autocast():
 def test_without_gradients_only_the_loss_is_computed():
     x, w, y = inputs()
     with torch.no_grad():
-        logits, loss = head_and_loss(x, w, y, block_rows=4)
+        logits, loss = row_block_cross_entropy(x, w, y, block_rows=4)
     torch.testing.assert_close(loss, plain(x, w, y)[1].detach(), rtol=1e-6, atol=0)
     assert not loss.requires_grad and not logits.requires_grad
 
 
 def test_the_logits_carry_no_gradient():
     x, w, y = inputs()
-    logits, _ = head_and_loss(x, w, y, block_rows=4)
+    logits, _ = row_block_cross_entropy(x, w, y, block_rows=4)
     assert not logits.requires_grad
 
 
@@ -92,7 +92,7 @@ def test_a_tied_model_trains_the_same_through_either_path(monkeypatch):
 
     assert model_.loss.func is row_block_cross_entropy  # the CPU default: row blocks
     ours = grads()
-    monkeypatch.setattr(model_, "loss", functools.partial(head_and_loss, block_rows=0))
+    monkeypatch.setattr(model_, "loss", cross_entropy)
     ref = grads()
     torch.testing.assert_close(ours[0], ref[0], rtol=1e-6, atol=0)
     for name in ref[1]:

@@ -192,34 +192,3 @@ def test_linear_schedule_holds_then_falls_in_a_straight_line_to_min_lr():
     assert max(steps) == pytest.approx(min(steps)) == pytest.approx(0.9 / 50)  # a straight line
     whole = OptimConfig(lr=1.0, min_lr=0.0, warmup_steps=10, schedule=Schedule.linear)
     assert lr_at(10, whole, 110) == 1.0 and lr_at(60, whole, 110) == pytest.approx(0.5)
-
-
-@pytest.mark.parametrize("tie", [True, False])
-def test_embedding_lr_scale_reaches_the_embeddings_alone(tie):
-    torch.manual_seed(0)
-    model = GPT(ModelConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, tie_embeddings=tie),
-                vocab_size=11)
-    opt = make_optimizer(model, OptimConfig(name=OptimizerName.muon, embedding_lr_scale=10.0))
-    opt.set_lr(1e-3)
-    lr_of = {id(p): g["lr"] for g in opt.param_groups for p in g["params"]}
-    named = dict(model.named_parameters())
-    assert lr_of[id(named["tok_emb.weight"])] == pytest.approx(1e-2)
-    assert lr_of[id(named["pos_emb.weight"])] == pytest.approx(1e-2)
-    others = [lr_of[id(p)] for n, p in named.items() if not n.startswith(("tok_emb", "pos_emb"))]
-    assert others and all(lr == pytest.approx(1e-3) for lr in others)  # an untied head too
-    plain = make_optimizer(model, OptimConfig(name=OptimizerName.muon))  # 1.0: groups as before
-    assert [len(o.param_groups) for o in plain.optimizers] == [1, 2]
-
-
-def test_embedding_weight_decay_reaches_the_embeddings_alone():
-    """optim.embedding_weight_decay decays the (tied) token embedding apart; every other
-    matrix keeps weight_decay, and the biases and gains none."""
-    model = tiny_gpt()
-    opt = make_optimizer(model, OptimConfig(name=OptimizerName.muon, weight_decay=0.6,
-                                            embedding_weight_decay=0.1))
-    decay_of = {id(p): g["weight_decay"] for g in opt.param_groups for p in g["params"]}
-    named = dict(model.named_parameters())
-    assert decay_of[id(named["tok_emb.weight"])] == 0.1
-    assert {decay_of[id(p)] for n, p in named.items()
-            if p.dim() >= 2 and not n.startswith(("tok_emb", "pos_emb"))} == {0.6}
-    assert {decay_of[id(p)] for p in named.values() if p.dim() < 2} == {0.0}

@@ -21,7 +21,7 @@ from data.prepare import prepare_corpus
 from safeio.cli import CorpusError
 from guard.preflight import compose
 from helpers import VARIANT_NEEDS
-from model.attention import CausalSelfAttention
+from model.attention import CausalSelfAttention, PitfallAttention, attention_layer
 from model.config import AttentionConfig, MaskMode, ModelConfig
 from model.gpt import GPT
 from training.config import CONF_DIR
@@ -183,11 +183,23 @@ def test_no_out_proj_removes_exactly_d_model_squared_plus_bias_per_block():
     assert all(isinstance(b.attn.out_proj, torch.nn.Identity) for b in without.blocks)
 
 
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_a_layer_s_class_is_chosen_once_by_its_variant(variant):
+    """attention_layer builds a PitfallAttention for a variant that replaces a step of the
+    correct layer and the correct layer otherwise; the correct class given such a variant
+    refuses it rather than compute the correct layer under the pitfall's name."""
+    layer = attention_layer(32, 4, 8, VARIANTS[variant])
+    assert isinstance(layer, PitfallAttention) == (variant != "correct")
+    if variant != "correct":
+        with pytest.raises(ValueError, match="attention_layer"):
+            CausalSelfAttention(32, 4, 8, VARIANTS[variant])
+
+
 def test_no_out_proj_heads_write_only_their_own_slice():
     """Without W_O, changing head i's value weights changes only columns i*d_k:(i+1)*d_k."""
     torch.manual_seed(0)
     d, h = 32, 4
-    layer = CausalSelfAttention(d, h, 8, VARIANTS["no_out_proj"]).double()
+    layer = attention_layer(d, h, 8, VARIANTS["no_out_proj"]).double()
     x = torch.randn(2, 8, d, dtype=torch.float64)
     y0, _ = layer(x)
     with torch.no_grad():
@@ -200,8 +212,8 @@ def test_no_out_proj_heads_write_only_their_own_slice():
 def test_scale_d_model_raises_the_softmax_temperature_by_sqrt_h():
     torch.manual_seed(0)
     d, h = 64, 16
-    correct = CausalSelfAttention(d, h, 12, VARIANTS["correct"]).double()
-    wrong = CausalSelfAttention(d, h, 12, VARIANTS["scale_d_model"]).double()
+    correct = attention_layer(d, h, 12, VARIANTS["correct"]).double()
+    wrong = attention_layer(d, h, 12, VARIANTS["scale_d_model"]).double()
     wrong.load_state_dict(correct.state_dict())
     x = torch.randn(3, 12, d, dtype=torch.float64)
     _, w_ok = correct(x, return_weights=True)

@@ -24,7 +24,7 @@ from safeio.cli import UserError
 from guard.limits import check_pitfall_switches
 from guard.preflight import compose
 from helpers import VARIANT_NEEDS
-from model.attention import CausalSelfAttention
+from model.attention import CausalSelfAttention, attention_layer
 from model.fast_paths import fused_refusal
 from model.config import PITFALL_SWITCHES, AttentionConfig, ModelConfig
 from model.gpt import GPT
@@ -77,7 +77,7 @@ def cached_pieces(model: GPT, idx: torch.Tensor, sizes, static: bool = False) ->
 def random_layer(attn: AttentionConfig, h: int = 4, h_kv: int = 2, d: int = 8, T: int = 12,
                  seed: int = 0) -> CausalSelfAttention:
     torch.manual_seed(seed)
-    layer = CausalSelfAttention(h * d, h, T, attn, n_kv_head=h_kv).to(D)
+    layer = attention_layer(h * d, h, T, attn, n_kv_head=h_kv).to(D)
     with torch.no_grad():
         for p in layer.parameters():
             p.normal_(0.0, 0.3)

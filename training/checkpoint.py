@@ -7,8 +7,6 @@ A run directory holds:
         state.json                   step and the loop's counters, the optimizer's settings, the
                                      Python and NumPy random states, naming the tensors of
         state.safetensors            the optimizer's moments and the torch generators' states
-                                     (with train.ema, model.safetensors holds the weight
-                                     average, and the state the weights trained on)
     checkpoints/best/                the weights with the lowest validation loss so far
     checkpoints/latest               the name of the newest complete checkpoint
 
@@ -36,7 +34,6 @@ from safeio.checkpoint import (STATE, STATE_TENSORS, load_state, read_pointer, r
 from safeio.cli import FormatError, StateMismatch, UserError, first_line
 from safeio.corpus import check_same_tokenizer
 from safeio.files import dump_run_config
-from training.ema import WeightAverage
 
 # ----------------------------------------------------------------------------- the training state
 # What a checkpoint holds besides weights and optimizer: the loop's counters (`Progress`) and
@@ -260,11 +257,10 @@ def load_weights(model: torch.nn.Module, path: Path) -> None:
     model.load_state_dict(tensors, strict=False)
 
 
-def restore(run_dir: Path, model: torch.nn.Module, optimizer, sampler, tokenizer: Tokenizer,
-            average: Optional[WeightAverage] = None) -> Progress:
+def restore(run_dir: Path, model: torch.nn.Module, optimizer, sampler,
+            tokenizer: Tokenizer) -> Progress:
     """Load the latest checkpoint of run_dir into the model, the optimizer, the batch sampler and
-    the random generators (and with train.ema the weight average); return the loop's counters
-    saved with it."""
+    the random generators; return the loop's counters saved with it."""
     ckpt = latest_checkpoint(run_dir)
     if ckpt is None:
         name = read_pointer(run_dir / CHECKPOINTS / "latest")
@@ -274,30 +270,8 @@ def restore(run_dir: Path, model: torch.nn.Module, optimizer, sampler, tokenizer
         raise UserError(f"cannot resume: {run_dir} holds no checkpoint")
     check_same_tokenizer(tokenizer, run_dir / "tokenizer.json")
     load_weights(model, ckpt / WEIGHTS)
-    if average is not None:  # the average, if the run had train.ema on (else it starts here)
-        average.reset(model)
     state = load_state(ckpt, STATE_KEYS, params=sum(p.numel() for p in model.parameters()))
-    if "training_weights" in state:
-        load_training_weights(model, state["training_weights"], ckpt)
     return load_training_state(state, optimizer, sampler, ckpt)
-
-
-def load_training_weights(model: torch.nn.Module, saved, ckpt: Path) -> None:
-    """The weights trained on, which the state of a run of train.ema holds (its
-    model.safetensors holds their average), into the model: finite floats of its shapes."""
-    params = dict(model.named_parameters())
-    refused = f"cannot resume from {ckpt}: its training weights do not fit this run"
-    if not (isinstance(saved, dict) and saved.keys() == params.keys()):
-        raise StateMismatch(f"{refused}: they are not this model's parameters")
-    for name, p in params.items():
-        w = saved[name]
-        if not (isinstance(w, torch.Tensor) and w.is_floating_point() and w.shape == p.shape
-                and bool(torch.isfinite(w).all())):
-            raise StateMismatch(f"{refused}: {name} is not a finite float tensor of shape "
-                                f"{tuple(p.shape)}")
-    with torch.no_grad():
-        for name, p in params.items():
-            p.copy_(saved[name])
 
 
 def load_training_state(state: dict, optimizer, sampler, ckpt: Path) -> Progress:

@@ -56,13 +56,7 @@ class OptimConfig:
     grad_clip: float = 1.0  # max global gradient norm; 0 turns clipping off
     muon_momentum: float = 0.95  # Muon's (Nesterov) momentum; only with name=muon
     muon_lr_scale: float = 1.0   # Muon's lr = this x the schedule's lr (AdamW's)
-    # The token (and learned position) embeddings' AdamW lr = this x the schedule's lr; with a
-    # tied head the same matrix is the head, so it applies to both
-    embedding_lr_scale: float = 1.0
     muon_ns_steps: int = 5       # Newton-Schulz iterations orthogonalising each update
-    # The token (and learned position) embeddings' own weight decay; null = weight_decay
-    # (docs/budget.md, round 5, measured it).
-    embedding_weight_decay: Optional[float] = None
 
 
 @dataclass
@@ -120,11 +114,6 @@ class TrainConfig:
     overfit_patience: int = 3
     # ... and with early_stop the run then stops (the best weights are in checkpoints/best).
     early_stop: bool = False
-    # Weight averaging (training/ema.py): above 0, the decay of an exponential moving average of
-    # the weights, kept from optimizer step ema_start on, which every evaluation scores and every
-    # model.safetensors holds (0 = off).
-    ema: float = 0.0
-    ema_start: int = 0
 
 
 @dataclass

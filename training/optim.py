@@ -55,26 +55,15 @@ def make_optimizer(model: torch.nn.Module, cfg: OptimConfig,
     MLP's) get Muon: its update is the momentum orthogonalised by a few Newton-Schulz steps, so
     every direction of the matrix moves at the same rate. Embeddings (tied with the head),
     positions, biases and LayerNorm stay with AdamW, as Muon is meant for hidden matrices only.
-    The embeddings' lr and weight decay may be set apart (optim.embedding_lr_scale,
-    optim.embedding_weight_decay; docs/budget.md, round 5). `dtype` is the run's: under bf16
-    Muon orthogonalises in bf16 too (training/muon.py).
+    `dtype` is the run's: under bf16 Muon orthogonalises in bf16 too (training/muon.py).
     """
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]  # tied: once
     hidden = [p for n, p in named if cfg.name is OptimizerName.muon
               and p.dim() == 2 and n.startswith("blocks.")]
-    # the embeddings in a group of their own only when their lr or decay differs (checkpoints
-    # keep the two-group layout otherwise)
-    own = cfg.embedding_lr_scale != 1.0 or cfg.embedding_weight_decay is not None
-    embeddings = [p for n, p in named if own and n.startswith(("tok_emb.", "pos_emb."))]
-    chosen = {id(p) for p in hidden + embeddings}
+    chosen = {id(p) for p in hidden}
     rest = [p for _, p in named if id(p) not in chosen]
     groups = [{"params": [p for p in rest if p.dim() >= 2], "weight_decay": cfg.weight_decay},
               {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0}]
-    if embeddings:
-        decay = cfg.embedding_weight_decay
-        groups.append({"params": embeddings,
-                       "weight_decay": cfg.weight_decay if decay is None else decay,
-                       "lr_scale": cfg.embedding_lr_scale})
     # On CUDA and MPS, the fused kernel updates every parameter in a few launches instead of
     # several per tensor (MPS has no foreach kernels, so its default is one tensor at a time);
     # elsewhere PyTorch's default (foreach) implementation.

@@ -39,12 +39,6 @@ class World:
         return self.size > 1
 
 
-def launch_rank() -> int:
-    """This process's rank, as torchrun set it (0 without torchrun); UserError for an environment
-    that does not describe a torchrun job (safeio.system.parse_launch)."""
-    return parse_launch(os.environ).rank
-
-
 def init_world(device: torch.device) -> World:
     """Join the process group that torchrun described in the environment, if any."""
     launch = parse_launch(os.environ)
