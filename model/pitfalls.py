@@ -1,9 +1,9 @@
 """The classic attention mistakes, each as the one step of the correct layer that it replaces.
 
-`conf/attention/*.yaml` names them; each is a diff on `AttentionConfig` (model/config.py). A
-layer given one becomes a `PitfallAttention` (model/attention.py): the methods of `PitfallSteps`
-below in place of the correct layer's steps, and every other line the correct layer's own, so
-that a pitfall's effect on training is measured with the very same code.
+`conf/attention/*.yaml` names them; each is a diff on `AttentionConfig` (model/config.py). For
+one, `attention_layer` (model/attention.py) builds a `PitfallAttention`: the methods of
+`PitfallSteps` below in place of the correct layer's steps, and every other line the correct
+layer's own, so that a pitfall's effect on training is measured with the very same code.
 
     the step                 the correct layer (model/attention.py)      the pitfalls
     scale                    1 / sqrt(d_k)                               scale: d_model, none
