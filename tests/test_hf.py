@@ -209,7 +209,8 @@ def test_pitfall_variants_are_not_exportable():
 
 @pytest.mark.parametrize("switch,value", [("positions", "rope"), ("norm", "rmsnorm"),
                                           ("mlp", "swiglu"), ("mlp", "relu2"), ("n_kv_head", 2),
-                                          ("qk_norm", True), ("tie_embeddings", False)])
+                                          ("qk_norm", True), ("tie_embeddings", False),
+                                          ("attn_gate", True)])
 def test_a_model_gpt2_has_no_switch_for_is_refused_naming_it(switch, value):
     cfg = replace(GPT2_ARCH, **{switch: value})
     with pytest.raises(FormatError, match=f"model.{switch}={str(value).lower()}"):
