@@ -30,6 +30,7 @@ import builtins
 import os
 import re
 import tempfile
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -357,6 +358,13 @@ def check_cells(name: str, cells: list[Cell], folder: Optional[str] = None,
     return report, explain(name, report)
 
 
+def wrapped(text: str, width: int = 90) -> str:
+    """Each line cut to `width` (a notebook's output wraps mid-word otherwise), a bullet's
+    continuation indented under its text."""
+    return "\n".join(textwrap.fill(line, width, subsequent_indent="    " if line.startswith("  -")
+                                    else "") for line in text.splitlines())
+
+
 def check_exercise(name: str, report: bool = False, **options) -> None:
     """In a lesson's check cell: check `name` (your function or layer) as this notebook's cells
     define it, and print the verdict and the mistake. report=True also prints the checker's whole
@@ -365,6 +373,6 @@ def check_exercise(name: str, report: bool = False, **options) -> None:
         found, words = check_cells(name, kernel_cells(), **options)
     except Exception as exc:  # noqa: BLE001  (a learner sees a sentence, never a traceback)
         found, words = None, f"The check could not run: {type(exc).__name__}: {exc}"
-    print(words)
+    print(wrapped(words))
     if report and found is not None:
         print("\n" + found.text)
