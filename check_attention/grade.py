@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Optional
 
 from safeio.cli import FileRefused, UserError
-from safeio.files import check_output_file, check_regular, read_text
+from safeio.files import check_regular, read_text, write_output
+from check_attention.inert import NAME_LIMIT, csv_cell, inert, markdown_cell
 from check_attention.options import Options, check_options
 from check_attention.report import ITEM_WORDS, Report
 
@@ -46,17 +47,18 @@ def sandbox_for(opts: Options):
 
 
 def check_file(file: str, name: str, opts: Options, sandbox) -> Report:
-    """The report on FILE:NAME; a file or object the checker cannot use is a report whose
-    `error` says why (the command prints it as its one `error:` line)."""
+    """The report on FILE:NAME, every text in it inert (inert.py); a file or object the checker
+    cannot use is a report whose `error` says why (the command prints it as its one `error:`
+    line)."""
     from check_attention.checks import CheckError, check
     try:
-        return check(file, name, opts, sandbox=sandbox)
+        return check(file, name, opts, sandbox=sandbox).made_inert()
     except CheckError as exc:
         words = " ".join(str(exc).split())
         if opts.memory is not None and opts.device == "cpu" and any(
                 w in words for w in OUT_OF_MEMORY):
             words += f" (the layer's process may use {opts.memory:g} GiB: memory=)"
-        return Report(f"{file}:{name}", error=words)
+        return Report(f"{file}:{name}", error=words).made_inert()
 
 
 def defined_name(path: Path, names: tuple[str, ...]) -> str:
@@ -93,6 +95,11 @@ class Row:
     report: Report
     seconds: float
 
+    def __post_init__(self):
+        """A row holds only inert text (inert.py), whichever table or line it goes to."""
+        self.file, self.name = inert(self.file, NAME_LIMIT), inert(self.name, NAME_LIMIT)
+        self.report = self.report.made_inert()
+
     @property
     def diagnosis(self) -> str:
         """Why, in one line: the error, else the diagnosis lines, else the first item that
@@ -107,6 +114,12 @@ class Row:
                 if item.status == status:
                     return f"{key}: {item.detail}"
         return ""
+
+    def cells(self, keys: list[str]) -> list[str]:
+        """The row of a table: file, name, verdict, each item's status, diagnosis."""
+        items = self.report.items
+        return [self.file, self.name, self.report.outcome,
+                *(items[k].status if k in items else "" for k in keys), self.diagnosis]
 
 
 def submissions(folder: Path) -> list[Path]:
@@ -123,11 +136,27 @@ def _start_worker(opts: Options) -> None:
     atexit.register(_worker_box.close)
 
 
+def outside_link(file: Path) -> Optional[str]:
+    """Why a submission that is a symbolic link out of its folder is refused (the instructor's
+    solution, say), or None: a submission is graded as a file of the folder."""
+    if not file.is_symlink():
+        return None
+    folder = file.parent.resolve()
+    target = file.resolve()
+    if target.parent == folder or folder in target.parents:
+        return None
+    return (f"{file.name} is a symbolic link to {os.readlink(file)}, outside the graded folder; "
+            f"only the files in it are graded")
+
+
 def _grade_one(path: str, names: tuple[str, ...], opts: Options, sandbox=None) -> Row:
     """One file's row, whatever happens: the checker's own failure is a row too."""
     start, file = time.monotonic(), Path(path)
     name = names[0]
     try:
+        refused = outside_link(file)
+        if refused:
+            raise FileRefused(refused)
         check_regular(file, "submission", MAX_SUBMISSION_BYTES)
         name = defined_name(file, names)
         report = check_file(path, name, opts, sandbox or _worker_box)
@@ -189,18 +218,12 @@ def item_keys(rows: list[Row]) -> list[str]:
     return [k for k in ITEM_WORDS if k in seen] + sorted(set(seen) - set(ITEM_WORDS))
 
 
-def _cell(text: str) -> str:
-    return " ".join(text.split()).replace("|", "\\|")
-
-
 def markdown(rows: list[Row]) -> str:
+    """The table in Markdown, each cell through inert.markdown_cell."""
     keys = item_keys(rows)
     head = ["file", "name", "verdict", *keys, "diagnosis"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for row in rows:
-        items = [row.report.items[k].status if k in row.report.items else "" for k in keys]
-        lines.append("| " + " | ".join(_cell(c) for c in (
-            row.file, row.name, row.report.outcome, *items, row.diagnosis)) + " |")
+    lines = ["| " + " | ".join(map(markdown_cell, head)) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(map(markdown_cell, row.cells(keys))) + " |" for row in rows]
     counts = {}
     for row in rows:
         counts[row.report.outcome] = counts.get(row.report.outcome, 0) + 1
@@ -211,21 +234,22 @@ def markdown(rows: list[Row]) -> str:
 
 
 def csv_text(rows: list[Row]) -> str:
+    """The table as CSV, each cell through inert.csv_cell (never a formula)."""
     keys = item_keys(rows)
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
-    writer.writerow(["file", "name", "verdict", *keys, "diagnosis"])
-    for row in rows:
-        writer.writerow([row.file, row.name, row.report.outcome,
-                         *(row.report.items[k].status if k in row.report.items else ""
-                           for k in keys), row.diagnosis])
+    writer.writerow(map(csv_cell, ["file", "name", "verdict", *keys, "diagnosis"]))
+    writer.writerows(map(csv_cell, row.cells(keys)) for row in rows)
     return buf.getvalue()
 
 
 def json_text(rows: list[Row], folder: str, names: tuple[str, ...], opts: Options) -> str:
+    """The table as JSON: every row's items with their details, the verdicts, the seconds, and the
+    options used. Every text in it is inert (Row holds only such), the folder's too."""
     keys = item_keys(rows)
     return json.dumps({
-        "folder": folder, "names": list(names), "options": vars(opts),
+        "folder": inert(folder), "names": [inert(n, NAME_LIMIT) for n in names],
+        "options": {k: inert(v) if isinstance(v, str) else v for k, v in vars(opts).items()},
         "items": {k: ITEM_WORDS.get(k, k) for k in keys},
         "rows": [{"file": r.file, "name": r.name, "verdict": r.report.outcome,
                   "summary": r.report.verdict, "error": r.report.error,
@@ -237,14 +261,15 @@ def json_text(rows: list[Row], folder: str, names: tuple[str, ...], opts: Option
 
 def write_table(rows: list[Row], out: str, folder: str, names: tuple[str, ...],
                 opts: Options) -> None:
-    """out= in the format its extension names (.md, .csv, .json)."""
+    """out= in the format its extension names (.md, .csv, .json), written whole and never
+    through a symbolic link (safeio.files.write_output: the folder's submitters may have planted
+    one at that name)."""
     path = Path(out)
     suffix = path.suffix.lower()
     text = (csv_text(rows) if suffix == ".csv" else
             json_text(rows, folder, names, opts) if suffix == ".json" else markdown(rows) + "\n")
-    check_output_file(path, "out=")
     path.absolute().parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
+    write_output(path, text, "out=", opts.overwrite)
 
 
 # ----------------------------------------------------------------------------- check(...)
@@ -302,7 +327,7 @@ def check(target, *, sandbox=None, **options) -> Report:
             atexit.register(_boxes[key].close)
         sandbox = _boxes[key]
     if not Path(file).is_file():
-        return Report(f"{file}:{name}", error=f"{file}: no such file")
+        return Report(f"{file}:{name}", error=f"{file}: no such file").made_inert()
     return check_file(file, name, opts, sandbox)
 
 
