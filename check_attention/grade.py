@@ -17,7 +17,9 @@ import inspect
 import io
 import json
 import os
+import signal
 import sys
+import threading
 import time
 import multiprocessing
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -28,7 +30,7 @@ from typing import Optional
 from safeio.cli import FileRefused, UserError
 from safeio.files import check_regular, read_text, write_output
 from check_attention.inert import NAME_LIMIT, csv_cell, inert, markdown_cell
-from check_attention.options import Options, check_options
+from check_attention.options import GRADING_ONLY, Options, check_options
 from check_attention.report import ITEM_WORDS, Report
 
 # A submission is a page or two of Python; a bigger .py file is not one to read for its names.
@@ -46,13 +48,15 @@ def sandbox_for(opts: Options):
     return Sandbox(gpu=opts.device != "cpu", memory=memory)
 
 
-def check_file(file: str, name: str, opts: Options, sandbox) -> Report:
+def check_file(file: str, name: str, opts: Options, sandbox,
+               fingerprint: Optional[str] = None) -> Report:
     """The report on FILE:NAME, every text in it inert (inert.py); a file or object the checker
     cannot use is a report whose `error` says why (the command prints it as its one `error:`
-    line)."""
+    line). fingerprint: what the object given to check() is made of (runner.fingerprint); the
+    file's NAME must still be that object when the sandbox imports it."""
     from check_attention.checks import CheckError, check
     try:
-        return check(file, name, opts, sandbox=sandbox).made_inert()
+        return check(file, name, opts, sandbox=sandbox, fingerprint=fingerprint).made_inert()
     except CheckError as exc:
         words = " ".join(str(exc).split())
         if opts.memory is not None and opts.device == "cpu" and any(
@@ -131,7 +135,16 @@ _worker_box = None
 
 
 def _start_worker(opts: Options) -> None:
+    """A worker process of grade(): Ctrl-C is the checker's to handle (it ends the workers), and
+    SIGTERM ends the worker's sandbox (its host, the check under way and its directory) first."""
     global _worker_box
+    from check_attention.sandbox.host import close_all
+
+    def stop(signum, frame):
+        close_all()
+        os._exit(128 + signum)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, stop)
     _worker_box = sandbox_for(opts)
     atexit.register(_worker_box.close)
 
@@ -275,33 +288,48 @@ def write_table(rows: list[Row], out: str, folder: str, names: tuple[str, ...],
 # ----------------------------------------------------------------------------- check(...)
 
 
-def resolve(target) -> tuple[str, str]:
-    """"path/file.py:Name", or the class or function itself -> (file, name). An object is found
-    again by its file and name, and run from there in the sandbox like any file."""
+def resolve(target) -> tuple[str, str, Optional[str]]:
+    """"path/file.py:Name", or the class or function itself -> (file, name, fingerprint). An
+    object is looked up by identity among its module's top-level names (its `__name__` is only
+    what someone set: a wrong class may carry a right one's), and its fingerprint (what it is
+    made of: runner.fingerprint) goes with it, so that the sandbox judges that very object or
+    says it found another under that name."""
     if isinstance(target, (str, os.PathLike)):
         file, sep, name = str(target).rpartition(":")
         if not sep or not file.endswith(".py") or not name.isidentifier():
             raise ValueError(f"check() takes 'path/file.py:Name' or the class or function "
                              f"itself, got {str(target)!r}")
-        return file, name
+        return file, name, None
     obj = target
     if not (inspect.isclass(obj) or inspect.isfunction(obj)):
         raise TypeError(f"check() takes a class, a function or 'path/file.py:Name', got "
                         f"{type(obj).__name__} (the checker builds the layer itself: pass its "
                         f"class, or a factory function)")
-    if obj.__qualname__ != obj.__name__:
-        raise ValueError(f"{obj.__qualname__} is not defined at the top level of its file; the "
-                         f"checker imports the file and looks the name up there")
-    try:
-        file = inspect.getsourcefile(obj)
-    except (TypeError, OSError):  # built in, or its module is gone from sys.modules
-        file = None
-    if file is None or not file.endswith(".py"):
-        raise ValueError(f"{obj.__name__} has no .py file the checker could import")
-    return file, obj.__name__
+    module = sys.modules.get(getattr(obj, "__module__", None) or "")
+    bound = [n for n, v in list(vars(module).items()) if v is obj] if module else []
+    if not bound:
+        raise ValueError(f"{obj.__qualname__} is not bound at the top level of its file; the "
+                         f"checker imports the file and looks the object up there by name")
+    file = getattr(module, "__file__", None)
+    if not file or not file.endswith(".py"):
+        raise ValueError(f"{obj.__qualname__} has no .py file the checker could import")
+    from check_attention.sandbox.runner import fingerprint
+    return file, obj.__name__ if obj.__name__ in bound else bound[0], fingerprint(obj)
 
 
 _boxes: dict = {}  # one sandbox host per process and kind, started by the first check()
+_boxes_lock = threading.Lock()
+
+
+def shared_sandbox(opts: Options):
+    """The process's sandbox host for opts' device and memory, started (again) when needed."""
+    key = (opts.device != "cpu", opts.memory)
+    with _boxes_lock:
+        box = _boxes.get(key)
+        if box is None or box.closed:
+            box = _boxes[key] = sandbox_for(opts)
+            atexit.register(box.close)
+    return box
 
 
 def check(target, *, sandbox=None, **options) -> Report:
@@ -311,24 +339,27 @@ def check(target, *, sandbox=None, **options) -> Report:
         report = check("path/to/file.py:Name", seq_len=16)   # or check(TheClass)
         assert report.passed, report.text
 
-    options: the command's keys (d_model=, n_head=, dtype=, ...); a value out of range is a
-    ValueError (safeio.cli.UserError). A file or object that cannot be used gives a report whose
-    `.error` says why. Checks share one sandbox host per process unless one is given."""
-    file, name = resolve(target)
+    options: the command's keys (d_model=, n_head=, dtype=, ...); an unknown key or a value out
+    of range is a ValueError (safeio.cli.UserError), a target or a sandbox of the wrong type a
+    TypeError. A file or object that cannot be used gives a report whose `.error` says why.
+    Checks share one sandbox host per process unless one is given; calls from several threads
+    take their turns (checks.check), and the caller's random states are left as they were."""
+    from check_attention.sandbox.host import Sandbox
+    file, name, fingerprint = resolve(target)
     unknown = sorted(set(options) - set(Options.__dataclass_fields__))
     if unknown:
         raise UserError(f"unknown option {unknown[0]!r} (known: "
                         f"{', '.join(Options.__dataclass_fields__)})")
+    given = next((k for k in GRADING_ONLY if options.get(k) is not None), None)
+    if given:
+        raise UserError(f"{given}= is for grading a folder; check() checks one object")
+    if sandbox is not None and not isinstance(sandbox, Sandbox):
+        raise TypeError(f"sandbox= takes a check_attention.sandbox.host.Sandbox or None, got "
+                        f"{type(sandbox).__name__}")
     opts = check_options(replace(Options(), **options))
-    if sandbox is None:
-        key = (opts.device != "cpu", opts.memory)
-        if key not in _boxes:
-            _boxes[key] = sandbox_for(opts)
-            atexit.register(_boxes[key].close)
-        sandbox = _boxes[key]
     if not Path(file).is_file():
         return Report(f"{file}:{name}", error=f"{file}: no such file").made_inert()
-    return check_file(file, name, opts, sandbox)
+    return check_file(file, name, opts, sandbox or shared_sandbox(opts), fingerprint)
 
 
 def progress_line(row: Row, done: int, total: int) -> None:

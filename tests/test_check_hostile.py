@@ -1,8 +1,9 @@
 """The attention checker against hostile submissions and careless callers, round five (issue 48):
 no text a submission chooses (its file's name, the names it defines, its exception messages)
 reaches a terminal, a Markdown, CSV or JSON table as anything but inert text; the table is never
-written through a link planted at its name; and a submission that links out of the graded
-folder is refused.
+written through a link planted at its name; a submission that links out of the graded folder is
+refused; and `check()` judges the very object it is given, from any thread, with its arguments
+checked, leaving the caller's random states as they were.
 
 The fast tests build tables and reports here, or check small files in one shared sandbox host;
 the slow ones run the command as an instructor does.
@@ -10,23 +11,27 @@ the slow ones run the command as an instructor does.
 from __future__ import annotations
 
 import csv
+import importlib.util
 import io
 import json
 import os
+import random
 import shutil
 import subprocess
 import sys
+import threading
 import unicodedata
 from pathlib import Path
 
 import pytest
+import torch
 
 from safeio.cli import FileRefused, UserError
 from safeio.files import check_outputs
 from helpers import REPO_ROOT, SCRIPT_ENV
 from check_helpers import LAYERS, sandbox  # noqa: F401 (a fixture)
 from check_attention.grade import (Row, _grade_one, check, csv_text, json_text, markdown,
-                                   progress_line, write_table)
+                                   progress_line, resolve, write_table)
 from check_attention.options import Options
 from check_attention.report import Report
 
@@ -199,6 +204,115 @@ def test_a_submission_linking_out_of_the_folder_is_refused(tmp_path):
     assert outside_link(folder / "carol.py") is None and outside_link(folder / "dave.py") is None
 
 
+# ----------------------------------------------------------------------------- check(...)
+
+
+def import_file(path: Path):
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[path.stem] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+NAMED_LIKE_THE_RIGHT_ONE = """
+from separate import MultiHeadSelfAttention as Right, ScaleDModel as Wrong
+
+class Right(Right):
+    pass
+
+class Wrong(Wrong):
+    pass
+
+Wrong.__name__ = Wrong.__qualname__ = "Right"  # the course imports Wrong
+"""
+
+
+@pytest.fixture
+def student(tmp_path):
+    """A student's module imported here, as a course's test imports it."""
+    shutil.copy(LAYERS / "separate.py", tmp_path / "separate.py")
+    sys.path.insert(0, str(tmp_path))
+    yield tmp_path
+    sys.path.remove(str(tmp_path))
+    for name in ("separate", "student_named", "student_chooses"):
+        sys.modules.pop(name, None)
+
+
+def test_check_finds_an_object_by_what_it_is_not_by_its_name(student):
+    (student / "student_named.py").write_text(NAMED_LIKE_THE_RIGHT_ONE)
+    module = import_file(student / "student_named.py")
+    file, name, fingerprint = resolve(module.Wrong)
+    assert (Path(file), name) == (student / "student_named.py", "Wrong")
+    assert resolve(module.Right)[1] == "Right" and resolve(module.Right)[2] != fingerprint
+
+
+def test_check_judges_the_very_object_it_is_given(sandbox, student):
+    (student / "student_named.py").write_text(NAMED_LIKE_THE_RIGHT_ONE)
+    module = import_file(student / "student_named.py")
+    wrong = check(module.Wrong, sandbox=sandbox)
+    assert not wrong.passed and wrong.items["scale"].status == "FAIL", wrong.text
+    assert check(module.Right, sandbox=sandbox).passed
+
+
+def test_check_refuses_an_object_its_file_binds_otherwise_in_the_sandbox(sandbox, student):
+    """A choice made at import time (the machine, the environment): the sandbox's import finds
+    another object under the name, and check() says so rather than judge that one."""
+    (student / "student_chooses.py").write_text(
+        "import os\nfrom separate import MultiHeadSelfAttention, ScaleDModel\n\n"
+        "if os.environ.get('COURSE_RUN'):\n    class Attention(ScaleDModel):\n        pass\n"
+        "else:\n    class Attention(MultiHeadSelfAttention):\n        pass\n")
+    os.environ["COURSE_RUN"] = "1"
+    try:
+        module = import_file(student / "student_chooses.py")
+    finally:
+        del os.environ["COURSE_RUN"]
+    report = check(module.Attention, sandbox=sandbox)
+    assert not report.passed and "is not the object given to check()" in report.error
+
+
+@pytest.mark.parametrize("kwargs, error, words", [
+    ({"sandbox": "x"}, TypeError, "sandbox= takes a check_attention.sandbox.host.Sandbox"),
+    ({"out": "x.csv"}, UserError, "out= is for grading a folder"),
+    ({"workers": 2}, UserError, "workers= is for grading a folder"),
+    ({"device": 5}, UserError, "device must be cpu, cuda, cuda:N or mps, got 5"),
+    ({"device": "gpu"}, UserError, "device must be cpu, cuda, cuda:N or mps, got 'gpu'"),
+    ({"overwrite": "yes"}, UserError, "overwrite must be true or false"),
+    ({"dtype": 16}, UserError, "dtype must be one of"),
+])
+def test_check_refuses_bad_arguments_with_its_documented_errors(kwargs, error, words):
+    with pytest.raises(error, match=words.replace("(", r"\(").replace(".", r"\.")):
+        check("tests/attention_layers/fused.py:NoScale", **kwargs)
+
+
+def test_check_leaves_the_callers_random_states_as_they_were(sandbox):
+    torch.manual_seed(1234)
+    random.seed(1234)
+    torch_state, python_state = torch.get_rng_state(), random.getstate()
+    threads = torch.get_num_threads()
+    assert check("tests/attention_layers/odd.py:Torch", sandbox=sandbox).passed
+    assert torch.equal(torch.get_rng_state(), torch_state)
+    assert random.getstate() == python_state and torch.get_num_threads() == threads
+
+
+def test_check_from_two_threads_at_once(sandbox):
+    targets = {"fused.py:CausalSelfAttention": True, "fused.py:ScaleDModel": False}
+    got, failed = {}, []
+
+    def one(target):
+        try:
+            got[target] = check(f"{LAYERS}/{target}", sandbox=sandbox)
+        except BaseException as exc:  # noqa: BLE001  (the test reports it)
+            failed.append(f"{target}: {type(exc).__name__}: {exc}")
+    threads = [threading.Thread(target=one, args=(t,)) for t in targets]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert failed == []
+    assert {t: r.passed for t, r in got.items()} == targets, {t: r.text for t, r in got.items()}
+
+
 # ----------------------------------------------------------------------------- the command (slow)
 
 
@@ -228,3 +342,17 @@ def test_hostile_names_and_messages_through_the_command(tmp_path):
     assert "\\x1b[25GPASS" in rows["ansi.py"]["diagnosis"]
     assert rows["'=HYPERLINK(\"http:x\",\"ok\").py"]["verdict"] == "PASS"
     assert rows["\\xff\\xfe.py"]["verdict"] == "PASS"
+
+
+@pytest.mark.slow
+def test_a_tiny_memory_limit_is_a_tiny_limit(tmp_path):
+    """memory=1e-10 (GiB) once meant no limit at all (it rounded to 0 bytes)."""
+    shutil.copy(LAYERS / "fused.py", tmp_path / "fused.py")
+    (tmp_path / "hog.py").write_text(
+        "import torch\nfrom fused import CausalSelfAttention\n\n"
+        "class Attn(CausalSelfAttention):\n    def forward(self, x):\n"
+        "        self.junk = torch.ones(2**27)  # 512 MiB\n        return super().forward(x)\n")
+    from check_attention.grade import grade
+    rows = grade(str(tmp_path), ("Attn", "CausalSelfAttention"), Options(memory=1e-10, workers=1))
+    hog = next(r for r in rows if r.file == "hog.py")
+    assert hog.report.outcome == "ERROR" and "memory=" in hog.diagnosis, hog.diagnosis
