@@ -190,12 +190,13 @@ def check_reads() -> list[str]:
     """What a check needs to read beyond its submission's folder: the Python installation and
     every entry of the module search path (the standard library, site-packages, PYTHONPATH: the
     project, when it is there), this folder, the system's shared libraries (torch loads some of
-    its own only when first used) with the loader's cache, and its own process's files in /proc
+    its own only when first used) with the loader's cache, the processor's description (torch
+    reads it the first time it computes in float16), and its own process's files in /proc
     (/proc/self is opened by the check itself, so it is that process's, no other's)."""
     here = os.path.dirname(os.path.abspath(__file__))
     paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, here,
              *(p for p in sys.path if p), "/usr", "/lib", "/lib64", "/etc/ld.so.cache",
-             "/proc/self"}
+             "/proc/cpuinfo", "/sys/devices/system/cpu", "/proc/self"}
     return sorted(p for p in paths if os.path.exists(p))
 
 
