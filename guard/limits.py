@@ -19,6 +19,7 @@ from typing import Optional
 import torch
 
 from data.config import TokenizerKind
+from data.shakespeare import check_package
 from data.tokenizer import unknown_characters
 from safeio.cli import UserError
 from safeio.system import MAX_COUNT, MAX_SEED, available_bytes
@@ -296,6 +297,7 @@ def check_config(cfg: Config, device: Optional[torch.device] = None) -> None:
     if tok.kind is TokenizerKind.bpe and tok.vocab_size < 257:
         raise UserError("tokenizer.vocab_size must be at least 257 for byte-level BPE "
                         f"(256 bytes + 1 special token), got {tok.vocab_size}")
+    check_package(cfg.data.package)  # it reaches pip and names files in the cache
 
 
 def check_sampling(g) -> None:
