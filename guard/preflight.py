@@ -203,6 +203,17 @@ def compose(overrides: Sequence[str] = ()) -> Config:
     return conf
 
 
+def check_new_run(overrides: Sequence[str], run_dir: Path) -> Config:
+    """The checked config of `python train.py <overrides> hydra.run.dir=<run_dir>`, after every
+    check train.py makes before it creates the run's directory (the directory's place, every
+    value, the memory it needs), creating nothing: bench.record checks each seed's run before
+    the first one trains."""
+    with _hydra():
+        cfg = _compose(overrides)
+        check_new_run_dir(resolved(run_dir), cfg.hydra.output_subdir)
+        return settle(_task(cfg), list(overrides), resolved(run_dir)).cfg
+
+
 @contextmanager
 def _hydra() -> Iterator[None]:
     """Hydra set up to compose conf/ (its job named train: the log is train.log)."""
