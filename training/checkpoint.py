@@ -18,6 +18,7 @@ into place; `latest` is replaced the same way afterwards. A crash leaves the pre
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import random
@@ -161,6 +162,8 @@ def _fsync_dir(path: Path) -> None:
 
 def atomic_write(path: Path, payload: bytes) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
+    with contextlib.suppress(FileNotFoundError, IsADirectoryError):
+        os.unlink(tmp)  # left by a writer that was killed, or planted: a link, a FIFO
     _fsync_write(tmp, payload)
     os.replace(tmp, path)
     _fsync_dir(path.parent)
