@@ -31,6 +31,7 @@ from training.config import COMPILE_MODES, DTYPE_CHOICES, Config, OptimConfig
 MIN_TEMPERATURE = 1e-6
 MAX_WORKERS = 1024  # threads or processes: more is a typo, and each one costs memory
 MAX_SAMPLES = 1_000_000
+MAX_MINUTES = 525_600  # a year: train.budget_minutes turns 60 x minutes into a step count
 
 
 @dataclass(frozen=True)
@@ -132,7 +133,8 @@ TRAIN = [
     positive("train.batch_size"), positive("train.attention_map_tokens"),
     non_negative("train.sample_tokens", MAX_COUNT), non_negative("train.cached_eval_batches", MAX_COUNT), non_negative("train.overfit_patience", MAX_COUNT),
     temperature("train.sample_temperature"),
-    positive("train.max_minutes", optional=True), positive("train.budget_minutes", optional=True),
+    *(positive(f"train.{key}", MAX_MINUTES, optional=True)
+      for key in ("max_minutes", "budget_minutes")),
     positive("train.threads", MAX_WORKERS, optional=True),
     fraction("train.ema"), non_negative("train.ema_start", MAX_COUNT),
     # data, tokenizer, seed
