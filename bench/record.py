@@ -29,8 +29,8 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
+import uuid
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -329,8 +329,8 @@ def write_record(args: RecordArgs, overrides: list[str], runs: list[dict], folde
     if current is not None:
         verdict = paired_verdict({r["seed"]: r["score"]["nats_per_char"] for r in runs}, current)
         record["versus"] = {"record": str(args.current), **asdict(verdict)}
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{folder.name}-", dir=folder.parent))
+    tmp = folder.with_name(f".tmp-{folder.name}-{uuid.uuid4().hex[:12]}")
+    tmp.mkdir(parents=True)
     try:
         for run in runs:
             seed_dir = tmp / f"seed{run['seed']}"
