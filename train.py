@@ -32,6 +32,7 @@ from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from data.batches import RandomWindows, check_split_lengths, fixed_windows, training_windows
+from data.config import DataConfig
 from data.prepare import PreparedCorpus, prepare_corpus
 from guard.preflight import Job, Launch, start_model
 from model.gpt import GPT
@@ -140,8 +141,10 @@ def train(cfg: Config, run_dir: Path, resuming: bool, world: World) -> dict:
         if run.saved_at != p.step:
             save(run)
         run.writer.close()
+        cache = "" if cfg.data.cache_dir == DataConfig.cache_dir else \
+            f" data.cache_dir={cfg.data.cache_dir}"  # (a resume takes its cache from its command)
         log.info(f"stopped by {stop.signal or 'a signal to another process'} at step {p.step}; "
-                 f"checkpoint saved. Continue with:\n  python train.py resume={run_dir}")
+                 f"checkpoint saved. Continue with:\n  python train.py resume={run_dir}{cache}")
         # exit as the signal asked (this also ends a multirun sweep, not just the current job)
         signum = signal.Signals[stop.signal].value if stop.signal else signal.SIGTERM.value
         raise SystemExit(128 + signum)

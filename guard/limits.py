@@ -19,6 +19,7 @@ from typing import Optional
 import torch
 
 from data.config import TokenizerKind
+from data.shakespeare import check_package
 from data.tokenizer import unknown_characters
 from safeio.cli import UserError
 from safeio.system import MAX_COUNT, MAX_SEED, available_bytes
@@ -30,6 +31,7 @@ from training.config import COMPILE_MODES, DTYPE_CHOICES, Config, OptimConfig
 MIN_TEMPERATURE = 1e-6
 MAX_WORKERS = 1024  # threads or processes: more is a typo, and each one costs memory
 MAX_SAMPLES = 1_000_000
+MAX_MINUTES = 525_600  # a year: train.budget_minutes turns 60 x minutes into a step count
 
 
 @dataclass(frozen=True)
@@ -127,7 +129,8 @@ TRAIN = [
     positive("train.batch_size"), positive("train.attention_map_tokens"),
     non_negative("train.sample_tokens", MAX_COUNT), non_negative("train.cached_eval_batches", MAX_COUNT), non_negative("train.overfit_patience", MAX_COUNT),
     temperature("train.sample_temperature"),
-    positive("train.max_minutes", optional=True), positive("train.budget_minutes", optional=True),
+    *(positive(f"train.{key}", MAX_MINUTES, optional=True)
+      for key in ("max_minutes", "budget_minutes")),
     positive("train.threads", MAX_WORKERS, optional=True),
     # data, tokenizer, seed
     positive("data.max_documents", optional=True),
@@ -290,6 +293,7 @@ def check_config(cfg: Config, device: Optional[torch.device] = None) -> None:
     if tok.kind is TokenizerKind.bpe and tok.vocab_size < 257:
         raise UserError("tokenizer.vocab_size must be at least 257 for byte-level BPE "
                         f"(256 bytes + 1 special token), got {tok.vocab_size}")
+    check_package(cfg.data.package)  # it reaches pip and names files in the cache
 
 
 def check_sampling(g) -> None:

@@ -35,16 +35,16 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict, read_write
 from omegaconf.errors import OmegaConfBaseException
 
-from data.config import Source, TokenizerConfig, TokenizerKind
+from data.config import Order, Source, TokenizerConfig, TokenizerKind
 from data.corpus import check_split_overlap
 from safeio.cli import UserError, exit_with, first_line, hydra_string, one_line, run_cli
 from safeio.corpus import load_tokenizer
 from safeio.files import MAX_CONFIG_BYTES, dump_run_config, literal, parse_run_config
 from guard.limits import (check_config, check_fused_kernel, check_text, check_training_fits,
                           parse_device)
-from guard.run_dir import (check_resumable, is_model_folder, is_run, load_folder_weights,
-                           read_source, refuse_folder_overrides, resolved, resume_target,
-                           saved_config)
+from guard.run_dir import (check_resumable, corpus_of_run, is_model_folder, is_run,
+                           load_folder_weights, read_source, refuse_folder_overrides, resolved,
+                           resume_target, saved_config)
 from guard.retired import retired_override
 from safeio.run_lock import lock_run, release_locks, remember_command, unlock_run
 from safeio.system import parse_launch
@@ -74,9 +74,11 @@ class Settled:
 def settle(cfg: DictConfig, task_overrides: list[str], output_dir: Path) -> Settled:
     """The run a composed config and its task overrides describe: for `resume=DIR`, the saved
     config of DIR with this command's other overrides on top (e.g. a larger train.max_steps),
-    checked in full, with the memory it needs. A new run's config must also read back as it will
-    be written (config.yaml), its init_from folder and tokenizer file are read and checked, and
-    its training and validation texts must not overlap."""
+    checked in full, with the memory it needs, its corpus read through this command's cache
+    (corpus_of_run). A new run's config must also read back as it will be written (config.yaml),
+    its init_from folder and tokenizer file are read and checked, and its training and
+    validation texts must not overlap."""
+    own = cfg.data  # this command's: its command line, or conf/
     if cfg.resume:
         run_dir = resume_target(cfg.resume)
         cfg = merge_saved(run_dir, cfg, task_overrides)
@@ -86,6 +88,13 @@ def settle(cfg: DictConfig, task_overrides: list[str], output_dir: Path) -> Sett
     if run_dir.exists() and not os.access(run_dir, os.W_OK):
         raise UserError(f"run directory {run_dir} is not writable")
     conf: Config = OmegaConf.to_object(cfg)
+    if cfg.resume:  # the cache and what may be fetched are this command's (corpus_of_run)
+        if conf.data.cache_dir != own.cache_dir:
+            print(f"note: the run's data.cache_dir {conf.data.cache_dir} is not used (a run "
+                  f"directory does not choose where to write): this resume reads and builds "
+                  f"its corpus in {own.cache_dir}; give data.cache_dir= to choose",
+                  file=sys.stderr)
+        conf = replace(conf, data=corpus_of_run(conf.data, own.cache_dir, own.package))
     if conf.init_from and not cfg.resume:
         conf = start_from_folder(conf)
     device = parse_device(conf.train.device, "train.device")
@@ -162,8 +171,10 @@ def merge_saved(run_dir: Path, cfg: DictConfig, task_overrides: list[str]) -> Di
     """The run's saved config with what this command overrode on top, taken from the config Hydra
     has composed (so values are parsed as usual): a key (train.max_steps=...) or a whole group
     (data=...). Packages such as +experiment=... only select values and are not replayed. The
-    values are resolved, and set as literals (a `${` in one is text)."""
+    values are resolved, and set as literals (a `${` in one is text). data.order cannot change:
+    the checkpoint's sampler state is that order's."""
     merged = saved_config(run_dir / "config.yaml")
+    order = merged.data.order
     for override in task_overrides:
         key = override.lstrip("+~").split("=", 1)[0]
         if key == "resume" or key.startswith("hydra.") or ("." not in key and key not in cfg):
@@ -173,6 +184,10 @@ def merge_saved(run_dir: Path, cfg: DictConfig, task_overrides: list[str]) -> Di
         if isinstance(value, (DictConfig, ListConfig)):
             value = OmegaConf.to_container(value, resolve=True, enum_to_str=True)
         OmegaConf.update(merged, key, literal(value), merge=group)
+    if merged.data.order != order:
+        raise UserError(f"data.order={Order(merged.data.order).value}: {run_dir} trained with "
+                        f"data.order={Order(order).value}, and a resume continues its batches "
+                        f"where they stopped; leave data.order out")
     merged.resume = str(run_dir)
     return merged
 
@@ -187,6 +202,17 @@ def compose(overrides: Sequence[str] = ()) -> Config:
         conf: Config = OmegaConf.to_object(_task(_compose(overrides)))
     check_config(conf)
     return conf
+
+
+def check_new_run(overrides: Sequence[str], run_dir: Path) -> Config:
+    """The checked config of `python train.py <overrides> hydra.run.dir=<run_dir>`, after every
+    check train.py makes before it creates the run's directory (the directory's place, every
+    value, the memory it needs), creating nothing: bench.record checks each seed's run before
+    the first one trains."""
+    with _hydra():
+        cfg = _compose(overrides)
+        check_new_run_dir(resolved(run_dir), cfg.hydra.output_subdir)
+        return settle(_task(cfg), list(overrides), resolved(run_dir)).cfg
 
 
 @contextmanager

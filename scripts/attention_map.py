@@ -5,15 +5,15 @@
     python -m scripts.attention_map run=runs/<dir> mask=causal           # a leaky run, masked
     python -m scripts.attention_map run=runs/<dir> mask=cached           # as when decoding
 
-Rows are queries, columns keys, the tokens on both axes (whitespace shown as · and ↵). Without
-a prompt the map is drawn on the run's fixed validation window, the text of its TensorBoard
-Images (which needs the run's token cache, as training made it: a relative cache_dir is looked
-for beside the run, so the command works from any directory). `head=all` draws the layer's
-heads as one grid; a single head gets a larger map with a colour bar. `mask=own` (the default)
-shows the weights under the run's own attention, a leaky variant's leak included; `mask=causal`
-shows the same weights under the correct mask, as at generation time; `mask=cached` the weights
-of the generation path itself, the window fed one token at a time through the KV cache (row t:
-the step of token t), where a cache pitfall shows (upper_left_mask). The weights are those
+Rows are queries, columns keys, the tokens on both axes (whitespace shown as · and ↵). Without a
+prompt the map is drawn on the run's fixed validation window, the text of its TensorBoard Images
+(from the default cache nearest the run, .cache/ beside runs/, so the command works from any
+directory; never the data.cache_dir the run's config names: a run directory is data). `head=all`
+draws the layer's heads as one grid; a single head gets a larger map with a colour bar. `mask=own`
+(the default) shows the weights under the run's own attention, a leaky variant's leak included;
+`mask=causal` shows the same weights under the correct mask, as at generation time; `mask=cached`
+the weights of the generation path itself, the window fed one token at a time through the KV cache
+(row t: the step of token t), where a cache pitfall shows (upper_left_mask). The weights are those
 generate.py samples (`weights=auto`: a leaky run's latest, what the leak learned), and the
 title says which. A picture already at out= is replaced only with overwrite=true. Any mistake is one `error:` line on stderr and exit status 2.
 """

@@ -279,14 +279,12 @@ def load_maps(run_dir: Path, layer: int, cached: bool = False):
     the KV cache, one token at a time, as when decoding)."""
     import torch
 
-    from data.prepare import prepare_corpus
-    from guard.run_dir import load_run
-    from training.attention_maps import attention_weights, map_window, token_labels
+    from guard.run_dir import load_run, validation_window
+    from training.attention_maps import attention_weights, token_labels
 
     model, tokenizer, cfg = load_run(run_dir, "latest", torch.device("cpu"))
-    corpus = prepare_corpus(cfg.data, cfg.tokenizer)
-    window = map_window(corpus.validation, tokenizer,
-                        min(cfg.train.attention_map_tokens, cfg.model.block_size))
+    window = validation_window(run_dir, cfg, tokenizer,
+                               min(cfg.train.attention_map_tokens, cfg.model.block_size))
     if layer >= cfg.model.n_layer:
         raise UserError(f"layer must be below the {cfg.model.n_layer} layers of {run_dir}, got "
                         f"{layer}")
