@@ -173,9 +173,9 @@ def test_log_attention_maps_logs_one_grid_per_layer(text_and_tokenizer):
     tokens = np.array(tok.encode(text).ids)
     writer = Recorder()
     log_attention_maps(writer, model, tokens, tok, 24, 7, OFF)
-    # a tag of one word per layer: TensorBoard gives each layer a section of its own
+    # one tag per layer, in the section after the losses (tests/test_newcomer.py: the order)
     assert [(tag, step, fmt) for tag, _, step, fmt in writer.images] == \
-        [(f"attention_layer{i}", 7, "HWC") for i in range(3)]
+        [(f"weights/attention_layer{i}", 7, "HWC") for i in range(3)]
     assert all(img.dtype == np.uint8 and img.shape[1:] == (CARD_WIDTH, 3)
                for _, img, _, _ in writer.images)
     assert model.training  # left as it was
