@@ -550,8 +550,9 @@ def report(metrics: dict, run_dir: Path) -> None:
             ("val_loss_full", "val loss (whole split)", "{:.4f}"),
             ("val_nats_per_char_full", "val nats/char (whole split)", "{:.4f}"),
             ("val_bpc_full", "val bits/char (whole split)", "{:.4f}")]
-    lines = [f"run: {run_dir}"] + [f"  {label:<38} {fmt.format(metrics[key])}"
-                                   for key, label, fmt in rows if key in metrics]
+    rows = [(label, fmt.format(metrics[key])) for key, label, fmt in rows if key in metrics]
+    width = max(len(label) for label, _ in rows)
+    lines = [f"run: {run_dir}"] + [f"  {label:<{width}}  {value}" for label, value in rows]
     if metrics.get("fewer_steps"):
         lines.append(f"  fewer steps than configured: {metrics['fewer_steps']}")
     lines.append(f"sample: {python_command()} generate.py run={run_dir} prompt='ROMEO:'")
