@@ -130,7 +130,7 @@ def test_train_help_is_short_and_describes_the_keys_from_the_dataclasses():
     short = _help()
     assert len(short.splitlines()) <= 45  # it was 140 lines of raw config
     assert "  attention: " in short and "correct*" in short and "+arm: " in short  # the groups
-    assert re.search(r"train\.max_steps=2800 +Steps to train, the same on every machine", short)
+    assert re.search(r"train\.max_steps=2500 +Steps to train, the same on every machine", short)
     assert re.search(r"model\.n_layer=4 +transformer blocks", short)
     for key in COMMON_KEYS:
         row = next(line for line in short.splitlines() if line.startswith(f"  {key}="))
@@ -139,7 +139,7 @@ def test_train_help_is_short_and_describes_the_keys_from_the_dataclasses():
     keys = config_keys()
     assert all(f"  {key}=" in every for key in keys) and len(keys) > 90
     assert all(words for words in keys.values())  # a comment, an enum's values, or a type
-    assert "train.max_steps=2800\n      Steps to train" in every
+    assert "train.max_steps=2500\n      Steps to train" in every
     assert "model.n_layer" not in _help("train")
 
 

@@ -61,10 +61,10 @@ class OptimConfig:
 
 @dataclass
 class TrainConfig:
-    # Steps to train, the same on every machine. 2,800: round 7 of docs/budget.md measured 3,400
-    # 0.0056 nats/char better, but on the slowest 2-core CPU measured they take the README's first
-    # command past 12 minutes (docs/results.md: each machine's time).
-    max_steps: int = 2800
+    # Steps to train, the same on every machine. 2,500: more are better (docs/budget.md: 2,800 by
+    # 0.006 nats/char in round 3, 3,400 by 0.0056 more in round 7), but on the slowest 2-core CPU
+    # measured 2,800 took the README's first command to 11.9 of its 12 minutes (docs/results.md).
+    max_steps: int = 2500
     # Optional: train fewer steps where max_steps would take longer than this many minutes. The
     # count is fixed from the speed of the first 50 steps, shortened at an evaluation where the
     # steps have slowed, and written in config.yaml (training/budget.py). null: always max_steps.
