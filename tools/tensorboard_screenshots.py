@@ -4,17 +4,16 @@
     python -m tools.tensorboard_screenshots logdir=runs/pitfalls out=docs overwrite=true
     python -m tools.tensorboard_screenshots study=runs/ablations/<date> [out=DIR] [seed=N]
 
-logdir=: `tensorboard --logdir <logdir>` as docs/tensorboard.md opens it, into
-tensorboard_landing.png (the page it opens on: Time Series, the losses first) and
-tensorboard_maps.png (the Images tab: each run's attention maps, layer by layer).
-
-Writes, into the study's directory unless out= says otherwise, tensorboard_scalars.png and
+logdir= writes, into out= (else the logdir), what `tensorboard --logdir <logdir>` shows, as
+docs/tensorboard.md opens it: tensorboard_landing.png (the page it opens on, Time Series, the
+losses first) and tensorboard_maps.png (the Images tab: each run's attention maps). study=
+writes, into out= (else the study's directory), tensorboard_scalars.png and
 tensorboard_images.png (TensorBoard on one seed of every arm, `tensorboard --logdir
-<study>/seed<N>` as docs/tensorboard.md has it: the lowest seed, or seed=) and tensorboard_hparams.png
-(the HParams table of the whole study). Files already in out= are replaced only with
-overwrite=true (docs/ holds those of docs/tensorboard.md). Needs Debian's `chromium` (apt-get install chromium);
-it is started with no network but the local TensorBoard and a throw-away profile. Not part of
-the test suite: the same data is checked through TensorBoard's HTTP API in tests/test_sweep.py.
+<study>/seed<N>`: the lowest seed, or seed=) and tensorboard_hparams.png (the HParams table of
+the whole study). Files already in out= are replaced only with overwrite=true (docs/ holds those
+of docs/tensorboard.md). Needs Debian's `chromium` (apt-get install chromium); it is started
+with no network but the local TensorBoard and a throw-away profile. Not part of the test suite:
+the same data is checked through TensorBoard's HTTP API in tests/test_sweep.py.
 
 TensorBoard is a single-page app that fetches its data after the page loads, so each picture
 is taken by `chromium --screenshot` after a budget of virtual time in which the page settles.

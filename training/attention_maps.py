@@ -182,7 +182,7 @@ def grid_image(weights: np.ndarray, labels: list[str], title: str = "", cell: in
     fits = int((width - label - gap) // font.getlength("x"))  # a monospaced font
     title = "\n".join(textwrap.fill(part, fits) for part in title.split("\n")) if title else ""
     top = (title.count("\n") + 2) * line                     # the title's lines and the bar's
-    height = top + rows * (line + panel) + (rows - 1) * gap + label + line + gap
+    height = top + rows * (line + panel) + (rows - 1) * gap + label + gap
     canvas = np.full((height, width, 3), 255, dtype=np.uint8)
 
     tiles = colorize(weights).repeat(cell, axis=1).repeat(cell, axis=2)  # [h, n*cell, n*cell, 3]
