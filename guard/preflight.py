@@ -315,7 +315,7 @@ def parse_command(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         parser.add_argument(short, long, dest=long[2:].replace("-", "_"))
 
     def refuse(message: str):
-        raise UserError(f"{message} (python train.py --help lists the options)")
+        raise UserError(f"{message} ({python_command()} train.py --help lists the options)")
 
     parser.error = refuse
     args = parser.parse_intermixed_args(argv)  # (options anywhere, as Hydra takes them)
