@@ -130,15 +130,15 @@ class ModelConfig:
     """The decoder-only transformer: its sizes, its regularisation and its architecture's
     switches, each defaulting to GPT-2's (conf/model/small.yaml sets the default model's)."""
 
-    n_layer: int = 4
-    n_head: int = 4
-    n_embd: int = 128
-    block_size: int = 128
-    dropout: float = 0.0
+    n_layer: int = 4               # transformer blocks
+    n_head: int = 4                # query heads per layer (d_k = n_embd / n_head)
+    n_embd: int = 128              # the width d_model of the residual stream
+    block_size: int = 128          # the context: tokens a position can attend to
+    dropout: float = 0.0           # on the attention weights and each block's outputs
     # Dropout on the attention weights; null = the same as `dropout`. 0 lets the fused attention
     # kernel, which has no dropout, train a model that keeps dropout everywhere else.
     attn_dropout: Optional[float] = None
-    bias: bool = True
+    bias: bool = True              # biases in the linear layers and norms
     # GPT-2's init: N(0, init_std) for every weight, residual output projections scaled down by
     # 1/sqrt(2 * n_layer) so the residual stream's variance does not grow with depth.
     init_std: float = 0.02

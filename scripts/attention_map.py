@@ -20,6 +20,7 @@ title says which. A picture already at out= is replaced only with overwrite=true
 from __future__ import annotations
 
 import sys
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -119,21 +120,30 @@ def draw(args: MapArgs) -> Path:
         Image.fromarray(grid_image(weights, labels, title)).save(out)
         return out
 
+    head = int(args.head)
+    fig = head_figure(weights[head], labels, f"{name}\nlayer {layer}, head {head}: future weight "
+                      f"{future_weight(torch.from_numpy(weights[head])).item():.3f}")
+    fig.savefig(out)
+    import matplotlib.pyplot as plt
+    plt.close(fig)
+    return out
+
+
+def head_figure(weights, labels: list[str], title: str):
+    """One head's [n, n] map as a matplotlib figure sized to its tokens, the title's lines
+    wrapped to the figure's width (a study's run name, in full, was cut at both edges)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    head = int(args.head)
-    side = max(5.0, 0.16 * len(ids) + 1.5)
+    side = max(5.0, 0.16 * len(labels) + 1.5)
     fig, ax = plt.subplots(figsize=(side + 1.2, side), dpi=110)
-    draw_map(ax, weights[head], labels,
-             f"{name}\nlayer {layer}, head {head}: future weight "
-             f"{future_weight(torch.from_numpy(weights[head])).item():.3f}")
+    # about 11 characters of the title's font to an inch
+    title = "\n".join(textwrap.fill(line, int(11 * (side + 1.2))) for line in title.split("\n"))
+    draw_map(ax, weights, labels, title)
     colorbar(fig, ax, fraction=0.04, pad=0.02)
     fig.tight_layout()
-    fig.savefig(out)
-    plt.close(fig)
-    return out
+    return fig
 
 
 def main(argv: list[str]) -> int:

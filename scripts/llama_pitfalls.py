@@ -1,4 +1,5 @@
 """What the second study's pitfalls cost on imported weights: logits against transformers' Llama.
+Needs transformers, which requirements.txt does not install: pip install -r requirements-dev.txt.
 
     python -m scripts.llama_pitfalls [seed=0] [batch=4] [tokens=32]
 
@@ -147,7 +148,8 @@ def check_args(args: LlamaArgs) -> None:
         import transformers  # noqa: F401
     except ImportError:
         raise UserError("scripts.llama_pitfalls compares against transformers' Llama, and "
-                        "transformers is not installed: pip install transformers") from None
+                        "transformers is not installed: pip install -r requirements-dev.txt") \
+            from None
 
 
 def main(argv: list[str]) -> int:

@@ -73,7 +73,9 @@ def test_auto_on_a_cpu_measures_once_then_reads_the_cache(tmp_path, measured):
     cfg = tiny_config(tmp_path / "cache")
     first = choose_dtype(cfg, VOCAB, CPU)
     assert first.name == "float32" and len(calls) == 1
-    assert first.line.startswith("dtype: float32 (bf16 measured 1.13x slower here: 226 vs 255 ms")
+    # both timings named (the line once read "226 vs 255 ms", which is which unsaid)
+    assert first.line.startswith("dtype: float32 (bf16 measured 1.13x slower here: a step float32 "
+                                 "226 ms, bfloat16 255 ms; probe ")
     again = choose_dtype(cfg, VOCAB, CPU)
     assert len(calls) == 1  # cached
     assert again.line == (f"dtype: float32 (bf16 measured 1.13x slower here; cached in "

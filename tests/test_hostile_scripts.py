@@ -119,8 +119,11 @@ def test_llama_pitfalls_without_transformers_says_how_to_install_it(monkeypatch)
     from scripts.llama_pitfalls import LlamaArgs, check_args
 
     monkeypatch.setitem(sys.modules, "transformers", None)  # import transformers: ImportError
-    with pytest.raises(UserError, match="pip install transformers"):
+    with pytest.raises(UserError, match="pip install -r requirements-dev.txt"):
         check_args(LlamaArgs())
+    # and says so up front: the first paragraph of its docstring is what --help prints first
+    import scripts.llama_pitfalls as script
+    assert "Needs transformers" in script.__doc__.split("\n\n")[0]
 
 
 @pytest.mark.slow

@@ -9,8 +9,8 @@
   (scripts/attention_map.py's picture of a layer).
 - `card_image`: one layer as TensorBoard's Images tab shows it, in a card CARD_WIDTH pixels wide:
   the sharpest head at a size whose tokens can be read, and every head as a thumbnail beneath;
-  training/tb.py's `log_attention_maps` logs one per layer (tag `attention_layer<i>`, a section
-  of its own per layer) at each evaluation.
+  training/tb.py's `log_attention_maps` logs one per layer (tag `weights/attention_layer<i>`)
+  at each evaluation.
 
 Every renderer (this one, and scripts/maps.py's matplotlib figures for the command line and the
 ablation figure) shares `colorize`, so a map looks the same in TensorBoard, in a PNG and in the
@@ -24,6 +24,7 @@ either library until a picture is drawn.
 from __future__ import annotations
 
 import math
+import textwrap
 from functools import lru_cache
 from pathlib import Path
 
@@ -165,8 +166,8 @@ def _font(size: int):
 
 def grid_image(weights: np.ndarray, labels: list[str], title: str = "", cell: int = 9) -> np.ndarray:
     """[h, n, n] weights of one layer -> [H, W, 3] uint8: a grid of heatmaps, one per head (rows
-    are queries, columns keys), `cell` pixels per weight, tokens along the left column's rows and
-    under the bottom row's columns."""
+    are queries, columns keys, and the axes say so), `cell` pixels per weight, tokens along the
+    left column's rows and under the bottom row's columns."""
     from PIL import Image, ImageDraw
 
     h, n, _ = weights.shape
@@ -174,10 +175,13 @@ def grid_image(weights: np.ndarray, labels: list[str], title: str = "", cell: in
     rows = math.ceil(h / cols)
     font, small = _font(cell), _font(max(cell - 1, 6))
     panel, gap = n * cell, 2 * cell
-    label = max(int(font.getlength(s)) for s in labels) + 4  # room for the token labels
     line = cell + 6                                           # one line of title text
-    top = (title.count("\n") + 2) * line                     # the title's lines and the bar's
+    # room for the token labels, and on the left and at the bottom for the axes' names
+    label = max(int(font.getlength(s)) for s in labels) + 4 + line
     width = label + cols * panel + (cols - 1) * gap + gap
+    fits = int((width - label - gap) // font.getlength("x"))  # a monospaced font
+    title = "\n".join(textwrap.fill(part, fits) for part in title.split("\n")) if title else ""
+    top = (title.count("\n") + 2) * line                     # the title's lines and the bar's
     height = top + rows * (line + panel) + (rows - 1) * gap + label + gap
     canvas = np.full((height, width, 3), 255, dtype=np.uint8)
 
@@ -211,8 +215,14 @@ def grid_image(weights: np.ndarray, labels: list[str], title: str = "", cell: in
             for i, text in enumerate(labels):
                 draw.text((x - 2, y + i * cell + cell / 2), text, fill=(0, 0, 0), font=font,
                           anchor="rm")
+            name = Image.new("RGB", (panel, line), (255, 255, 255))  # "query", reading upwards
+            ImageDraw.Draw(name).text((panel / 2, line / 2), "query", fill=(0, 0, 0), font=font,
+                                      anchor="mm")
+            image.paste(name.rotate(90, expand=True), (2, y))
         if head + cols >= h:  # the lowest panel of its column
             image.paste(under, (x, y + panel + 2))
+            draw.text((x + panel / 2, y + panel + 2 + label - line + line / 2), "key",
+                      fill=(0, 0, 0), font=font, anchor="mm")
     return np.asarray(image)
 
 

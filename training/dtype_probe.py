@@ -107,9 +107,9 @@ def choose_dtype(cfg: Config, vocab_size: int, device: torch.device) -> Choice:
     timings = measure(cfg, vocab_size, device)
     write_cache(path, key, timings)
     choice = decide(*timings)
-    return Choice(choice.name, f"{choice.reason}: "
-                               f"{timings[0] * 1e3:.0f} vs {timings[1] * 1e3:.0f} ms a step, "
-                               f"probe {time.perf_counter() - started:.1f} s")
+    return Choice(choice.name, f"{choice.reason}: a step float32 {timings[0] * 1e3:.0f} ms, "
+                               f"bfloat16 {timings[1] * 1e3:.0f} ms; probe "
+                               f"{time.perf_counter() - started:.1f} s")
 
 
 # ----------------------------------------------------------------------------- the probe

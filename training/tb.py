@@ -35,18 +35,26 @@ def write_config(writer, cfg: Config) -> None:
     writer.add_text("config", "```\n" + dump_run_config(cfg) + "\n```", 0)
 
 
+# The section of TensorBoard the attention maps go to (log_attention_maps says why this one).
+MAP_GROUP = "weights"
+
+
 def log_attention_maps(writer, model, split, tokenizer, n: int, step: int, amp,
                        cached: bool = False) -> None:
-    """One image per layer in TensorBoard (tag attention_layer<i>: TensorBoard groups the Images
-    tab by a tag's first word, so each layer gets its own section and the runs' maps of one layer
-    sit side by side): `card_image` of its heads on the split's fixed window of n tokens
-    (`map_window`: the same text at every evaluation, in every run), titled with the layer's future
-    weight on it. cached: the generation path's maps (`attention_weights`), tag
-    decoding_layer<i>."""
+    """One image per layer in TensorBoard (tag weights/attention_layer<i>): `card_image` of its
+    heads on the split's fixed window of n tokens (`map_window`: the same text at every
+    evaluation, in every run), titled with the layer's future weight on it. cached: the
+    generation path's maps (`attention_weights`), tag weights/decoding_layer<i>.
+
+    Why under weights/: TensorBoard's Time Series tab (where it opens) sorts the cards by tag,
+    groups them by the tag's first part and expands the first two groups; under weights/ the maps
+    follow train/ and val/, so it opens on the losses, with the maps in a section below them
+    (MAP_GROUP; tests/test_newcomer.py checks the order)."""
     window = map_window(split, tokenizer, n)
     weights, leaks = attention_weights(model, window, amp, cached)  # [L, h, n, n], [L]
     labels = token_labels(tokenizer, window)
-    tag, what = ("decoding_layer", "through the KV cache, ") if cached else ("attention_layer", "")
+    tag, what = (f"{MAP_GROUP}/decoding_layer", "through the KV cache, ") if cached else \
+        (f"{MAP_GROUP}/attention_layer", "")
     for layer, (w, leak) in enumerate(zip(weights, leaks)):
         title = f"layer {layer}, step {step}: {what}future weight {leak:.3f}"
         writer.add_image(f"{tag}{layer}", card_image(w, labels, title), step, dataformats="HWC")
