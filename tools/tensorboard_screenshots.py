@@ -196,7 +196,9 @@ def photograph_logdir(chromium: str, args: ScreenshotArgs) -> list[Path]:
     check_outputs(files, args.overwrite, own=logdir)
     out.mkdir(parents=True, exist_ok=True)
     with TensorBoard(logdir, len(runs)) as tb:
-        screenshot(chromium, f"{tb.url}/", files[0], (1440, 900), args.budget_ms)
+        # ?forceSVG=true: headless Chromium has no WebGL, in which the Time Series tab draws its
+        # lines (TensorBoard's own feature flag; a browser with a GPU draws the same page).
+        screenshot(chromium, f"{tb.url}/?forceSVG=true", files[0], (1440, 900), args.budget_ms)
         screenshot(chromium, f"{tb.url}/#images", files[1], (1440, 1200), args.budget_ms)
     for path in files:
         shrink(path)
