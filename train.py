@@ -501,7 +501,7 @@ def final_metrics(run: Run, meter: Speedometer) -> dict:
         if cfg.train.attention_maps:  # the maps of the generation path (decoding_layer<i>)
             log_attention_maps(w, model, run.corpus.validation, run.corpus.tokenizer,
                                min(cfg.train.attention_map_tokens, cfg.model.block_size), p.step,
-                               run.amp, cached=True)
+                               run.amp, cached=True, how=cfg.train.cached_eval)
     write_hparams(w, cfg)  # its metrics are the last values of val/ and train/ (training/tb.py)
     return metrics
 

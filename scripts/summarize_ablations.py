@@ -285,12 +285,13 @@ def plot(arms: dict, path: Path) -> None:
 def load_maps(run_dir: Path, layer: int, cached: bool = False):
     """(weights [h, n, n], token labels) of a run's last checkpoint on its fixed validation
     window (the window of its TensorBoard images), under its own attention (cached: through
-    the KV cache, one token at a time, as when decoding)."""
+    the KV cache as the run's final evaluation fed it, train.cached_eval: one token at a time,
+    as when decoding, by default)."""
     import torch
 
     from data.prepare import prepare_corpus
     from guard.run_dir import load_run
-    from training.attention_maps import attention_weights, map_window, token_labels
+    from training.attention_maps import attention_weights, map_labels, map_window
 
     model, tokenizer, cfg = load_run(run_dir, "latest", torch.device("cpu"))
     corpus = prepare_corpus(cfg.data, cfg.tokenizer)
@@ -299,8 +300,10 @@ def load_maps(run_dir: Path, layer: int, cached: bool = False):
     if layer >= cfg.model.n_layer:
         raise UserError(f"layer must be below the {cfg.model.n_layer} layers of {run_dir}, got "
                         f"{layer}")
-    weights, _ = attention_weights(model, window, torch.autocast("cpu", enabled=False), cached)
-    return weights[layer], token_labels(tokenizer, window)
+    how = cfg.train.cached_eval  # the generation path the run's final evaluation took
+    weights, _ = attention_weights(model, window, torch.autocast("cpu", enabled=False), cached,
+                                   how)
+    return weights[layer], map_labels(tokenizer, window, cached, how)
 
 
 def load_all_maps(sweep_dir: Path, arms: dict, layer: int = 0) -> tuple:
@@ -364,7 +367,8 @@ def plot_maps(seed: int, maps: dict, path: Path, layer: int = 0) -> None:
     colorbar(fig, axes, fraction=0.015, pad=0.01, shrink=0.5)
     fig.suptitle(f"Attention of layer {layer} on the same validation window, seed {seed}, after "
                  f"training (rows: query, columns: key; each model's sharpest head; \"KV cache\": "
-                 f"fed one token at a time, as when decoding)", fontsize=10)
+                 f"fed as the run's last evaluation fed it: one token at a time, as when "
+                 f"decoding, or train.cached_eval's way)", fontsize=10)
     fig.savefig(path, dpi=100, bbox_inches="tight")
     plt.close(fig)
 

@@ -222,6 +222,30 @@ def test_a_windowed_cache_one_token_at_a_time_and_in_chunks(variant):
                 assert error < ATOL, (size, error)
 
 
+# ----------------------------------------------------------------------------- the maps
+
+
+@pytest.mark.parametrize("variant", ["correct", "pad_keys_visible", "cache_not_reset"])
+def test_the_served_maps_show_what_a_padded_second_prompt_sees(variant):
+    """training/attention_maps.py's served maps (TensorBoard's decoding_layer<i> and the
+    summary's KV-cache row for train.cached_eval=served): a 12-token window's second half, then
+    its first half behind 3 pads. The correct layer's second prompt puts no weight on the first
+    prompt's keys nor on its pads; cache_not_reset's on the first prompt's (and, its slots
+    counted from the first prompt's, on its pads too), pad_keys_visible's on the pads."""
+    from training.attention_maps import attention_weights
+
+    model = model_of(variant)
+    ids = tokens(1, 12)[0].tolist()
+    off = torch.autocast("cpu", enabled=False)
+    weights, leaks = attention_weights(model, ids, off, cached=True, how=CachedEval.served)
+    assert weights.shape == (2, 4, 12, 12) and (leaks == 0).all()
+    real = weights[:, :, 9:]  # the second prompt's real tokens (rows 9..11)
+    on_first, on_pads = real[..., :6].sum(-1), real[..., 6:9].sum(-1)
+    assert on_first.max() > 1e-2 if variant == "cache_not_reset" else on_first.max() == 0
+    if variant != "cache_not_reset":  # (kept: its pads sit past the slots pad= hides)
+        assert on_pads.max() > 1e-2 if variant == "pad_keys_visible" else on_pads.max() == 0
+
+
 # ----------------------------------------------------------------------------- the measurement
 
 

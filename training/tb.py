@@ -9,8 +9,8 @@ from typing import Optional
 from torch.utils.tensorboard import SummaryWriter
 
 from safeio.files import dump_run_config
-from training.attention_maps import attention_weights, card_image, map_window, token_labels
-from training.config import Config
+from training.attention_maps import attention_weights, card_image, map_labels, map_window
+from training.config import CachedEval, Config
 
 
 class NullWriter:
@@ -36,16 +36,16 @@ def write_config(writer, cfg: Config) -> None:
 
 
 def log_attention_maps(writer, model, split, tokenizer, n: int, step: int, amp,
-                       cached: bool = False) -> None:
+                       cached: bool = False, how: CachedEval = CachedEval.tokens) -> None:
     """One image per layer in TensorBoard (tag attention_layer<i>: TensorBoard groups the Images
     tab by a tag's first word, so each layer gets its own section and the runs' maps of one layer
     sit side by side): `card_image` of its heads on the split's fixed window of n tokens
     (`map_window`: the same text at every evaluation, in every run), titled with the layer's future
-    weight on it. cached: the generation path's maps (`attention_weights`), tag
+    weight on it. cached: the generation path's maps (`attention_weights`, fed `how`), tag
     decoding_layer<i>."""
     window = map_window(split, tokenizer, n)
-    weights, leaks = attention_weights(model, window, amp, cached)  # [L, h, n, n], [L]
-    labels = token_labels(tokenizer, window)
+    weights, leaks = attention_weights(model, window, amp, cached, how)  # [L, h, n, n], [L]
+    labels = map_labels(tokenizer, window, cached, how)
     tag, what = ("decoding_layer", "through the KV cache, ") if cached else ("attention_layer", "")
     for layer, (w, leak) in enumerate(zip(weights, leaks)):
         title = f"layer {layer}, step {step}: {what}future weight {leak:.3f}"
