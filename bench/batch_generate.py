@@ -56,7 +56,8 @@ def main(argv: list[str]) -> int:
 
 def measure_all(args: BatchArgs, overrides: list[str]) -> int:
     device = setup(args)
-    reps, _ = resolve_repetitions(args, reps=REPS, quick_reps=QUICK_REPS)
+    reps, warmup = resolve_repetitions(args, reps=REPS, quick_reps=QUICK_REPS, warmup=1,
+                                       quick_warmup=1)
     n_tokens = args.tokens or (QUICK_N_TOKENS if args.quick else N_TOKENS)
     counts = args.prompts or (QUICK_COUNTS if args.quick else COUNTS)
     if min(counts) < 1:
@@ -71,7 +72,7 @@ def measure_all(args: BatchArgs, overrides: list[str]) -> int:
         f"model {' '.join(overrides) or 'default'} (n_layer {m.n_layer}, n_head {m.n_head}, "
         f"n_embd {m.n_embd}), random weights, fp32, vocab {model.vocab_size}",
         f"prompts of 4 to {LONGEST} tokens + {n_tokens} new tokens each; median of {reps} after "
-        f"one warm-up, the two ways alternating",
+        f"{warmup} warm-up, the two ways alternating",
     )
     gen = torch.Generator().manual_seed(SEED)
     rows, identical, ratio = [], True, float("nan")
@@ -92,7 +93,7 @@ def measure_all(args: BatchArgs, overrides: list[str]) -> int:
                 torch.tensor([p], device=device), n_tokens, greedy=True, use_cache=True)),
                 dim=1)[0].tolist() for p in prompts]
 
-        times = interleaved_medians({"batch": batch, "alone": alone}, device, reps, warmup=1)
+        times = interleaved_medians({"batch": batch, "alone": alone}, device, reps, warmup)
         same = outputs["batch"] == outputs["alone"]
         identical &= same
         tok_s = {name: n * n_tokens / seconds for name, seconds in times.items()}

@@ -148,11 +148,11 @@ class GPT(nn.Module):
         if start + T > self.cfg.block_size:
             raise ValueError(f"sequence of {start + T} tokens exceeds block_size {self.cfg.block_size}")
         pos = torch.arange(T, device=idx.device)  # [T] positions
-        mask = None  # the keys each query sees: None, the layers' causal pattern
-        if cache is not None:  # after the cached ones (a padded batch: [B, T], per row), and
-            attn = self.blocks[0].attn  # the keys they see there, for every layer at once
-            pos = (pos + attn.first_position(cache)).clamp_min(0)  # (a pad's: never seen)
-            mask = attn.cache_pattern(cache, T)
+        mask = None  # the keys the queries see: None, the layers' causal pattern
+        if cache is not None:  # after the cached tokens, per row in a padded batch ([B, T]; a
+            attn = self.blocks[0].attn  # pad's position, negative, is clamped: never seen)
+            pos = (pos + attn.first_position(cache)).clamp_min(0)
+            mask = attn.cache_pattern(cache, T)  # once for all layers: [T, m] or [B, 1, T, m]
         x = self.tok_emb(idx)  # [B, T, d_model]
         rotary = None
         if self.rope:  # the (cos, sin) tables of these positions, [1 or B, 1, T, d_k], shared

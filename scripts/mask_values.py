@@ -48,7 +48,7 @@ USAGE = ("usage: python -m scripts.mask_values [steps=N] [dtypes=fp32,bf16,fp16]
 @dataclass
 class MaskArgs:
     steps: int = 200                # training steps per run (0: the fully masked row alone)
-    dtypes: list[str] = field(default_factory=lambda: list(DTYPES))  # fp32, bf16, fp16
+    dtypes: list[str] = field(default_factory=lambda: list(DTYPES))  # among fp32, bf16, fp16
     device: str = "cpu"             # cpu | cuda | cuda:N (auto: cuda if there is one)
     seed: int = 10                  # the leak regime's first study seed
     eval_batches: int = 10          # validation batches scored at the end
