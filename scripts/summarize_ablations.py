@@ -398,7 +398,7 @@ def setting(run_dir: Path) -> str:
 
 def cost(e: Effect) -> dict:
     """An effect as the costs file holds it."""
-    identical = e.paired and e.se == 0 and e.mean == 0
+    identical = bool(e.paired and e.se == 0 and e.mean == 0)  # (numpy's bool is not JSON's)
     number = lambda x: None if math.isnan(x) else round(float(x), 6)  # noqa: E731
     return {"effect": number(e.mean), "se": number(e.se), "low": number(e.low),
             "high": number(e.high), "seeds": e.n, "identical": identical}
@@ -474,7 +474,8 @@ def summarize(args: SummaryArgs) -> list[Path]:
     decoding = decoding_table(arms)
     if decoding:
         md += f"\n\n{DECODING_LEGEND}\n\n{decoding}"
-    costs = merge_costs(costs_file, study_costs(sweep, arms))
+    costs = json.dumps(merge_costs(costs_file, study_costs(sweep, arms)), indent=1,
+                       ensure_ascii=False) + "\n"
     seed, maps = load_all_maps(sweep, arms, args.layer)
     out.mkdir(parents=True, exist_ok=True)
     files[0].write_text(f"Summary of {sweep}\n\n{LEGEND}\n\n{md}\n")
@@ -482,7 +483,7 @@ def summarize(args: SummaryArgs) -> list[Path]:
     if maps:
         plot_maps(seed, maps, files[2], args.layer)
     costs_file.parent.mkdir(parents=True, exist_ok=True)
-    costs_file.write_text(json.dumps(costs, indent=1, ensure_ascii=False) + "\n")
+    costs_file.write_text(costs)
     written = (files if maps else files[:2]) + [costs_file]
     print(md)
     print(f"\nwrote {', '.join(map(str, written))}")

@@ -28,6 +28,14 @@ def test_an_effect_is_paired_by_seed_with_its_t_interval():
     assert (e.low, e.high) == pytest.approx((d.mean() - 4.303 * se, d.mean() + 4.303 * se))
 
 
+def test_a_cost_of_measured_effects_is_json():
+    """From the losses' numpy values: a pair identical to the bit, and a measured one."""
+    same = cost(effect(arm(2.5, 2.6, 2.7), arm(2.5, 2.6, 2.7)))
+    measured = cost(effect(arm(2.5, 2.7, 2.6), arm(2.4, 2.5, 2.5)))
+    assert json.loads(json.dumps([same, measured])) == [same, measured]
+    assert same["identical"] is True and measured["identical"] is False
+
+
 def test_a_cost_says_which_loss_shows_the_pitfall():
     seen = cost(Effect(0.5, 0.05, 0.4, 0.6, 4, True))
     unseen = cost(Effect(0.01, 0.02, -0.03, 0.05, 4, True))
