@@ -315,7 +315,8 @@ def load_all_maps(sweep_dir: Path, arms: dict, layer: int = 0) -> tuple:
 
     seed = min(set.intersection(*(set(runs) for runs in arms.values())), default=None)
     rows = defaultdict(list)  # (regime, cached) -> [(variant, run dir)], correct first
-    decodes_differently = {regime for (regime, _), runs in decoding_arms(arms).items()
+    decoding = decoding_arms(arms)
+    decodes_differently = {regime for (regime, _), runs in decoding.items()
                            if any(abs(s["cached"][1][-1] - s["causal"][1][-1]) > 1e-3
                                   for s in runs.values())}
     for (regime, variant), runs in ordered(arms):
@@ -323,7 +324,8 @@ def load_all_maps(sweep_dir: Path, arms: dict, layer: int = 0) -> tuple:
         run_dir = next((p for p in run_dirs(sweep_dir) if p.name == name), sweep_dir / name)
         if seed in runs and (run_dir / "checkpoints").is_dir():
             rows[(regime, False)].append((variant, run_dir))
-            if regime in decodes_differently:  # a second row: the maps of the generation path
+            if regime in decodes_differently and (regime, variant) in decoding:
+                # a second row: the maps of the generation path (of the arms that decoded)
                 rows[(regime, True)].append((variant, run_dir))
     maps = {}
     for key, runs in rows.items():
@@ -492,7 +494,7 @@ def summarize(args: SummaryArgs) -> list[Path]:
 
 def main(argv: list[str]) -> int:
     usage = ("usage: python -m scripts.summarize_ablations sweep=DIR [out=DIR] [layer=N] "
-             "[overwrite=true]")
+             "[overwrite=true] [costs=FILE]")
 
     def body() -> None:
         summarize(parse_key_values(argv, SummaryArgs, usage, about=__doc__.split("\n\n")[0]))
