@@ -26,7 +26,7 @@ The costs file (`pitfall_costs.json`; `costs=` another, e.g. docs/pitfall_costs.
 every study's and which the attention checker quotes) lists each pitfall's effects as the
 tables give them, with the regime's setting read from a run's config.yaml: written from the runs,
 never copied by hand. A study's entries replace those of the same study (the sweep's parent
-folder: runs/<study>/<date>) and leave the other studies' alone.
++experiment=, or its parent folder: runs/<study>/<date>) and leave the other studies' alone.
 """
 from __future__ import annotations
 
@@ -413,10 +413,34 @@ def shows_in(costs: dict) -> Optional[str]:
     return max(seen, key=seen.get) if seen else None
 
 
+def study_name(sweep: Path) -> str:
+    """The study a sweep is: the +experiment= it was started with (its multirun.yaml, as Hydra
+    wrote it, interpolations left unresolved), else the sweep's parent folder
+    (runs/<study>/<date>). A study copied elsewhere keeps its name."""
+    import yaml
+
+    from safeio.files import MAX_CONFIG_BYTES, read_text
+
+    path = sweep / "multirun.yaml"
+    if path.is_file():
+        try:
+            saved = yaml.safe_load(read_text(path, "multirun.yaml", MAX_CONFIG_BYTES))
+        except yaml.YAMLError as exc:
+            raise UserError(f"{path} is not readable YAML: {str(exc).splitlines()[0]}") from None
+        task = saved
+        for key in ("hydra", "overrides", "task"):  # hydra.overrides.task: the command's keys
+            task = task.get(key) if isinstance(task, dict) else None
+        for override in task if isinstance(task, list) else []:
+            key, _, value = str(override).partition("=")
+            if key.lstrip("+") == "experiment" and value:
+                return value
+    return sweep.resolve().parent.name
+
+
 def study_costs(sweep: Path, arms: dict) -> dict:
     """{variant: [entry]} of this study: each pitfall arm's effects against its regime's
     correct arm, with its study, regime and setting."""
-    study, entries = sweep.resolve().parent.name, defaultdict(list)
+    study, entries = study_name(sweep), defaultdict(list)
     dirs = {p.name: p for p in run_dirs(sweep)}
     for (regime, variant), runs in ordered(arms):
         base = arms.get((regime, "correct"))

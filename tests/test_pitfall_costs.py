@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from safeio.cli import UserError
-from scripts.summarize_ablations import Effect, cost, effect, merge_costs, shows_in
+from scripts.summarize_ablations import Effect, cost, effect, merge_costs, shows_in, study_name
 
 
 def arm(*finals: float, key: str = "causal") -> dict:
@@ -77,3 +77,15 @@ def test_a_file_that_is_not_a_costs_file_is_refused(tmp_path):
     path.write_text(json.dumps({"costs": [1, 2]}))
     with pytest.raises(UserError, match="is not a costs file"):
         merge_costs(path, {"study": "x", "sweep": "y", "costs": {}})
+
+
+def test_a_study_is_named_by_its_experiment_wherever_it_lies(tmp_path):
+    moved = tmp_path / "shared" / "ablations_2026-12-06"
+    moved.mkdir(parents=True)
+    (moved / "multirun.yaml").write_text(
+        "hydra:\n  overrides:\n    hydra:\n    - hydra.sweep.dir=/tmp/x\n    task:\n"
+        "    - seed=3\n    - +experiment=ablations\n")
+    assert study_name(moved) == "ablations"
+    plain = tmp_path / "runs" / "decoding" / "2026-12-01_10-00-00"
+    plain.mkdir(parents=True)
+    assert study_name(plain) == "decoding"  # no multirun.yaml: runs/<study>/<date>
