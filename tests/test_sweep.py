@@ -199,7 +199,7 @@ def test_summary_script_writes_table_and_png(sweep_dir, tmp_path):
         assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
     # the costs file the attention checker quotes: the pitfall's effect, from these runs
     costs = json.loads((tmp_path / "pitfall_costs.json").read_text())
-    assert costs["studies"] == {sweep_dir.parent.name: str(sweep_dir)}
+    assert costs["studies"] == {"smoke": str(sweep_dir)}  # the sweep's +experiment=
     (entry,) = costs["costs"]["mask_zero"]
     assert entry["regime"] == "smoke" and "20 steps" in entry["setting"]
     assert entry["causal"]["effect"] == pytest.approx(float(effect), abs=1e-3)
