@@ -44,8 +44,9 @@ from training.budget import PROBE_STEPS, StepBudget
 from training.config import CONF_DIR, Config, NonFinite, register_configs
 from training.cpu_memory import keep_freed_memory
 from training.dtype_probe import choose_dtype
-from training.evaluate import (attention_diagnostics, bits_per_char, cached_loss, full_split_loss,
-                               mean_loss, qk_grad_norms, rising_validation, sample_text)
+from training.evaluate import (attention_diagnostics, bits_per_char, decoded_losses,
+                               full_split_loss, mean_loss, qk_grad_norms, rising_validation,
+                               sample_text)
 from training.optim import Optimizers, lr_at, make_optimizer
 from training.runtime import (Speedometer, StopFlag, World, all_mean, all_sum, barrier,
                               broadcast_from_main, init_world, shutdown)
@@ -522,19 +523,20 @@ def final_metrics(run: Run, meter: Speedometer) -> dict:
         if cfg.train.attention_maps:  # the maps of the generation path (decoding_layer<i>)
             log_attention_maps(w, model, run.corpus.validation, run.corpus.tokenizer,
                                min(cfg.train.attention_map_tokens, cfg.model.block_size), p.step,
-                               run.amp, cached=True)
+                               run.amp, cached=True, how=cfg.train.cached_eval)
     write_hparams(w, cfg)  # its metrics are the last values of val/ and train/ (training/tb.py)
     return metrics
 
 
 def decoding_losses(run: Run) -> dict:
     """The first train.cached_eval_batches evaluation batches scored through the generation
-    path (KV cache, one token at a time, teacher forced) and causally as in training: the gap is
-    0 to rounding for a correct layer, and a cache pitfall's cost otherwise."""
+    path (KV cache, teacher forced, fed as train.cached_eval says: one token at a time by
+    default) and causally as in training: the gap is 0 to rounding for a correct layer, and a
+    cache pitfall's cost otherwise."""
     model, batches = run.model, run.eval_batches[:run.cfg.train.cached_eval_batches]
     with model.attention_variant(run.cfg.attention.causal_variant()):  # as when generating
-        causal = mean_loss(model, batches, run.amp, run.world)
-    cached = cached_loss(model, batches, run.amp, run.world)
+        cached, causal = decoded_losses(model, batches, run.amp, run.cfg.train.cached_eval,
+                                        run.world)
     return {"cached_val_loss": cached, "cache_gap": cached - causal}
 
 

@@ -111,6 +111,7 @@ TRAIN = [
     Limit("model.norm_eps", 0, 1, above=True, below=True, words="in (0, 1)"),
     positive("model.mlp_hidden", optional=True, words="a positive integer or null"),
     positive("model.n_kv_head", optional=True, words="a positive integer or null"),
+    positive("model.window", optional=True, words="a positive number of keys or null"),
     Limit("attention.mask_value", high=0, infinite=True, words="0, negative or -inf"),
     non_negative("attention.query_block", optional=True,
                  words="0 (off), a positive number of rows or null (by device)"),
@@ -220,7 +221,7 @@ def check_attention(a: AttentionConfig) -> None:
 
 
 def check_pitfall_switches(m: ModelConfig, a: AttentionConfig, prefix: str = "model.") -> None:
-    """The second study's pitfalls that would do nothing in this model are refused: a switch
+    """The studies' pitfalls that would do nothing in this model are refused: a switch
     that changes nothing would measure nothing, and say nothing to whoever set it."""
     for key in ("rope_on_values", "rotary_interleaved"):
         if getattr(a, key) and m.positions != Positions.rope:
@@ -231,6 +232,13 @@ def check_pitfall_switches(m: ModelConfig, a: AttentionConfig, prefix: str = "mo
                         f"{prefix}n_kv_head < {prefix}n_head (got n_kv_head={m.n_kv_head}, "
                         f"n_head={m.n_head}): with one key/value head, or one per query head, "
                         f"tiling and interleaving map the heads alike")
+    if a.split_heads_no_transpose and m.n_head == 1:
+        raise UserError(f"attention.split_heads_no_transpose=true needs {prefix}n_head > 1: "
+                        f"one head is split alike with and without the transpose")
+    for key in ("window_off_by_one", "window_cache_trim"):
+        if getattr(a, key) and m.window is None:
+            raise UserError(f"attention.{key}=true is a pitfall of sliding windows; it needs "
+                            f"{prefix}window=<keys> (got null)")
 
 
 def check_fused_kernel(model, device: torch.device, dtype: torch.dtype) -> None:
@@ -281,7 +289,8 @@ def check_config(cfg: Config, device: Optional[torch.device] = None) -> None:
     m = cfg.model
     if cfg.attention.impl is AttentionImpl.fused:
         refusal = fused_refusal(cfg.attention, m.head_dim,
-                                m.dropout if m.attn_dropout is None else m.attn_dropout, device)
+                                m.dropout if m.attn_dropout is None else m.attn_dropout, device,
+                                window=m.window)
         if refusal:
             raise UserError(f"{refusal}; model.n_embd / model.n_head = {m.n_embd} / {m.n_head} "
                             f"(or use attention.impl=auto)")

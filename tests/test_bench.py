@@ -24,7 +24,8 @@ from guard.preflight import compose
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 BENCHMARKS = ("bench.attention", "bench.train_step", "bench.arm_cost", "bench.generate",
-              "tools.sampling_threads", "tools.startup", "tools.freed_memory")
+              "bench.batch_generate", "tools.sampling_threads", "tools.startup",
+              "tools.freed_memory")
 HEADLINE = re.compile(r"ratio=([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)")
 # quick=true takes seconds; the limit only turns a hang into a failure on a loaded machine.
 TIMEOUT_S = 180

@@ -197,6 +197,13 @@ def test_summary_script_writes_table_and_png(sweep_dir, tmp_path):
     for name in ("ablations.png", "ablation_maps.png"):  # curves, and the maps side by side
         png = (tmp_path / name).read_bytes()
         assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+    # the costs file the attention checker quotes: the pitfall's effect, from these runs
+    costs = json.loads((tmp_path / "pitfall_costs.json").read_text())
+    assert costs["studies"] == {"smoke": str(sweep_dir)}  # the sweep's +experiment=
+    (entry,) = costs["costs"]["mask_zero"]
+    assert entry["regime"] == "smoke" and "20 steps" in entry["setting"]
+    assert entry["causal"]["effect"] == pytest.approx(float(effect), abs=1e-3)
+    assert entry["causal"]["se"] is None and entry["shows_in"] is None  # one seed: no spread
 
 
 def test_summary_script_rejects_a_directory_without_runs(tmp_path):

@@ -35,6 +35,25 @@ class NonFinite(str, Enum):
     skip = "skip"
 
 
+class CachedEval(str, Enum):
+    """How the final evaluation feeds its batches [B, T] through the KV cache, teacher forced
+    (training/evaluate.py, decoded_losses; the third study, docs/ablations.md)."""
+
+    tokens = "tokens"  # one token at a time: decoding
+    # a server's second batch: each row's second half decoded first, then through the same
+    # decoder its first half, left-padded by b % (T / 4) tokens (prompts of different lengths),
+    # one token at a time; scored on the real tokens
+    served = "served"
+    chunks = "chunks"  # a prefill in chunks of model.window tokens (8 without a window)
+
+
+class Headline(str, Enum):
+    """The loss a study is read by: TensorBoard's HParams table shows it first (training/tb.py)."""
+
+    causal_loss = "causal_loss"  # val/causal_loss: what training and the usual validation see
+    cached_loss = "cached_loss"  # val/cached_loss: what decoding through the KV cache sees
+
+
 @dataclass
 class OptimConfig:
     """AdamW (or Muon + AdamW) with decoupled weight decay on matrices only (not on biases,
@@ -83,6 +102,7 @@ class TrainConfig:
     # correct layer, a cache pitfall's cost otherwise (val/cached_loss, val/cache_gap;
     # docs/ablations.md). About 5 times the cost of scoring the same batches uncached.
     cached_eval_batches: int = 4
+    cached_eval: CachedEval = CachedEval.tokens  # how they go through the cache (CachedEval)
     log_interval: int = 25          # steps between training-loss points (their mean)
     sample_tokens: int = 300        # text sample logged at each evaluation (0 = none)
     sample_prompt: str = "\n"       # the prompt of the logged samples
@@ -118,6 +138,8 @@ class TrainConfig:
     # train.max_steps it was started with (budget_minutes, max_minutes or early_stop), as its
     # summary says too. null: it trains them all.
     fewer_steps: Optional[str] = None
+    # The loss TensorBoard's HParams table shows first: a study's headline (conf/experiment/).
+    headline: Headline = Headline.causal_loss
 
 
 @dataclass

@@ -1,0 +1,91 @@
+"""The costs file (scripts/summarize_ablations.py, costs=): each pitfall's measured effect as the
+study's tables give it, merged study by study, so that the attention checker quotes the figures
+the studies measured, never a copy made by hand."""
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from safeio.cli import UserError
+from scripts.summarize_ablations import Effect, cost, effect, merge_costs, shows_in, study_name
+
+
+def arm(*finals: float, key: str = "causal") -> dict:
+    """{seed: series} whose final `key` loss of seed 10 + i is finals[i]."""
+    return {10 + i: {key: (np.array([50, 100]), np.array([9.0, value]))}
+            for i, value in enumerate(finals)}
+
+
+def test_an_effect_is_paired_by_seed_with_its_t_interval():
+    e = effect(arm(2.5, 2.7, 2.6), arm(2.4, 2.5, 2.5))  # differences 0.1, 0.2, 0.1
+    d = np.array([0.1, 0.2, 0.1])
+    se = d.std(ddof=1) / math.sqrt(3)
+    assert e.paired and e.n == 3
+    assert e.mean == pytest.approx(d.mean()) and e.se == pytest.approx(se)
+    assert (e.low, e.high) == pytest.approx((d.mean() - 4.303 * se, d.mean() + 4.303 * se))
+
+
+def test_a_cost_of_measured_effects_is_json():
+    """From the losses' numpy values: a pair identical to the bit, and a measured one."""
+    same = cost(effect(arm(2.5, 2.6, 2.7), arm(2.5, 2.6, 2.7)))
+    measured = cost(effect(arm(2.5, 2.7, 2.6), arm(2.4, 2.5, 2.5)))
+    assert json.loads(json.dumps([same, measured])) == [same, measured]
+    assert same["identical"] is True and measured["identical"] is False
+
+
+def test_a_cost_says_which_loss_shows_the_pitfall():
+    seen = cost(Effect(0.5, 0.05, 0.4, 0.6, 4, True))
+    unseen = cost(Effect(0.01, 0.02, -0.03, 0.05, 4, True))
+    same = cost(Effect(0.0, 0.0, 0.0, 0.0, 4, True))
+    assert same["identical"] and not seen["identical"]
+    assert shows_in({"causal": same, "cached": seen}) == "cached"
+    assert shows_in({"causal": unseen}) is None
+    # both intervals leave 0: the one with more standard errors
+    assert shows_in({"causal": cost(Effect(1.0, 0.5, 0.1, 1.9, 4, True)), "cached": seen}) == \
+        "cached"
+    assert cost(Effect(0.3, math.nan, math.nan, math.nan, 1, False))["se"] is None
+
+
+def entry(study: str, effect_: float) -> dict:
+    return {"study": study, "regime": "r", "setting": "s", "shows_in": "causal",
+            "causal": cost(Effect(effect_, 0.01, effect_ - 0.02, effect_ + 0.02, 4, True))}
+
+
+def test_a_study_replaces_its_own_entries_and_keeps_the_others(tmp_path):
+    path = tmp_path / "pitfall_costs.json"
+    first = merge_costs(path, {"study": "ablations", "sweep": "runs/ablations/a",
+                               "costs": {"mask_zero": [entry("ablations", 5.0)]}})
+    path.write_text(json.dumps(first))
+    second = merge_costs(path, {"study": "bookkeeping", "sweep": "runs/bookkeeping/b",
+                                "costs": {"mask_zero": [entry("bookkeeping", 1.0)],
+                                          "softmax_over_queries": [entry("bookkeeping", 2.0)]}})
+    path.write_text(json.dumps(second))
+    again = merge_costs(path, {"study": "ablations", "sweep": "runs/ablations/c",
+                               "costs": {"no_scale": [entry("ablations", 0.2)]}})
+    assert again["studies"] == {"ablations": "runs/ablations/c", "bookkeeping": "runs/bookkeeping/b"}
+    assert sorted(again["costs"]) == ["mask_zero", "no_scale", "softmax_over_queries"]
+    assert [e["study"] for e in again["costs"]["mask_zero"]] == ["bookkeeping"]  # old one gone
+    assert again["costs"]["no_scale"][0]["causal"]["effect"] == 0.2
+    assert "never edited by hand" in again["about"]
+
+
+def test_a_file_that_is_not_a_costs_file_is_refused(tmp_path):
+    path = tmp_path / "other.json"
+    path.write_text(json.dumps({"costs": [1, 2]}))
+    with pytest.raises(UserError, match="is not a costs file"):
+        merge_costs(path, {"study": "x", "sweep": "y", "costs": {}})
+
+
+def test_a_study_is_named_by_its_experiment_wherever_it_lies(tmp_path):
+    moved = tmp_path / "shared" / "ablations_2026-12-06"
+    moved.mkdir(parents=True)
+    (moved / "multirun.yaml").write_text(
+        "hydra:\n  overrides:\n    hydra:\n    - hydra.sweep.dir=/tmp/x\n    task:\n"
+        "    - seed=3\n    - +experiment=ablations\n")
+    assert study_name(moved) == "ablations"
+    plain = tmp_path / "runs" / "decoding" / "2026-12-01_10-00-00"
+    plain.mkdir(parents=True)
+    assert study_name(plain) == "decoding"  # no multirun.yaml: runs/<study>/<date>
