@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 from helpers import REPO_ROOT as REPO, TRAIN, corpus_args, write_corpus
+from training.tb import MAP_GROUP
 
 VARIANTS = ["correct", "mask_zero"]
 
@@ -150,11 +151,11 @@ def check_attention_images(base: str) -> None:
     grey = {}
     for v in VARIANTS:
         run = f"smoke-{v}_seed0"
-        assert set(tags[run]) == {"attention_layer0", "attention_layer1", "decoding_layer0",
-                                  "decoding_layer1"}, tags
+        assert set(tags[run]) == {f"{MAP_GROUP}/{kind}_layer{layer}" for layer in (0, 1)
+                                  for kind in ("attention", "decoding")}, tags
         for layer in (0, 1):  # the generation path's maps, once at the end: no leak through a cache
             images = get_json(f"{base}/data/plugin/images/images?run={run}"
-                              f"&tag=decoding_layer{layer}")
+                              f"&tag={MAP_GROUP}%2Fdecoding_layer{layer}")
             assert [im["step"] for im in images] == [20]
             with urllib.request.urlopen(f"{base}/data/plugin/images/individualImage?"
                                         f"{images[-1]['query']}", timeout=10) as resp:
@@ -162,7 +163,7 @@ def check_attention_images(base: str) -> None:
             grey["decoding", v, layer] = int((picture == FUTURE_RGB).all(-1).sum())
         for layer in (0, 1):
             images = get_json(f"{base}/data/plugin/images/images?run={run}"
-                              f"&tag=attention_layer{layer}")
+                              f"&tag={MAP_GROUP}%2Fattention_layer{layer}")
             assert [im["step"] for im in images] == [10, 20]
             with urllib.request.urlopen(f"{base}/data/plugin/images/individualImage?"
                                         f"{images[-1]['query']}", timeout=10) as resp:
