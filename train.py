@@ -542,8 +542,9 @@ def report(metrics: dict, run_dir: Path) -> None:
 # ----------------------------------------------------------------------------- command line
 
 
-def main(job: Job) -> None:
-    """Train the run `job` holds (on every process under torchrun: rank 0's directory)."""
+def main(job: Job) -> dict:
+    """Train the run `job` holds (on every process under torchrun: rank 0's directory); its
+    final metrics ({} where there are none: a finished run resumed, a rank > 0)."""
     world = None
     try:
         world = init_world(job.settled.device)
@@ -552,10 +553,12 @@ def main(job: Job) -> None:
     finally:
         if world is not None:
             shutdown(world)
-    if world.is_main and metrics:
-        report(metrics, run_dir)
-        if job.single:
-            link_latest(run_dir)
+    if not (world.is_main and metrics):
+        return {}
+    report(metrics, run_dir)
+    if job.single:
+        link_latest(run_dir)
+    return metrics
 
 
 def cli() -> None:
