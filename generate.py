@@ -2,12 +2,18 @@
 
     python generate.py                                   # the newest run (runs/latest names it)
     python generate.py run=runs/<dir> prompt="ROMEO:" max_new_tokens=500 temperature=0.8 top_k=40
+    python generate.py prompts=prompts.txt               # every line of the file, in one batch
 
 Same key=value style as train.py. Everything comes from the run directory alone: config.yaml
 (model shape), tokenizer.json and the checkpoint's model.safetensors (no pickle is loaded); a
 run directory may come from someone else, so `load_run` checks each file before use
 (guard/run_dir.py). The text goes to stdout; stderr says which checkpoint was sampled and, at
 the end, the speed. Every mistake ends in one `error:` line.
+
+prompts=FILE samples the prompts of a text file (one a line; write \n for a newline inside
+one) together in one batch: left-padded to the longest, with each row's positions counted from
+its first real token and its pad keys hidden, through the KV cache. Line i is sampled with
+seed + i, and its text is what prompt=<line i> seed=<seed + i> gives alone (docs/sampling.md).
 """
 from __future__ import annotations
 
@@ -22,9 +28,11 @@ import torch
 
 from data.tokenizer import IncrementalDecoder
 from safeio.cli import UserError, first_line, parse_key_values, run_cli
+from safeio.files import MIB, read_text
 from guard.limits import check_sampling, check_top_k, parse_device, prompt_ids
 from guard.run_dir import load_run, resolve_latest
 from model.gpt import GPT
+from model.sampling import seeded_generator
 from training.checkpoint import LATEST
 from training.config import Config, TrainConfig
 from training.runtime import Speedometer
@@ -39,6 +47,7 @@ class GenerateConfig:
 
     run: str = str(LATEST)         # a run of train.py (runs/latest: the newest) or a model folder
     prompt: str = TrainConfig.sample_prompt  # the text to continue
+    prompts: Optional[str] = None  # a file of prompts, one a line (\n: a newline), in one batch
     max_new_tokens: int = 500      # tokens to generate after the prompt, per sample
     temperature: float = TrainConfig.sample_temperature  # below 1 sharper, above 1 more random
     top_k: Optional[int] = None    # sample among the k most likely tokens only (null: all)
@@ -65,22 +74,50 @@ def sample(argv: list[str]) -> int:
     model, tokenizer, run_cfg = load_run(run_dir, chosen.kind if chosen.kind != "folder"
                                          else "best", device)
     check_top_k(cfg.top_k, tokenizer.get_vocab_size())
-    prompt = prompt_ids(tokenizer, cfg.prompt, run_cfg.model.block_size)
+    texts = read_prompts(cfg) if cfg.prompts is not None else [cfg.prompt]
+    prompts = [prompt_ids(tokenizer, text, run_cfg.model.block_size) for text in texts]
     threads = decoding_threads(cfg.threads, model, device)
     print(f"sampling {run_dir}: {chosen.describe()}" + (f"; {chosen.note}" if chosen.note else ""),
           file=sys.stderr, flush=True)
     meter = Speedometer()
     try:
-        for i in range(cfg.num_samples):
+        if cfg.prompts is not None:
+            sample_batch(model, tokenizer, prompts, cfg, meter=meter)
+        for i in range(cfg.num_samples if cfg.prompts is None else 0):
             if i:
                 print("\n" + "-" * 40)
-            stream(model, tokenizer, prompt, replace(cfg, seed=cfg.seed + i), meter=meter)
+            stream(model, tokenizer, prompts[0], replace(cfg, seed=cfg.seed + i), meter=meter)
     except KeyboardInterrupt:  # the sample so far stays on screen
         print(file=sys.stderr)
         report_speed(meter, device, threads)
         return 130
     report_speed(meter, device, threads)
     return 0
+
+
+# A prompts file is read whole: a few thousand prompts of a context's length at most.
+MAX_PROMPTS_FILE = 16 * MIB
+
+
+def read_prompts(cfg: GenerateConfig) -> list[str]:
+    """The prompts of cfg.prompts: one a line, \n standing for a newline inside one; refused
+    where it cannot be sampled as asked (an empty line, num_samples, no KV cache)."""
+    if cfg.num_samples != 1:
+        raise UserError(f"num_samples={cfg.num_samples} repeats prompt=; with prompts= each line "
+                        f"is one sample (repeat a line to sample it again)")
+    if not cfg.use_cache:
+        raise UserError("prompts= samples its lines in one batch through the KV cache: drop "
+                        "use_cache=false")
+    text = read_text(Path(cfg.prompts), "prompts file", MAX_PROMPTS_FILE)
+    lines = [line.replace("\\n", "\n") for line in text.splitlines()]
+    for number, line in enumerate(lines, 1):
+        if not line:
+            raise UserError(f"line {number} of {cfg.prompts} is empty; every line is a prompt "
+                            f"(write \\n for a newline inside one)")
+    if not lines:
+        raise UserError(f"{cfg.prompts} holds no prompt; write one a line")
+    check_sampling(replace(cfg, num_samples=len(lines)))  # line i's seed, seed + i
+    return lines
 
 
 # Decoding one sequence runs every op on a single row ([1, n_embd] times [n_embd, 4 n_embd]). For a
@@ -152,6 +189,38 @@ def stream(model: GPT, tokenizer, prompt_ids: list[int], cfg: GenerateConfig, ou
     pieces.append(decoder.finish())
     out.write(pieces[-1] + "\n")
     return "".join(pieces)
+
+
+def sample_batch(model: GPT, tokenizer, prompts: list[list[int]], cfg: GenerateConfig,
+                 out=None, meter: Optional[Speedometer] = None) -> list[str]:
+    """Sample every prompt at once and write the texts when all are done; returns them.
+
+    One batch, left-padded to the longest prompt: row i is pad[i] pad tokens (their id is never
+    seen) and then prompt i, and its positions count from its first real token (GPT.generate's
+    pad). Row i draws from a generator of its own seeded seed + i, so its text is what `stream`
+    gives prompt i alone with that seed."""
+    out = sys.stdout if out is None else out
+    device = next(model.parameters()).device
+    longest = max(map(len, prompts))
+    pad = [longest - len(ids) for ids in prompts]
+    idx = torch.tensor([[0] * n + ids for n, ids in zip(pad, prompts)], device=device)  # [B, longest]
+    generators = [seeded_generator(cfg.seed + i, device) for i in range(len(prompts))]
+    tokens = model.generate(idx, cfg.max_new_tokens, cfg.temperature, cfg.top_k, cfg.top_p,
+                            generators, cfg.greedy, cfg.use_cache,
+                            pad=torch.tensor(pad, device=device))
+    started, steps = time.perf_counter(), []
+    try:
+        steps = [token for token in tokens]  # each [B, 1]
+    except RuntimeError as exc:  # e.g. probabilities that are not finite: weights that overflow
+        raise UserError(f"sampling failed after {len(steps)} tokens: {first_line(exc)} (do the "
+                        f"weights overflow?)") from None
+    finally:
+        if meter is not None:
+            meter.add(len(steps) * len(prompts), time.perf_counter() - started)
+    new = torch.cat(steps, dim=1).tolist() if steps else [[] for _ in prompts]  # [B, new]
+    texts = [tokenizer.decode(ids + row) for ids, row in zip(prompts, new)]
+    out.write(("\n\n" + "-" * 40 + "\n").join(texts) + "\n")  # as num_samples' samples
+    return texts
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Train a GPT with Hydra configs (default: byte-level BPE on the works of Shakespeare).
 
-    python train.py                                   # the default, about 10 min on 2 CPU cores
+    python train.py                                   # the default: 2,500 steps, 7 to 11 min on 2 CPU cores
     python train.py +experiment=smoke                 # a few seconds
     python train.py +experiment=gpu                   # the recipe for one large GPU (docs/gpu.md)
     python train.py model.n_layer=6 tokenizer=char    # any value in conf/ can be overridden
@@ -32,19 +32,21 @@ from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from data.batches import RandomWindows, check_split_lengths, fixed_windows, training_windows
+from data.config import DataConfig
 from data.prepare import PreparedCorpus, prepare_corpus
 from guard.preflight import Job, Launch, start_model
 from model.gpt import GPT
-from safeio.cli import UserError
+from safeio.cli import UserError, python_command
 from training.checkpoint import (CHECKPOINTS, WEIGHTS, Progress, link_latest, load_weights, restore,
                                  rng_state, save_best, save_checkpoint, seed_everything,
                                  set_rng_state, write_run_config, write_run_files)
 from training.budget import PROBE_STEPS, StepBudget
-from training.config import Config, NonFinite, register_configs
+from training.config import CONF_DIR, Config, NonFinite, register_configs
 from training.cpu_memory import keep_freed_memory
 from training.dtype_probe import choose_dtype
-from training.evaluate import (attention_diagnostics, bits_per_char, cached_loss, full_split_loss,
-                               mean_loss, qk_grad_norms, rising_validation, sample_text)
+from training.evaluate import (attention_diagnostics, bits_per_char, decoded_losses,
+                               full_split_loss, mean_loss, qk_grad_norms, rising_validation,
+                               sample_text)
 from training.optim import Optimizers, lr_at, make_optimizer
 from training.runtime import (Speedometer, StopFlag, World, all_mean, all_sum, barrier,
                               broadcast_from_main, init_world, shutdown)
@@ -76,6 +78,7 @@ class Run:
     last_train_loss: float = math.nan
     overfitting: bool = False       # the guard has fired (and train.early_stop asks to stop)
     leak_reported: bool = False     # the guard has said a leaky variant's causal loss rises
+    asked_steps: int = 0            # train.max_steps as this process started (budget: before it)
 
     @property
     def tokens_per_step(self) -> int:
@@ -100,6 +103,7 @@ def train(cfg: Config, run_dir: Path, resuming: bool, world: World) -> dict:
     if run is None:
         return {}  # a finished run was resumed: nothing to do
     t, p = cfg.train, run.progress
+    run.asked_steps = t.max_steps
     meter = Speedometer()
     budget = StepBudget(t.budget_minutes, p.step, t.eval_interval)
     started = time.perf_counter() - p.elapsed
@@ -140,13 +144,21 @@ def train(cfg: Config, run_dir: Path, resuming: bool, world: World) -> dict:
         if run.saved_at != p.step:
             save(run)
         run.writer.close()
+        cache = "" if cfg.data.cache_dir == DataConfig.cache_dir else \
+            f" data.cache_dir={cfg.data.cache_dir}"  # (a resume takes its cache from its command)
         log.info(f"stopped by {stop.signal or 'a signal to another process'} at step {p.step}; "
-                 f"checkpoint saved. Continue with:\n  python train.py resume={run_dir}")
+                 f"checkpoint saved. Continue with:\n  {python_command()} train.py "
+                 f"resume={run_dir}{cache}")
         # exit as the signal asked (this also ends a multirun sweep, not just the current job)
         signum = signal.Signals[stop.signal].value if stop.signal else signal.SIGTERM.value
         raise SystemExit(128 + signum)
-    if out_of_time:
+    if out_of_time and p.step < t.max_steps:
         log.info(f"time budget of {t.max_minutes} min reached at step {p.step}")
+        fewer_steps(run, f"train.max_minutes={t.max_minutes:g} stopped it at step {p.step:,} of "
+                         f"train.max_steps={t.max_steps:,}")
+    elif run.overfitting and t.early_stop and p.step < t.max_steps:
+        fewer_steps(run, f"train.early_stop stopped it at step {p.step:,} of "
+                         f"train.max_steps={t.max_steps:,}: the validation loss was rising")
     if not p.history or p.history[-1][0] != p.step:  # unless this step was just evaluated
         evaluate(run)
     metrics = run.metrics | final_metrics(run, meter)
@@ -252,8 +264,16 @@ def fit_budget(run: Run, budget: StepBudget, bar) -> None:
     if steps < t.max_steps:
         t.max_steps = bar.total = steps
         bar.refresh()
-        if run.world.is_main:
-            write_run_config(run.run_dir, run.cfg)
+        fewer_steps(run, f"train.budget_minutes={t.budget_minutes:g} fixed {steps:,} of the "
+                         f"{run.asked_steps:,} steps asked, at {1000 * step_seconds:.0f} ms a step")
+
+
+def fewer_steps(run: Run, why: str) -> None:
+    """The run trains fewer steps than it was started with: train.fewer_steps says why, in
+    config.yaml (written again now) and in the summary."""
+    run.cfg.train.fewer_steps = why
+    if run.world.is_main:
+        write_run_config(run.run_dir, run.cfg)
 
 
 def optimizer_step(run: Run, stop: Optional[StopFlag] = None) -> Optional[StepResult]:
@@ -373,9 +393,9 @@ def log_evaluation(run: Run, metrics: dict) -> None:
     """An evaluation in TensorBoard (rank 0): the losses, per character too (so runs with
     different tokenizers share one axis), the attention diagnostics and maps, a text sample.
 
-    TensorBoard's Scalars tab sorts its sections by name and opens the first two: train/ and
-    val/, the losses; weights/ (the attention's) comes after them. Every run logs the causal
-    loss, the one comparable across attention variants (a causal variant's is its own loss)."""
+    TensorBoard sorts its sections by name and opens the first two: train/ and val/, the
+    losses; weights/ (the attention's numbers and maps) comes after them. Every run logs the
+    causal loss, the one comparable across attention variants (a causal variant's is its own)."""
     cfg, step, w, model = run.cfg, run.progress.step, run.writer, run.model
     w.add_scalar("val/loss", metrics["val_loss"], step)
     w.add_scalar("val/bpc", to_bpc(run, metrics["val_loss"]), step)
@@ -475,7 +495,10 @@ def final_metrics(run: Run, meter: Speedometer) -> dict:
     cfg, p, w, model = run.cfg, run.progress, run.writer, run.model
     metrics = {"train_time_min": p.elapsed / 60, "tokens_per_sec": meter.rate(), "steps": p.step,
                "tokens_seen": p.tokens_seen, "best_val_loss": p.best_val, "best_step": p.best_step,
-               "attention": cfg.attention.name, "leaky": run.leaky}
+               "attention": cfg.attention.name, "leaky": run.leaky,
+               "fewer_steps": cfg.train.fewer_steps, "eval_batches": len(run.eval_batches),
+               "cached_batches": min(cfg.train.cached_eval_batches, len(run.eval_batches)),
+               "log_interval": cfg.train.log_interval}
     if run.overfitting and cfg.train.early_stop:
         log.info(f"stopped early at step {p.step}: scoring the best weights (step {p.best_step})")
         load_weights(model, run.run_dir / CHECKPOINTS / "best" / WEIGHTS)
@@ -500,42 +523,58 @@ def final_metrics(run: Run, meter: Speedometer) -> dict:
         if cfg.train.attention_maps:  # the maps of the generation path (decoding_layer<i>)
             log_attention_maps(w, model, run.corpus.validation, run.corpus.tokenizer,
                                min(cfg.train.attention_map_tokens, cfg.model.block_size), p.step,
-                               run.amp, cached=True)
+                               run.amp, cached=True, how=cfg.train.cached_eval)
     write_hparams(w, cfg)  # its metrics are the last values of val/ and train/ (training/tb.py)
     return metrics
 
 
 def decoding_losses(run: Run) -> dict:
     """The first train.cached_eval_batches evaluation batches scored through the generation
-    path (KV cache, one token at a time, teacher forced) and causally as in training: the gap is
-    0 to rounding for a correct layer, and a cache pitfall's cost otherwise."""
+    path (KV cache, teacher forced, fed as train.cached_eval says: one token at a time by
+    default) and causally as in training: the gap is 0 to rounding for a correct layer, and a
+    cache pitfall's cost otherwise."""
     model, batches = run.model, run.eval_batches[:run.cfg.train.cached_eval_batches]
     with model.attention_variant(run.cfg.attention.causal_variant()):  # as when generating
-        causal = mean_loss(model, batches, run.amp, run.world)
-    cached = cached_loss(model, batches, run.amp, run.world)
+        cached, causal = decoded_losses(model, batches, run.amp, run.cfg.train.cached_eval,
+                                        run.world)
     return {"cached_val_loss": cached, "cache_gap": cached - causal}
 
 
 def report(metrics: dict, run_dir: Path) -> None:
-    rows = [("steps", "steps", "{:.0f}"), ("tokens_seen", "tokens trained on", "{:,.0f}"),
+    """The summary: each figure labelled with what it covers (the fixed evaluation batches, the
+    first of them through the KV cache, the whole split), and the command that samples the run."""
+    n, cached = metrics.get("eval_batches"), metrics.get("cached_batches")
+    rows = [("steps", "steps", "{:,.0f}"), ("tokens_seen", "tokens trained on", "{:,.0f}"),
             ("train_time_min", "train time (min)", "{:.2f}"),
             ("tokens_per_sec", "tokens/s (training)", "{:,.0f}"),
-            ("train_loss", "train loss", "{:.4f}"), ("val_loss", "val loss (eval batches)", "{:.4f}"),
-            ("causal_val_loss", "causal val loss", "{:.4f}"),
-            ("cached_val_loss", "cached val loss (decoding)", "{:.4f}"),
-            ("cache_gap", "cache gap (cached - causal)", "{:+.2e}"),
+            ("train_loss", f"train loss (last {metrics.get('log_interval')} steps)", "{:.4f}"),
+            ("val_loss", f"val loss ({n} eval batches)", "{:.4f}"),
+            ("causal_val_loss", f"causal val loss ({n} eval batches)", "{:.4f}"),
+            ("cached_val_loss", f"cached val loss (decoding; first {cached} batches)", "{:.4f}"),
+            ("cache_gap", f"cache gap (cached - causal, same {cached})", "{:+.2e}"),
             ("val_loss_full", "val loss (whole split)", "{:.4f}"),
             ("val_nats_per_char_full", "val nats/char (whole split)", "{:.4f}"),
             ("val_bpc_full", "val bits/char (whole split)", "{:.4f}")]
-    lines = [f"run: {run_dir}"] + [f"  {label:<28} {fmt.format(metrics[key])}"
-                                   for key, label, fmt in rows if key in metrics]
-    lines.append(f"sample: python generate.py run={run_dir} prompt='ROMEO:'")
+    rows = [(label, fmt.format(metrics[key])) for key, label, fmt in rows if key in metrics]
+    width = max(len(label) for label, _ in rows)
+    lines = [f"run: {run_dir}"] + [f"  {label:<{width}}  {value}" for label, value in rows]
+    if metrics.get("fewer_steps"):
+        lines.append(f"  fewer steps than configured: {metrics['fewer_steps']}")
+    lines.append(f"sample: {python_command()} generate.py run={run_dir} prompt='ROMEO:'")
     if metrics.get("leaky") and metrics["best_step"] < metrics["steps"]:
         lines.append(f"  (attention={metrics['attention']} leaks: generate.py samples its latest "
                      f"weights, what the leak learned; generating is causal, and causally they "
                      f"score {metrics['causal_val_loss']:.2f} nats/token: expect gibberish, the "
                      f"pitfall's cost. weights=best is step {metrics['best_step']}, the lowest "
                      f"causal loss, from before it learned to read ahead)")
+    elif metrics.get("leaky"):
+        arm = f"leak-{metrics['attention']}"
+        lines.append(f"  (attention={metrics['attention']} leaks, but {metrics['steps']:,} steps "
+                     f"were too few to show it: the causal loss never rose, the model has not "
+                     f"learned to read ahead yet. " + (
+                         f"{python_command()} train.py +arm={arm} shows it in about a minute)"
+                         if (CONF_DIR / "arm" / f"{arm}.yaml").is_file() else
+                         "A longer run shows it.)"))
     log.info("\n".join(lines))
 
 

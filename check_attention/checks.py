@@ -11,8 +11,11 @@ layer's output, with a tolerance set by the layer's dtype.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+import random
+import threading
 from typing import Optional
 
 import torch
@@ -47,13 +50,38 @@ def head_choices(D: int, h: int) -> list[int]:
 # ----------------------------------------------------------------------------- entry point
 
 
-def check(file: str, name: str, opts: Options, sandbox: Optional[Sandbox] = None) -> Report:
-    """Run the checklist on FILE:NAME. Raises CheckError when the file or object is unusable."""
+_one_at_a_time = threading.Lock()
+
+
+@contextlib.contextmanager
+def _callers_state_kept():
+    """One check at a time in a process, and the process's torch and Python random states and
+    torch's thread count as they were before it: the references are computed here, in the
+    caller's process (a course's test, say), with torch's process-wide state, and a sandbox
+    host serves one child at a time."""
+    with _one_at_a_time, torch.random.fork_rng(devices=[]):
+        state, threads = random.getstate(), torch.get_num_threads()
+        torch.set_num_threads(1)  # tiny tensors: more threads only wait on each other
+        try:
+            yield
+        finally:
+            torch.set_num_threads(threads)
+            random.setstate(state)
+
+
+def check(file: str, name: str, opts: Options, sandbox: Optional[Sandbox] = None,
+          fingerprint: Optional[str] = None) -> Report:
+    """Run the checklist on FILE:NAME. Raises CheckError when the file or object is unusable.
+    fingerprint: the object check() was given (runner.fingerprint), which NAME must still be."""
+    with _callers_state_kept():
+        return _check(file, name, opts, sandbox, fingerprint)
+
+
+def _check(file: str, name: str, opts: Options, sandbox: Optional[Sandbox],
+           fingerprint: Optional[str]) -> Report:
     own = sandbox is None
     if own:
         sandbox = Sandbox(gpu=opts.device != "cpu")
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny tensors: more threads only wait on each other
     try:
         if opts.device != "cpu" and not sandbox.gpu:
             raise CheckError(f"device={opts.device} needs a sandbox started with gpu=True")
@@ -65,7 +93,8 @@ def check(file: str, name: str, opts: Options, sandbox: Optional[Sandbox] = None
         with sandbox.child(opts.timeout) as child:
             info = ask(child, "load", file=os.path.abspath(file), name=name, d_model=opts.d_model,
                        n_head=opts.n_head, block_size=max(opts.seq_len, deeper.LONGEST),
-                       dtype=opts.dtype, device=opts.device, seed=opts.seed)
+                       dtype=opts.dtype, device=opts.device, seed=opts.seed,
+                       fingerprint=fingerprint)
             report = Report(f"{file}:{name}")
             if info["kind"] == "function":
                 _check_function(child, info, opts, report)
@@ -82,7 +111,6 @@ def check(file: str, name: str, opts: Options, sandbox: Optional[Sandbox] = None
                                       "unchanged after")
         return report
     finally:
-        torch.set_num_threads(threads)
         if own:
             sandbox.close()
 

@@ -17,7 +17,9 @@ import inspect
 import io
 import json
 import os
+import signal
 import sys
+import threading
 import time
 import multiprocessing
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -26,8 +28,9 @@ from pathlib import Path
 from typing import Optional
 
 from safeio.cli import FileRefused, UserError
-from safeio.files import check_output_file, check_regular, read_text
-from check_attention.options import Options, check_options
+from safeio.files import check_regular, read_text, write_output
+from check_attention.inert import NAME_LIMIT, csv_cell, inert, markdown_cell
+from check_attention.options import GRADING_ONLY, Options, check_options
 from check_attention.report import ITEM_WORDS, Report
 
 # A submission is a page or two of Python; a bigger .py file is not one to read for its names.
@@ -45,18 +48,21 @@ def sandbox_for(opts: Options):
     return Sandbox(gpu=opts.device != "cpu", memory=memory)
 
 
-def check_file(file: str, name: str, opts: Options, sandbox) -> Report:
-    """The report on FILE:NAME; a file or object the checker cannot use is a report whose
-    `error` says why (the command prints it as its one `error:` line)."""
+def check_file(file: str, name: str, opts: Options, sandbox,
+               fingerprint: Optional[str] = None) -> Report:
+    """The report on FILE:NAME, every text in it inert (inert.py); a file or object the checker
+    cannot use is a report whose `error` says why (the command prints it as its one `error:`
+    line). fingerprint: what the object given to check() is made of (runner.fingerprint); the
+    file's NAME must still be that object when the sandbox imports it."""
     from check_attention.checks import CheckError, check
     try:
-        return check(file, name, opts, sandbox=sandbox)
+        return check(file, name, opts, sandbox=sandbox, fingerprint=fingerprint).made_inert()
     except CheckError as exc:
         words = " ".join(str(exc).split())
         if opts.memory is not None and opts.device == "cpu" and any(
                 w in words for w in OUT_OF_MEMORY):
             words += f" (the layer's process may use {opts.memory:g} GiB: memory=)"
-        return Report(f"{file}:{name}", error=words)
+        return Report(f"{file}:{name}", error=words).made_inert()
 
 
 def defined_name(path: Path, names: tuple[str, ...]) -> str:
@@ -93,6 +99,11 @@ class Row:
     report: Report
     seconds: float
 
+    def __post_init__(self):
+        """A row holds only inert text (inert.py), whichever table or line it goes to."""
+        self.file, self.name = inert(self.file, NAME_LIMIT), inert(self.name, NAME_LIMIT)
+        self.report = self.report.made_inert()
+
     @property
     def diagnosis(self) -> str:
         """Why, in one line: the error, else the diagnosis lines, else the first item that
@@ -108,6 +119,12 @@ class Row:
                     return f"{key}: {item.detail}"
         return ""
 
+    def cells(self, keys: list[str]) -> list[str]:
+        """The row of a table: file, name, verdict, each item's status, diagnosis."""
+        items = self.report.items
+        return [self.file, self.name, self.report.outcome,
+                *(items[k].status if k in items else "" for k in keys), self.diagnosis]
+
 
 def submissions(folder: Path) -> list[Path]:
     """Every .py entry of the folder, sorted by name (not its subfolders)."""
@@ -118,9 +135,31 @@ _worker_box = None
 
 
 def _start_worker(opts: Options) -> None:
+    """A worker process of grade(): Ctrl-C is the checker's to handle (it ends the workers), and
+    SIGTERM ends the worker's sandbox (its host, the check under way and its directory) first."""
     global _worker_box
+    from check_attention.sandbox.host import close_all
+
+    def stop(signum, frame):
+        close_all()
+        os._exit(128 + signum)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, stop)
     _worker_box = sandbox_for(opts)
     atexit.register(_worker_box.close)
+
+
+def outside_link(file: Path) -> Optional[str]:
+    """Why a submission that is a symbolic link out of its folder is refused (the instructor's
+    solution, say), or None: a submission is graded as a file of the folder."""
+    if not file.is_symlink():
+        return None
+    folder = file.parent.resolve()
+    target = file.resolve()
+    if target.parent == folder or folder in target.parents:
+        return None
+    return (f"{file.name} is a symbolic link to {os.readlink(file)}, outside the graded folder; "
+            f"only the files in it are graded")
 
 
 def _grade_one(path: str, names: tuple[str, ...], opts: Options, sandbox=None) -> Row:
@@ -128,6 +167,9 @@ def _grade_one(path: str, names: tuple[str, ...], opts: Options, sandbox=None) -
     start, file = time.monotonic(), Path(path)
     name = names[0]
     try:
+        refused = outside_link(file)
+        if refused:
+            raise FileRefused(refused)
         check_regular(file, "submission", MAX_SUBMISSION_BYTES)
         name = defined_name(file, names)
         report = check_file(path, name, opts, sandbox or _worker_box)
@@ -189,18 +231,12 @@ def item_keys(rows: list[Row]) -> list[str]:
     return [k for k in ITEM_WORDS if k in seen] + sorted(set(seen) - set(ITEM_WORDS))
 
 
-def _cell(text: str) -> str:
-    return " ".join(text.split()).replace("|", "\\|")
-
-
 def markdown(rows: list[Row]) -> str:
+    """The table in Markdown, each cell through inert.markdown_cell."""
     keys = item_keys(rows)
     head = ["file", "name", "verdict", *keys, "diagnosis"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for row in rows:
-        items = [row.report.items[k].status if k in row.report.items else "" for k in keys]
-        lines.append("| " + " | ".join(_cell(c) for c in (
-            row.file, row.name, row.report.outcome, *items, row.diagnosis)) + " |")
+    lines = ["| " + " | ".join(map(markdown_cell, head)) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(map(markdown_cell, row.cells(keys))) + " |" for row in rows]
     counts = {}
     for row in rows:
         counts[row.report.outcome] = counts.get(row.report.outcome, 0) + 1
@@ -211,21 +247,22 @@ def markdown(rows: list[Row]) -> str:
 
 
 def csv_text(rows: list[Row]) -> str:
+    """The table as CSV, each cell through inert.csv_cell (never a formula)."""
     keys = item_keys(rows)
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
-    writer.writerow(["file", "name", "verdict", *keys, "diagnosis"])
-    for row in rows:
-        writer.writerow([row.file, row.name, row.report.outcome,
-                         *(row.report.items[k].status if k in row.report.items else ""
-                           for k in keys), row.diagnosis])
+    writer.writerow(map(csv_cell, ["file", "name", "verdict", *keys, "diagnosis"]))
+    writer.writerows(map(csv_cell, row.cells(keys)) for row in rows)
     return buf.getvalue()
 
 
 def json_text(rows: list[Row], folder: str, names: tuple[str, ...], opts: Options) -> str:
+    """The table as JSON: every row's items with their details, the verdicts, the seconds, and the
+    options used. Every text in it is inert (Row holds only such), the folder's too."""
     keys = item_keys(rows)
     return json.dumps({
-        "folder": folder, "names": list(names), "options": vars(opts),
+        "folder": inert(folder), "names": [inert(n, NAME_LIMIT) for n in names],
+        "options": {k: inert(v) if isinstance(v, str) else v for k, v in vars(opts).items()},
         "items": {k: ITEM_WORDS.get(k, k) for k in keys},
         "rows": [{"file": r.file, "name": r.name, "verdict": r.report.outcome,
                   "summary": r.report.verdict, "error": r.report.error,
@@ -237,46 +274,62 @@ def json_text(rows: list[Row], folder: str, names: tuple[str, ...], opts: Option
 
 def write_table(rows: list[Row], out: str, folder: str, names: tuple[str, ...],
                 opts: Options) -> None:
-    """out= in the format its extension names (.md, .csv, .json)."""
+    """out= in the format its extension names (.md, .csv, .json), written whole and never
+    through a symbolic link (safeio.files.write_output: the folder's submitters may have planted
+    one at that name)."""
     path = Path(out)
     suffix = path.suffix.lower()
     text = (csv_text(rows) if suffix == ".csv" else
             json_text(rows, folder, names, opts) if suffix == ".json" else markdown(rows) + "\n")
-    check_output_file(path, "out=")
     path.absolute().parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
+    write_output(path, text, "out=", opts.overwrite)
 
 
 # ----------------------------------------------------------------------------- check(...)
 
 
-def resolve(target) -> tuple[str, str]:
-    """"path/file.py:Name", or the class or function itself -> (file, name). An object is found
-    again by its file and name, and run from there in the sandbox like any file."""
+def resolve(target) -> tuple[str, str, Optional[str]]:
+    """"path/file.py:Name", or the class or function itself -> (file, name, fingerprint). An
+    object is looked up by identity among its module's top-level names (its `__name__` is only
+    what someone set: a wrong class may carry a right one's), and its fingerprint (what it is
+    made of: runner.fingerprint) goes with it, so that the sandbox judges that very object or
+    says it found another under that name."""
     if isinstance(target, (str, os.PathLike)):
         file, sep, name = str(target).rpartition(":")
         if not sep or not file.endswith(".py") or not name.isidentifier():
             raise ValueError(f"check() takes 'path/file.py:Name' or the class or function "
                              f"itself, got {str(target)!r}")
-        return file, name
+        return file, name, None
     obj = target
     if not (inspect.isclass(obj) or inspect.isfunction(obj)):
         raise TypeError(f"check() takes a class, a function or 'path/file.py:Name', got "
                         f"{type(obj).__name__} (the checker builds the layer itself: pass its "
                         f"class, or a factory function)")
-    if obj.__qualname__ != obj.__name__:
-        raise ValueError(f"{obj.__qualname__} is not defined at the top level of its file; the "
-                         f"checker imports the file and looks the name up there")
-    try:
-        file = inspect.getsourcefile(obj)
-    except (TypeError, OSError):  # built in, or its module is gone from sys.modules
-        file = None
-    if file is None or not file.endswith(".py"):
-        raise ValueError(f"{obj.__name__} has no .py file the checker could import")
-    return file, obj.__name__
+    module = sys.modules.get(getattr(obj, "__module__", None) or "")
+    bound = [n for n, v in list(vars(module).items()) if v is obj] if module else []
+    if not bound:
+        raise ValueError(f"{obj.__qualname__} is not bound at the top level of its file; the "
+                         f"checker imports the file and looks the object up there by name")
+    file = getattr(module, "__file__", None)
+    if not file or not file.endswith(".py"):
+        raise ValueError(f"{obj.__qualname__} has no .py file the checker could import")
+    from check_attention.sandbox.runner import fingerprint
+    return file, obj.__name__ if obj.__name__ in bound else bound[0], fingerprint(obj)
 
 
 _boxes: dict = {}  # one sandbox host per process and kind, started by the first check()
+_boxes_lock = threading.Lock()
+
+
+def shared_sandbox(opts: Options):
+    """The process's sandbox host for opts' device and memory, started (again) when needed."""
+    key = (opts.device != "cpu", opts.memory)
+    with _boxes_lock:
+        box = _boxes.get(key)
+        if box is None or box.closed:
+            box = _boxes[key] = sandbox_for(opts)
+            atexit.register(box.close)
+    return box
 
 
 def check(target, *, sandbox=None, **options) -> Report:
@@ -286,24 +339,27 @@ def check(target, *, sandbox=None, **options) -> Report:
         report = check("path/to/file.py:Name", seq_len=16)   # or check(TheClass)
         assert report.passed, report.text
 
-    options: the command's keys (d_model=, n_head=, dtype=, ...); a value out of range is a
-    ValueError (safeio.cli.UserError). A file or object that cannot be used gives a report whose
-    `.error` says why. Checks share one sandbox host per process unless one is given."""
-    file, name = resolve(target)
+    options: the command's keys (d_model=, n_head=, dtype=, ...); an unknown key or a value out
+    of range is a ValueError (safeio.cli.UserError), a target or a sandbox of the wrong type a
+    TypeError. A file or object that cannot be used gives a report whose `.error` says why.
+    Checks share one sandbox host per process unless one is given; calls from several threads
+    take their turns (checks.check), and the caller's random states are left as they were."""
+    from check_attention.sandbox.host import Sandbox
+    file, name, fingerprint = resolve(target)
     unknown = sorted(set(options) - set(Options.__dataclass_fields__))
     if unknown:
         raise UserError(f"unknown option {unknown[0]!r} (known: "
                         f"{', '.join(Options.__dataclass_fields__)})")
+    given = next((k for k in GRADING_ONLY if options.get(k) is not None), None)
+    if given:
+        raise UserError(f"{given}= is for grading a folder; check() checks one object")
+    if sandbox is not None and not isinstance(sandbox, Sandbox):
+        raise TypeError(f"sandbox= takes a check_attention.sandbox.host.Sandbox or None, got "
+                        f"{type(sandbox).__name__}")
     opts = check_options(replace(Options(), **options))
-    if sandbox is None:
-        key = (opts.device != "cpu", opts.memory)
-        if key not in _boxes:
-            _boxes[key] = sandbox_for(opts)
-            atexit.register(_boxes[key].close)
-        sandbox = _boxes[key]
     if not Path(file).is_file():
-        return Report(f"{file}:{name}", error=f"{file}: no such file")
-    return check_file(file, name, opts, sandbox)
+        return Report(f"{file}:{name}", error=f"{file}: no such file").made_inert()
+    return check_file(file, name, opts, sandbox or shared_sandbox(opts), fingerprint)
 
 
 def progress_line(row: Row, done: int, total: int) -> None:

@@ -4,6 +4,7 @@ mistyped command is refused at once."""
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import Optional
 
@@ -83,9 +84,12 @@ def check_options(opts: Options) -> Options:
         raise UserError(f"dtype must be one of {', '.join(DTYPES)}, got {opts.dtype!r}")
     if opts.mask not in (*MASKS, "auto"):
         raise UserError(f"mask must be keep, drop, add or auto, got {opts.mask!r}")
-    if not opts.device:
-        raise UserError("device must be cpu, cuda or cuda:N")
-    if opts.out is not None and not opts.out.lower().endswith(OUTPUTS):
+    if not (isinstance(opts.device, str) and re.fullmatch(r"cpu|cuda(:\d+)?|mps", opts.device)):
+        raise UserError(f"device must be cpu, cuda, cuda:N or mps, got {opts.device!r}")
+    if not isinstance(opts.overwrite, bool):
+        raise UserError(f"overwrite must be true or false, got {opts.overwrite!r}")
+    if opts.out is not None and not (isinstance(opts.out, str)
+                                     and opts.out.lower().endswith(OUTPUTS)):
         raise UserError(f"out must name a {', '.join(OUTPUTS)} file, got {opts.out!r}")
     if opts.d_model % opts.n_head:
         raise UserError(f"d_model ({opts.d_model}) must be divisible by n_head ({opts.n_head})")

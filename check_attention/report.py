@@ -4,8 +4,10 @@ the verdict. A file or object the checker could not use is a report too (`error`
 folder of submissions (grade.py) and a course's own tests (`check`) see every file the same way."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Optional
+
+from check_attention.inert import TEXT_LIMIT, inert
 
 ITEM_WORDS = {
     "scale": "The scaling divisor is the per-head d_k (d_model / h), not the full d_model",
@@ -48,6 +50,16 @@ class Report:
     def set(self, key: str, status: str, detail: str = "") -> None:
         self.items[key] = Item(status, detail)
 
+    def made_inert(self) -> "Report":
+        """This report with every text in it made inert and bounded (inert.py): the names, the
+        messages and the details a submission chose cannot act on a terminal or a file, whoever
+        reads them. grade.check_file returns only such reports."""
+        return replace(
+            self, target=inert(self.target), header={k: inert(v) for k, v in self.header.items()},
+            items={k: Item(inert(i.status), inert(i.detail)) for k, i in self.items.items()},
+            diagnosis=[inert(d) for d in self.diagnosis],
+            error=None if self.error is None else inert(self.error))
+
     @property
     def exit_code(self) -> int:
         if self.error is not None:
@@ -81,9 +93,15 @@ class Report:
     def lines(self) -> list[str]:
         out = [f"check_attention {self.target}"]
         if self.error is not None:
-            return out + [f"error: {self.error}", f"verdict: {self.verdict}"]
-        out += [f"  {label + ':':<8} {self.header[label]}"
-                for label in HEADER if label in self.header]
+            out += [f"error: {self.error}"]
+        else:
+            out += self._item_lines()
+        out.append(f"verdict: {self.verdict}")
+        return [inert(line, 4 * TEXT_LIMIT) for line in out]  # whatever made the report
+
+    def _item_lines(self) -> list[str]:
+        out = [f"  {label + ':':<8} {self.header[label]}"
+               for label in HEADER if label in self.header]
         for key in ITEM_WORDS:
             if key in self.items:
                 item = self.items[key]
@@ -93,9 +111,7 @@ class Report:
                 detail = f"({item.detail})" if item.status in ("PASS", "N/A") and item.detail \
                     else item.detail
                 out.append(f"{item.status:<4}  {words}{sep}{detail}")
-        out += [f"diagnosis: {d}" for d in self.diagnosis]
-        out.append(f"verdict: {self.verdict}")
-        return out
+        return out + [f"diagnosis: {d}" for d in self.diagnosis]
 
     @property
     def text(self) -> str:
@@ -107,4 +123,4 @@ class Report:
         return self.text
 
     def __repr__(self) -> str:
-        return f"<check_attention {self.target}: {self.verdict}>"
+        return f"<check_attention {inert(self.target)}: {self.verdict}>"

@@ -118,8 +118,8 @@ class EpochWindows(RandomWindows):
 
     def load_state_dict(self, state: dict) -> None:
         position, epoch = state["position"], state["epoch"]
-        if not (isinstance(position, int) and 0 <= position <= self.count
-                and isinstance(epoch, int) and epoch >= 0):
+        if not (type(position) is int and 0 <= position <= self.count  # (True is an int)
+                and type(epoch) is int and 0 <= epoch < 2**63):
             raise ValueError(f"an epoch position from 0 to {self.count} and an epoch from 0 are "
                              f"needed, got {position!r} and {epoch!r}")
         self.generator.set_state(state["generator"])

@@ -19,6 +19,7 @@ from typing import Optional
 import torch
 
 from data.config import TokenizerKind
+from data.shakespeare import check_package
 from data.tokenizer import unknown_characters
 from safeio.cli import UserError
 from safeio.system import MAX_COUNT, MAX_SEED, available_bytes
@@ -30,6 +31,7 @@ from training.config import COMPILE_MODES, DTYPE_CHOICES, Config, OptimConfig
 MIN_TEMPERATURE = 1e-6
 MAX_WORKERS = 1024  # threads or processes: more is a typo, and each one costs memory
 MAX_SAMPLES = 1_000_000
+MAX_MINUTES = 525_600  # a year: train.budget_minutes turns 60 x minutes into a step count
 
 
 @dataclass(frozen=True)
@@ -109,6 +111,7 @@ TRAIN = [
     Limit("model.norm_eps", 0, 1, above=True, below=True, words="in (0, 1)"),
     positive("model.mlp_hidden", optional=True, words="a positive integer or null"),
     positive("model.n_kv_head", optional=True, words="a positive integer or null"),
+    positive("model.window", optional=True, words="a positive number of keys or null"),
     Limit("attention.mask_value", high=0, infinite=True, words="0, negative or -inf"),
     non_negative("attention.query_block", optional=True,
                  words="0 (off), a positive number of rows or null (by device)"),
@@ -127,7 +130,8 @@ TRAIN = [
     positive("train.batch_size"), positive("train.attention_map_tokens"),
     non_negative("train.sample_tokens", MAX_COUNT), non_negative("train.cached_eval_batches", MAX_COUNT), non_negative("train.overfit_patience", MAX_COUNT),
     temperature("train.sample_temperature"),
-    positive("train.max_minutes", optional=True), positive("train.budget_minutes", optional=True),
+    *(positive(f"train.{key}", MAX_MINUTES, optional=True)
+      for key in ("max_minutes", "budget_minutes")),
     positive("train.threads", MAX_WORKERS, optional=True),
     # data, tokenizer, seed
     positive("data.max_documents", optional=True),
@@ -217,7 +221,7 @@ def check_attention(a: AttentionConfig) -> None:
 
 
 def check_pitfall_switches(m: ModelConfig, a: AttentionConfig, prefix: str = "model.") -> None:
-    """The second study's pitfalls that would do nothing in this model are refused: a switch
+    """The studies' pitfalls that would do nothing in this model are refused: a switch
     that changes nothing would measure nothing, and say nothing to whoever set it."""
     for key in ("rope_on_values", "rotary_interleaved"):
         if getattr(a, key) and m.positions != Positions.rope:
@@ -228,6 +232,13 @@ def check_pitfall_switches(m: ModelConfig, a: AttentionConfig, prefix: str = "mo
                         f"{prefix}n_kv_head < {prefix}n_head (got n_kv_head={m.n_kv_head}, "
                         f"n_head={m.n_head}): with one key/value head, or one per query head, "
                         f"tiling and interleaving map the heads alike")
+    if a.split_heads_no_transpose and m.n_head == 1:
+        raise UserError(f"attention.split_heads_no_transpose=true needs {prefix}n_head > 1: "
+                        f"one head is split alike with and without the transpose")
+    for key in ("window_off_by_one", "window_cache_trim"):
+        if getattr(a, key) and m.window is None:
+            raise UserError(f"attention.{key}=true is a pitfall of sliding windows; it needs "
+                            f"{prefix}window=<keys> (got null)")
 
 
 def check_fused_kernel(model, device: torch.device, dtype: torch.dtype) -> None:
@@ -278,7 +289,8 @@ def check_config(cfg: Config, device: Optional[torch.device] = None) -> None:
     m = cfg.model
     if cfg.attention.impl is AttentionImpl.fused:
         refusal = fused_refusal(cfg.attention, m.head_dim,
-                                m.dropout if m.attn_dropout is None else m.attn_dropout, device)
+                                m.dropout if m.attn_dropout is None else m.attn_dropout, device,
+                                window=m.window)
         if refusal:
             raise UserError(f"{refusal}; model.n_embd / model.n_head = {m.n_embd} / {m.n_head} "
                             f"(or use attention.impl=auto)")
@@ -290,6 +302,7 @@ def check_config(cfg: Config, device: Optional[torch.device] = None) -> None:
     if tok.kind is TokenizerKind.bpe and tok.vocab_size < 257:
         raise UserError("tokenizer.vocab_size must be at least 257 for byte-level BPE "
                         f"(256 bytes + 1 special token), got {tok.vocab_size}")
+    check_package(cfg.data.package)  # it reaches pip and names files in the cache
 
 
 def check_sampling(g) -> None:

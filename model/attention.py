@@ -93,7 +93,31 @@ def causal_pattern(n: int, m: int, device=None) -> torch.Tensor:
     Right-aligned: with a KV cache the n new queries are the *last* n of the m positions, so
     query i sees keys 0 .. m - n + i. For n == m this is the usual lower triangle.
     """
-    return torch.ones(n, m, dtype=torch.bool, device=device).tril(diagonal=m - n)
+    return visible_keys(torch.arange(m - n, m, device=device), m)
+
+
+def visible_keys(slots: torch.Tensor, m: int, window: Optional[int] = None,
+                 pad: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Boolean [T, m], or [B, 1, T, m] with `pad`: True where the query in slot s = slots[i]
+    may see the key in slot j (of m), which is when
+
+        j <= s                      causal: no later key
+        j >  s - window             the window: its last `window` keys, its own included
+        j >= pad[b]  or  j == s     no pad key of its row b (pad[b] left-pad tokens), and a pad
+                                    query sees itself alone: a row with no key would be 0 / 0
+
+    A row that sees no key is softmax over nothing: exp(-inf) / sum(exp(-inf)) = 0 / 0 = NaN,
+    and a NaN value reaches every later query, even with weight 0 (0 * NaN = NaN).
+    """
+    j = torch.arange(m, device=slots.device)  # [m] key slots
+    s = slots[:, None]  # [T, 1] query slots
+    visible = j <= s  # [T, m]
+    if window is not None:
+        visible = visible & (j > s - window)
+    if pad is not None:
+        real = j >= pad[:, None, None, None]  # [B, 1, 1, m]: the row's tokens, not its pads
+        visible = visible & (real | (j == s))  # [B, 1, T, m]
+    return visible
 
 
 # ============================================================================= the layer
@@ -105,21 +129,22 @@ class CausalSelfAttention(nn.Module):
     x [B, T, d_model] -> [B, T, d_model]. The architecture comes from the arguments: n_kv_head
     key/value heads (grouped-query attention; None = n_head), qk_norm (RMSNorm of each head's
     q and k), gate (a sigmoid gate on each head's output), and in forward the rotary tables
-    (RoPE) when the model uses them. `attn` is the variant: this class computes the correct
-    layer; `attention_layer` (below) builds a `PitfallAttention` for a classic mistake.
+    (RoPE) when the model uses them, and window (a sliding window of that many keys, the
+    query's own included). `attn` is the variant: this class computes the correct layer;
+    `attention_layer` (below) builds a `PitfallAttention` for a classic mistake.
     """
 
     def __init__(self, n_embd: int, n_head: int, block_size: int, attn: AttentionConfig,
                  dropout: float = 0.0, bias: bool = True, attn_dropout: Optional[float] = None,
                  n_kv_head: Optional[int] = None, qk_norm: bool = False, norm_eps: float = 1e-5,
-                 gate: bool = False):
+                 gate: bool = False, window: Optional[int] = None):
         super().__init__()
         assert n_embd % n_head == 0, \
             f"d_model ({n_embd}) must be divisible by the number of heads ({n_head})"
         n_kv_head = n_head if n_kv_head is None else n_kv_head
         assert n_head % n_kv_head == 0, \
             f"the heads ({n_head}) must be divisible by the key/value heads ({n_kv_head})"
-        self.n_head, self.n_kv_head = n_head, n_kv_head
+        self.n_head, self.n_kv_head, self.window = n_head, n_kv_head, window
         self.head_dim = d_k = n_embd // n_head
         self.dropout = dropout if attn_dropout is None else attn_dropout  # on the weights
         # Whether impl=auto may use our kernel here: set by trust_fused_attention once the
@@ -137,36 +162,37 @@ class CausalSelfAttention(nn.Module):
         # the per-head output gate's W_g (gated attention): after the equation, never inside it
         self.gate = nn.Linear(n_embd, n_head, bias=bias) if gate else None
         self.resid_dropout = nn.Dropout(dropout)  # on the layer's output
-        # The causal pattern is a property of the task: built once, shared by heads and batch.
-        self.register_buffer("causal", causal_pattern(block_size, block_size), persistent=False)
+        # The causal pattern (a band, with a window) is a property of the task: built once,
+        # shared by heads and batch.
+        self.register_buffer("causal", self.pattern(torch.arange(block_size), block_size),
+                             persistent=False)
         self.select_fast_path()
 
     def forward(self, x: torch.Tensor, cache: Optional["KVCache"] = None, layer: int = 0,
                 return_weights: bool = False,
-                rotary: Optional[tuple[torch.Tensor, torch.Tensor]] = None):
+                rotary: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
+                mask: Optional[torch.Tensor] = None):
         """x [B, T, d_model] -> (y [B, T, d_model], weights [B, h, T, m] or None). rotary: the
-        (cos, sin) tables [T, d_k] of the T positions (model/rotary.py), or None."""
+        (cos, sin) tables of the T positions, [T, d_k] or one per row [B, 1, T, d_k]
+        (model/rotary.py), or None. mask: the keys the queries may see after a cache
+        (`cache_pattern`: [T, m] or [B, 1, T, m], which GPT.forward builds once per pass, as
+        the rotary tables), or None: the layer's causal pattern, right-aligned."""
         B, T, C = x.shape
-        h, h_kv, d_k = self.n_head, self.n_kv_head, self.head_dim
 
         # per-head projections: [B, T, d_model] -> q [B, h, T, d_k], k, v [B, h_kv, T, d_k]
-        q, k, v = self.qkv(x).split(self.qkv_rows, dim=2)
-        q = q.view(B, T, h, d_k).transpose(1, 2)
-        k = k.view(B, T, h_kv, d_k).transpose(1, 2)
-        v = v.view(B, T, h_kv, d_k).transpose(1, 2)
+        q, k, v = (self.split_heads(t) for t in self.qkv(x).split(self.qkv_rows, dim=2))
         if self.q_norm is not None:  # QK-norm: each head's q and k to RMS 1, times a gain
             q, k = self.q_norm(q), self.k_norm(k)
         if rotary is not None:  # RoPE: q and k turned by their positions' angles
             q, k, v = self.rotate(q, k, v, *rotary)
-        mask = None  # None: the causal pattern, right-aligned (query i at position m - T + i)
         if cache is not None:  # keys and values of every position so far: [B, h_kv, m, d_k]
-            k, v, mask = cache.append(layer, k, v)
+            k, v = cache.append(layer, k, v)
         y, weights = self.attend(q, k, v, mask, return_weights)  # [B, h, T, d_k]
         if self.gate is not None:  # one gate per head and token: [B, T, h] -> [B, h, T, 1]
             y = y * torch.sigmoid(self.gate(x)).transpose(1, 2).unsqueeze(-1)
         # concat heads, [B, h, T, d_k] -> [B, T, h * d_k], then W_O: the only step where the
         # heads' outputs combine
-        y = self.out_proj(y.transpose(1, 2).reshape(B, T, h * d_k))
+        y = self.out_proj(y.transpose(1, 2).reshape(B, T, C))
         return self.resid_dropout(y), weights
 
     def attend(self, q, k, v, mask, return_weights: bool = False):
@@ -185,6 +211,13 @@ class CausalSelfAttention(nn.Module):
 
     # ------------------------------------------------------------ the steps a pitfall replaces
 
+    def split_heads(self, t: torch.Tensor) -> torch.Tensor:
+        """[B, T, n * d_k] -> [B, n, T, d_k]: each position's vector cut into n heads of d_k,
+        then the heads brought before the positions, so that head i holds dimensions
+        i * d_k .. (i + 1) * d_k of every position."""
+        B, T, _ = t.shape
+        return t.view(B, T, -1, self.head_dim).transpose(1, 2)
+
     def scale(self) -> float:
         """1 / sqrt(d_k): the per-head size, whose dot products the scores are."""
         return 1.0 / math.sqrt(self.head_dim)
@@ -196,14 +229,36 @@ class CausalSelfAttention(nn.Module):
         return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v
 
     def visible(self, T: int, m: int, mask: Optional[torch.Tensor]) -> torch.Tensor:
-        """The boolean [T, m] pattern: the mask given (a static cache's), or the causal one,
-        right-aligned: query i sits at absolute position m - T + i."""
+        """The boolean [T, m] pattern (or [B, 1, T, m]): the mask given (a cache's), or the
+        causal one, right-aligned: query i sits at absolute position m - T + i."""
         return self.causal[m - T:m, :m] if mask is None else mask
+
+    def window_size(self) -> Optional[int]:
+        """w: the keys a query sees in its sliding window, its own included (None: all)."""
+        return self.window
+
+    def pattern(self, slots: torch.Tensor, m: int,
+                pad: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """The keys the queries in `slots` may see (`visible_keys`, with this layer's window)."""
+        return visible_keys(slots, m, self.window_size(), pad)
+
+    def cache_pattern(self, cache: "KVCache", T: int) -> Optional[torch.Tensor]:
+        """The keys T new queries may see after `cache`: None where the layer's own causal
+        pattern is it (a growing cache of unpadded rows), else [T, m] (a static cache: its
+        unfilled slots hidden) or [B, 1, T, m] (a left-padded batch: each row's pads hidden)."""
+        if cache.pad is None and not cache.static:
+            return None
+        return self.pattern(cache.slots(T), cache.key_slots(T), cache.pad)
 
     def first_position(self, cache: "KVCache") -> torch.Tensor:
         """The position of the first new token after a cache: the count it holds (on the
-        device, so that a captured decode step replays it)."""
-        return cache.position
+        device, so that a captured decode step replays it), less each row's left pad in a
+        padded batch ([B, 1]: every row's first real token at position 0)."""
+        return cache.position if cache.pad is None else cache.position - cache.pad[:, None]
+
+    def new_sequence(self, cache: "KVCache") -> None:
+        """Before a new sequence is decoded: the cache emptied of the last one's keys."""
+        cache.reset()
 
     def make_out_proj(self, n_embd: int, bias: bool) -> nn.Module:
         return nn.Linear(n_embd, n_embd, bias=bias)
@@ -266,7 +321,9 @@ class KVCache:
     One cache holds every layer: k, v are [n_layer, B, h_kv, max_len, d_k], with the model's
     key/value heads only (grouped-query attention stores n_head / n_kv_head times less).
     Writing into a fixed buffer (instead of concatenating) keeps each generation step O(T) with
-    no reallocation.
+    no reallocation. A batch of prompts of different lengths is left-padded to one length:
+    `pad` [B] counts each row's pad tokens, so that its first real token is at slot pad[b]
+    (the layer then hides the pad keys and counts each row's positions from there).
 
     Growing (the default): each forward pass writes its n new positions after the `length`
     filled ones and attends over that prefix, so shapes grow by one every token. Static
@@ -284,6 +341,7 @@ class KVCache:
         self.max_len, self.static = max_len, static
         self.length = 0  # positions filled, shared by all layers (on the host)
         self.position = torch.zeros((), dtype=torch.long, device=device)  # the same, on the device
+        self.pad: Optional[torch.Tensor] = None  # [B] left-pad tokens of each row, or None
 
     @property
     def nbytes(self) -> int:
@@ -292,8 +350,8 @@ class KVCache:
 
     def append(self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor):
         """Store [B, h_kv, n, d_k] new keys/values for `layer`. Returns the keys and values to
-        attend over, [B, h_kv, m, d_k], and the [n, m] visible pattern (None: the layer's
-        causal pattern, right-aligned, applies)."""
+        attend over, [B, h_kv, m, d_k]: the filled prefix (growing), or the whole buffer
+        (static: the layer's `cache_pattern` hides the unfilled slots)."""
         n = k_new.size(2)
         if self.length + n > self.max_len:
             raise ValueError(f"KV cache holds {self.max_len} positions, asked for {self.length + n}")
@@ -301,13 +359,19 @@ class KVCache:
             start, end = self.length, self.length + n
             self.k[layer, :, :, start:end] = k_new
             self.v[layer, :, :, start:end] = v_new
-            return self.k[layer, :, :, :end], self.v[layer, :, :, :end], None
-        new = self.position + torch.arange(n, device=k_new.device)  # [n] absolute positions
+            return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
+        new = self.slots(n)  # [n] the slots written, read from the device
         self.k[layer].index_copy_(2, new, k_new.to(self.k.dtype))
         self.v[layer].index_copy_(2, new, v_new.to(self.v.dtype))
-        keys = torch.arange(self.max_len, device=k_new.device)
-        visible = keys[None, :] <= new[:, None]  # [n, max_len]: filled and not in the future
-        return self.k[layer], self.v[layer], visible
+        return self.k[layer], self.v[layer]
+
+    def slots(self, n: int) -> torch.Tensor:
+        """[n] the slots the next n tokens are written to (on the device)."""
+        return self.position + torch.arange(n, device=self.position.device)
+
+    def key_slots(self, n: int) -> int:
+        """The keys n new queries attend over: the filled prefix (growing) or the buffer."""
+        return self.max_len if self.static else self.length + n
 
     def advance(self, n: int) -> None:
         """Called once per forward pass, after every layer has appended its n positions."""
@@ -318,3 +382,4 @@ class KVCache:
         """Empty the cache, keeping its buffers (a captured decode step stays valid)."""
         self.length = 0
         self.position.zero_()
+        self.pad = None

@@ -97,9 +97,29 @@ class AttentionConfig:
     # Rotary pairs laid out interleaved, (2j, 2j + 1), where the weights expect rotate-half,
     # (j, j + d_k / 2): the GPT-J / original-Llama layout applied to transformers' Llama weights.
     rotary_interleaved: bool = False
+    # --- the pitfalls of the head split, the softmax axis, padding, windows and cache reuse (the
+    # third study). The first two are mistakes of the equation, and leak the future.
+    # Heads split by x.view(B, h, T, d_k) where x.view(B, T, h, d_k).transpose(1, 2) belongs: a
+    # head's rows are then slices of several positions, some of them later ones.
+    split_heads_no_transpose: bool = False
+    # Softmax over the queries (dim=-2) instead of the keys: each key's column sums to 1, and a
+    # query's weights depend on the scores of the queries after it.
+    softmax_over_queries: bool = False
+    # In a left-padded batch, positions counted from the batch's first slot instead of each
+    # row's first real token: a row's tokens sit as many positions late as it has pad tokens.
+    left_pad_positions: bool = False
+    # In a left-padded batch, the pad tokens' keys left visible to the real queries.
+    pad_keys_visible: bool = False
+    # A new sequence decoded through the previous one's KV cache, not emptied in between.
+    cache_not_reset: bool = False
+    # A sliding window of w + 1 keys where model.window = w (the query's own included) belongs.
+    window_off_by_one: bool = False
+    # A windowed cache that keeps only the last w keys before a chunk of queries attends: every
+    # query of the chunk but the last loses keys of its window (one token at a time is right).
+    window_cache_trim: bool = False
 
     def pitfalls(self) -> list[str]:
-        """The second study's switches that are on (none for the correct layer)."""
+        """The second and third studies' switches that are on (none for the correct layer)."""
         return [name for name in PITFALL_SWITCHES if getattr(self, name)]
 
     def is_correct(self) -> bool:
@@ -108,21 +128,28 @@ class AttentionConfig:
 
     def is_causal(self) -> bool:
         """True when no weight can reach a future position (the generation-time condition)."""
-        if self.mask_mode is MaskMode.after_softmax:
-            return False  # future weights are zeroed, but they still took mass in the softmax
-        return self.mask_value == float("-inf")
+        if self.mask_mode is MaskMode.after_softmax or self.softmax_over_queries:
+            return False  # the future takes mass in the softmax (its denominator), then is zeroed
+        # a head split without the transpose hands a head's rows slices of later positions
+        return self.mask_value == float("-inf") and not self.split_heads_no_transpose
 
     def causal_variant(self) -> AttentionConfig:
-        """The same layer with the correct causal mask: what a model can do at generation time.
+        """The same layer without its leak: what a model can do at generation time.
 
-        Only the masking changes; scaling and W_O belong to the trained weights and stay as
-        trained."""
-        return replace(self, mask_mode=MaskMode.add, mask_value=float("-inf"))
+        Only what leaks changes (the mask, the softmax's axis, the head split); scaling and W_O
+        belong to the trained weights and stay as trained."""
+        return replace(self, mask_mode=MaskMode.add, mask_value=float("-inf"),
+                       split_heads_no_transpose=False, softmax_over_queries=False)
 
 
-# The switches of AttentionConfig that each make one pitfall of the second study.
-PITFALL_SWITCHES = ("rope_on_values", "cache_positions_restart", "upper_left_mask",
-                    "gqa_repeat_mismatch", "rotary_interleaved")
+# The switches of AttentionConfig that each make one pitfall: the second study's (rotary
+# positions, grouped heads, the KV cache), then the third's (docs/ablations.md).
+DECODING_SWITCHES = ("rope_on_values", "cache_positions_restart", "upper_left_mask",
+                     "gqa_repeat_mismatch", "rotary_interleaved")
+BOOKKEEPING_SWITCHES = ("split_heads_no_transpose", "softmax_over_queries", "left_pad_positions",
+                        "pad_keys_visible", "cache_not_reset", "window_off_by_one",
+                        "window_cache_trim")
+PITFALL_SWITCHES = DECODING_SWITCHES + BOOKKEEPING_SWITCHES
 
 
 @dataclass
@@ -130,15 +157,15 @@ class ModelConfig:
     """The decoder-only transformer: its sizes, its regularisation and its architecture's
     switches, each defaulting to GPT-2's (conf/model/small.yaml sets the default model's)."""
 
-    n_layer: int = 4
-    n_head: int = 4
-    n_embd: int = 128
-    block_size: int = 128
-    dropout: float = 0.0
+    n_layer: int = 4               # transformer blocks
+    n_head: int = 4                # query heads per layer (d_k = n_embd / n_head)
+    n_embd: int = 128              # the width d_model of the residual stream
+    block_size: int = 128          # the context: tokens a position can attend to
+    dropout: float = 0.0           # on the attention weights and each block's outputs
     # Dropout on the attention weights; null = the same as `dropout`. 0 lets the fused attention
     # kernel, which has no dropout, train a model that keeps dropout everywhere else.
     attn_dropout: Optional[float] = None
-    bias: bool = True
+    bias: bool = True              # biases in the linear layers and norms
     # GPT-2's init: N(0, init_std) for every weight, residual output projections scaled down by
     # 1/sqrt(2 * n_layer) so the residual stream's variance does not grow with depth.
     init_std: float = 0.02
@@ -168,6 +195,10 @@ class ModelConfig:
     # Each head's output times sigmoid(x W_g), one gate per head and token, before W_O (gated
     # attention, Qwen 2025; on in the default model since round 4 of docs/budget.md).
     attn_gate: bool = False
+    # Sliding-window attention: each query sees the last `window` keys, its own included (null:
+    # every earlier key). The third study's window regime (docs/ablations.md); no exported
+    # architecture has it.
+    window: Optional[int] = None
 
     @property
     def head_dim(self) -> int:

@@ -6,6 +6,11 @@ last half of the context: the cached keys carry their positions (rotated by RoPE
 learned position embedding added), so they cannot simply be shifted to new ones. Without the
 cache each step reruns the whole cropped context, as nanoGPT does.
 
+A batch of prompts of different lengths is decoded together left-padded to one length, with
+`pad` [B] counting each row's pad tokens: the cache hides a row's pad keys and counts its
+positions from its first real token, so each row decodes as its prompt alone would (while the
+longest row fits the context: past it the whole batch is refilled at once).
+
 On a GPU a small model's one-token step is a few hundred tiny kernels, and launching them costs
 more than running them. With a static cache every step has the same shapes, so the step is
 recorded once as a CUDA graph and then replayed with a single launch (`CapturedStep`).
@@ -20,32 +25,43 @@ from model.attention import KVCache
 
 
 class Decoder:
-    """Next-token logits [B, V] for a context [B, t] that grows between calls."""
+    """Next-token logits [B, V] for a context [B, t] that grows between calls; pad [B]: the
+    left-pad tokens of each row of a batch of prompts (None: none)."""
 
-    def __init__(self, model, batch: int, use_cache: bool = True, static: bool = False):
+    def __init__(self, model, batch: int, use_cache: bool = True, static: bool = False,
+                 pad: Optional[torch.Tensor] = None):
+        if pad is not None and not use_cache:
+            raise ValueError("a left-padded batch is decoded through the KV cache (use_cache)")
         self.model = model
         self.cache: Optional[KVCache] = model.new_cache(batch, static=static) if use_cache else None
         self.fed = 0  # tokens of the context the cache holds keys and values for
         self.captured: Optional[CapturedStep] = None
+        self.restart(pad)
 
-    def restart(self) -> None:
+    def restart(self, pad: Optional[torch.Tensor] = None) -> None:
         """Forget the context: the next call starts a new sequence (the buffers, and a captured
-        step, are kept for it)."""
-        self.fed = 0
+        step, are kept for it), its rows left-padded by `pad`."""
+        self.fed, self.pad = 0, pad
+        if self.cache is not None:
+            self.model.blocks[0].attn.new_sequence(self.cache)  # (a pitfall keeps the keys)
+            self.cache.pad = pad
 
     def next_logits(self, context: torch.Tensor) -> torch.Tensor:
         block = self.model.cfg.block_size
         if self.cache is None:
             return self.model(context[:, -block:])[0][:, -1]
         t = context.size(1)
-        if self.fed == 0 or self.cache.length + (t - self.fed) > block:
-            # (re)fill: the whole context if it fits, else its last half, leaving room to grow
-            self.cache.reset()
+        pending = context[:, self.fed:]  # [B, new tokens]
+        if self.cache.length + pending.size(1) > block:
+            # full: refill from the whole context if it fits, else its last half, leaving room
+            # to grow; a row's pads among the tokens left behind are gone too
             pending = context if t < block else context[:, -max(block // 2, 1):]
-        else:
-            pending = context[:, self.fed:]  # [B, new tokens]
+            self.cache.reset()
+            if self.pad is not None:
+                self.cache.pad = (self.pad - (t - pending.size(1))).clamp_min(0)
         self.fed = t
-        if pending.size(1) == 1 and self.cache.static and context.device.type == "cuda":
+        if (pending.size(1) == 1 and self.cache.static and context.device.type == "cuda"
+                and self.cache.pad is None):  # (a padded batch's step reads its pads: uncaptured)
             if self.captured is None:
                 self.captured = CapturedStep(self.model, self.cache)
             return self.captured(pending)

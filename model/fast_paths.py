@@ -4,8 +4,8 @@ Most of it computes the equation of model/attention.py, a path chosen once per l
 section computes the MLP's ReLU^2 (model/gpt.py), `relu_squared`.
 
 Each path is a function (layer, q, k, v, mask) -> y [B, h, T, d_k], with q [B, h, T, d_k],
-k, v [B, h_kv, m, d_k] and mask None (the layer's causal pattern, right-aligned) or a [T, m]
-boolean pattern (a static KV cache's). `choose` picks one when the layer is built, moved, set to
+k, v [B, h_kv, m, d_k] and mask None (the layer's causal pattern, right-aligned) or a boolean
+pattern after a KV cache: [T, m] (a static cache's) or [B, 1, T, m] (a left-padded batch's). `choose` picks one when the layer is built, moved, set to
 train or eval, or given another variant (CausalSelfAttention.select_fast_path), never per call:
 
     1. `one_pass`: the whole batch shares one [T, m] pattern, so the mask is added inside the
@@ -43,7 +43,7 @@ def choose(layer, device: torch.device):
     if attn.impl is not AttentionImpl.reference and (
             attn.impl is AttentionImpl.fused or (device.type == "cuda" and layer.fused_trusted)):
         refusal = fused_refusal(attn, layer.head_dim, layer.dropout if layer.training else 0.0,
-                                device)
+                                device, window=layer.window)
         if refusal is None:
             return kernel
         if attn.impl is AttentionImpl.fused:  # asked for by name: never a silent fallback
@@ -81,7 +81,8 @@ def one_pass(layer, q, k, v, mask):
 
 def shared_mask_attention(q, k, v, visible, scale: float, dropout_p: float = 0.0):
     """softmax(q k^T * scale + M) v with one [n, m] boolean pattern for every batch element and
-    head (the model's case): the same numbers as the equation, in fewer passes over memory.
+    head (the model's case; or one [B, 1, n, m] per sequence of a left-padded batch): the same
+    numbers as the equation, in fewer passes over memory.
 
     - Score, scale and mask in one fused matmul: M + scale * (q @ k^T) is `baddbmm(M, q, k^T)`,
       which writes the [n, m] scores once instead of three times.
@@ -96,8 +97,11 @@ def shared_mask_attention(q, k, v, visible, scale: float, dropout_p: float = 0.0
     assert g * h_kv == h, f"{h_kv} key/value heads cannot serve {h} query heads"
     q3 = q.reshape(-1, g * n, d_k)  # [batch * h_kv, g * n, d_k]: head i = kv head i // g
     k3, v3 = k.reshape(-1, m, d_k), v.reshape(-1, m, d_v)  # [batch * h_kv, m, d]
-    rows = visible.repeat(g, 1)  # [g * n, m]: the pattern for each query head of a group
+    # [g * n, m] (or [B, 1, g * n, m]): the pattern for each query head of a group
+    rows = visible.repeat(*[1] * (visible.dim() - 2), g, 1)
     M = torch.zeros(rows.shape, dtype=q.dtype, device=q.device).masked_fill_(~rows, float("-inf"))
+    if M.dim() > 2:  # a pattern per sequence: [batch * h_kv, g * n, m], as q3's rows
+        M = M.expand(*batch, h_kv, g * n, m).reshape(-1, g * n, m)
     scores = torch.baddbmm(M, q3, k3.transpose(1, 2), alpha=scale)  # [batch * h_kv, g * n, m]
     weights = torch.softmax(scores, dim=-1).to(v.dtype)
     blend = F.dropout(weights, dropout_p) if dropout_p > 0 else weights
@@ -121,7 +125,7 @@ def query_blocks(layer, q, k, v, mask, *, block: int, long_block: int):
     block = block if T < 1024 else long_block
     if T <= block:
         return one_pass(layer, q, k, v, mask)
-    visible = layer.visible(T, m, mask)  # [T, m]
+    visible = layer.visible(T, m, mask)  # [T, m] (or [B, 1, T, m])
     scale, dropout_p = layer.scale(), layer.dropout if layer.training else 0.0
     starts = range(0, T, block)
     ends = [m - T + min(r0 + block, T) for r0 in starts]  # keys visible to each block
@@ -132,7 +136,8 @@ def query_blocks(layer, q, k, v, mask, *, block: int, long_block: int):
         keys = torch.cat(k_chunks[:i + 1], dim=2)  # [B, h_kv, ends[i], d_k]
         values = torch.cat(v_chunks[:i + 1], dim=2)
         y = shared_mask_attention(q_block, keys, values,
-                                  visible[r0:r0 + q_block.size(2), :ends[i]], scale, dropout_p)
+                                  visible[..., r0:r0 + q_block.size(2), :ends[i]], scale,
+                                  dropout_p)
         outputs.append(y.transpose(1, 2))  # [B, rows, h, d_k]
     # joined in the layout the heads are concatenated in, so that the caller's
     # transpose back and reshape copy nothing
@@ -161,14 +166,18 @@ def refuse(refusal: str, layer, q, k, v, mask):
 
 
 def fused_refusal(attn: AttentionConfig, head_dim: Optional[int] = None, dropout: float = 0.0,
-                  device=None, dtype: Optional[torch.dtype] = None) -> Optional[str]:
+                  device=None, dtype: Optional[torch.dtype] = None,
+                  window: Optional[int] = None) -> Optional[str]:
     """Why our Triton kernel cannot compute this attention, or None when it can: the correct
-    causal attention only, without dropout on the weights, for the head sizes and dtypes it is
-    built for, on a device it runs on. The one decision, made by the config checks with what a
-    config knows (guard/limits.py) and by `choose` with the layer in hand."""
+    causal attention only, without a sliding window or dropout on the weights, for the head
+    sizes and dtypes it is built for, on a device it runs on. The one decision, made by the
+    config checks with what a config knows (guard/limits.py) and by `choose` with the layer in
+    hand."""
     if not attn.is_correct():
         return (f"attention.impl=fused computes the correct attention only; the pitfall "
                 f"{attn.name!r} always runs the reference code")
+    if window is not None:
+        return "attention.impl=fused has no sliding window: set model.window=null"
     if dropout > 0:
         return ("attention.impl=fused has no dropout on the attention weights: set "
                 "model.attn_dropout=0 (dropout elsewhere stays)")

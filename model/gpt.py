@@ -72,13 +72,13 @@ class Block(nn.Module):
                                     dropout=cfg.dropout, bias=cfg.bias,
                                     attn_dropout=cfg.attn_dropout, n_kv_head=cfg.n_kv_head,
                                     qk_norm=cfg.qk_norm, norm_eps=cfg.norm_eps,
-                                    gate=cfg.attn_gate)
+                                    gate=cfg.attn_gate, window=cfg.window)
         self.ln_2 = make_norm(cfg)
         self.mlp = MLP(cfg)
 
     def forward(self, x, cache: Optional[KVCache] = None, layer: int = 0, return_weights=False,
-                rotary=None):
-        a, weights = self.attn(self.ln_1(x), cache, layer, return_weights, rotary)
+                rotary=None, mask=None):
+        a, weights = self.attn(self.ln_1(x), cache, layer, return_weights, rotary, mask)
         x = x + a
         x = x + self.mlp(self.ln_2(x))
         return x, weights
@@ -148,18 +148,22 @@ class GPT(nn.Module):
         if start + T > self.cfg.block_size:
             raise ValueError(f"sequence of {start + T} tokens exceeds block_size {self.cfg.block_size}")
         pos = torch.arange(T, device=idx.device)  # [T] positions
-        if cache is not None:  # after the cached ones
-            pos = pos + self.blocks[0].attn.first_position(cache)
+        mask = None  # the keys the queries see: None, the layers' causal pattern
+        if cache is not None:  # after the cached tokens, per row in a padded batch ([B, T]; a
+            attn = self.blocks[0].attn  # pad's position, negative, is clamped: never seen)
+            pos = (pos + attn.first_position(cache)).clamp_min(0)
+            mask = attn.cache_pattern(cache, T)  # once for all layers: [T, m] or [B, 1, T, m]
         x = self.tok_emb(idx)  # [B, T, d_model]
         rotary = None
-        if self.rope:  # the (cos, sin) tables of these positions, shared by every layer
-            rotary = rotary_tables(pos, self.cfg.head_dim, self.cfg.rope_theta, x.dtype)
+        if self.rope:  # the (cos, sin) tables of these positions, [1 or B, 1, T, d_k], shared
+            rotary = rotary_tables(pos.view(-1, 1, T), self.cfg.head_dim, self.cfg.rope_theta,
+                                   x.dtype)  # by every layer and head
         else:
             x = x + self.pos_emb(pos)
         x = self.drop(x)
         all_weights = []
         for layer, block in enumerate(self.blocks):
-            x, weights = block(x, cache, layer, return_weights, rotary)
+            x, weights = block(x, cache, layer, return_weights, rotary, mask)
             all_weights.append(weights)
         if cache is not None:
             cache.advance(T)
@@ -204,21 +208,24 @@ class GPT(nn.Module):
     @torch.no_grad()
     def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
                  top_k: Optional[int] = None, top_p: Optional[float] = None,
-                 generator: Optional[torch.Generator] = None, greedy: bool = False,
-                 use_cache: bool = True, static_cache: Optional[bool] = None
-                 ) -> Iterator[torch.Tensor]:
+                 generator=None, greedy: bool = False,
+                 use_cache: bool = True, static_cache: Optional[bool] = None,
+                 pad: Optional[torch.Tensor] = None) -> Iterator[torch.Tensor]:
         """Yield [B, 1] new token ids one at a time (so callers can stream them).
 
         use_cache: run each step on the new token alone, with a KV cache (model/decoding.py).
         static_cache: a cache whose steps all have the same shapes, so that on CUDA the
         one-token step runs as a captured CUDA graph; None = on for CUDA with the correct
-        attention. The tokens are the same either way.
+        attention. The tokens are the same either way. pad: [B] left-pad tokens of each row of
+        idx, prompts of different lengths in one batch (through the cache; the pad id is never
+        seen); generator: one, or one per row (a list), each row then sampling as it would
+        alone with it.
         """
         if static_cache is None:
             static_cache = idx.device.type == "cuda" and self.attn_cfg.is_causal()
         was_training = self.training
         self.eval()
-        decoder = Decoder(self, idx.size(0), use_cache, static_cache)
+        decoder = Decoder(self, idx.size(0), use_cache, static_cache, pad)
         context = idx
         try:
             for _ in range(max_new_tokens):

@@ -6,14 +6,21 @@ one, `attention_layer` (model/attention.py) builds a `PitfallAttention`: the met
 layer's own, so that a pitfall's effect on training is measured with the very same code.
 
     the step                 the correct layer (model/attention.py)      the pitfalls
+    split_heads              view(B, T, h, d_k).transpose(1, 2)          split_heads_no_transpose
     scale                    1 / sqrt(d_k)                               scale: d_model, none
-    masked_softmax           softmax(scores + M), M = 0 / -inf           mask_mode, mask_value
+    masked_softmax           softmax(scores + M) over the keys,          mask_mode, mask_value,
+                             M = 0 / -inf                                softmax_over_queries
     make_out_proj            W_O                                         out_proj: false
     rotate                   RoPE on q and k, rotate-half pairs          rope_on_values,
                                                                          rotary_interleaved
     visible                  the causal pattern, right-aligned           upper_left_mask
+    window_size              w keys, the query's own included            window_off_by_one
+    pattern                  no pad key                                  pad_keys_visible
+    cache_pattern            each query's own window after a cache       window_cache_trim
     attend (kv heads)        query head i reads kv head i // g           gqa_repeat_mismatch
-    first_position           after the cached tokens                     cache_positions_restart
+    first_position           after the cached tokens, from each row's    cache_positions_restart,
+                             first real token                            left_pad_positions
+    new_sequence             the cache emptied                           cache_not_reset
 
 The steps read the layer's config at each call, so GPT.attention_variant can swap a trained
 pitfall for its causal variant (train.py's causal evaluation).
@@ -30,20 +37,20 @@ from model.config import AttentionConfig, MaskMode, Scale
 from model.rotary import apply_rotary, apply_rotary_interleaved
 
 
-def _add(scores, visible, value):
+def _add(scores, visible, value, dim=-1):
     """M added before softmax, with `value` where the correct layer has -inf (0: no mask)."""
     M = torch.zeros(visible.shape, dtype=scores.dtype, device=scores.device)
-    return torch.softmax(scores + M.masked_fill_(~visible, value), dim=-1)
+    return torch.softmax(scores + M.masked_fill_(~visible, value), dim=dim)
 
 
-def _fill(scores, visible, value):
+def _fill(scores, visible, value, dim=-1):
     """Future scores set to `value` before softmax: a filled 0 still competes (exp(0) = 1)."""
-    return torch.softmax(scores.masked_fill(~visible, value), dim=-1)
+    return torch.softmax(scores.masked_fill(~visible, value), dim=dim)
 
 
-def _after_softmax(scores, visible, value):
+def _after_softmax(scores, visible, value, dim=-1):
     """Softmax over every key, then the future weights zeroed: rows no longer sum to 1."""
-    return torch.softmax(scores, dim=-1).masked_fill(~visible, 0.0)
+    return torch.softmax(scores, dim=dim).masked_fill(~visible, 0.0)
 
 
 # How the boolean pattern (True = may attend) meets the scores: steps 3 and 4 of the equation.
@@ -51,13 +58,14 @@ MASK_MODES: dict[MaskMode, Callable] = {
     MaskMode.add: _add, MaskMode.fill: _fill, MaskMode.after_softmax: _after_softmax}
 
 
-def masked_softmax(mode: MaskMode, value: float) -> Callable:
+def masked_softmax(mode: MaskMode, value: float, dim: int = -1) -> Callable:
     """Steps 3 and 4 as `mode` and `value` say, for scaled_dot_product_attention's
-    `masked_softmax`: (scores [..., n, m], boolean mask or None) -> weights."""
+    `masked_softmax`: (scores [..., n, m], boolean mask or None) -> weights. dim=-2: the
+    softmax over the queries (softmax_over_queries), where the keys' axis, -1, belongs."""
     def step(scores: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
         if mask is None:
-            return torch.softmax(scores, dim=-1)
-        return MASK_MODES[MaskMode(mode)](scores, mask, value)
+            return torch.softmax(scores, dim=dim)
+        return MASK_MODES[MaskMode(mode)](scores, mask, value, dim)
     return step
 
 
@@ -72,6 +80,14 @@ class PitfallSteps:
     """The steps of CausalSelfAttention that the pitfalls replace (see the module docstring);
     each falls back to the correct step when its switch is off."""
 
+    def split_heads(self, t):
+        if not self.attn.split_heads_no_transpose:
+            return super().split_heads(t)
+        # [B, T, n * d_k] read as [B, n, T, d_k] (x.view(B, h, T, d_k) of a contiguous x):
+        # "position" t of head i is a d_k-slice of position (i * T + t) // n, later than t for
+        # most of the heads
+        return t.reshape(t.size(0), -1, t.size(1), self.head_dim)
+
     def scale(self) -> float:
         d_model = self.n_head * self.head_dim
         return {Scale.d_k: 1.0 / math.sqrt(self.head_dim),
@@ -79,7 +95,10 @@ class PitfallSteps:
                 Scale.none: 1.0}[Scale(self.attn.scale)]   # softmax saturates as d_k grows
 
     def masked_softmax(self, scores, mask):
-        return masked_softmax(self.attn.mask_mode, self.attn.mask_value)(scores, mask)
+        # over the queries: each key's column sums to 1, a query's weights then depend on the
+        # scores of the later queries (the denominator), and a row no longer sums to 1
+        dim = -2 if self.attn.softmax_over_queries else -1
+        return masked_softmax(self.attn.mask_mode, self.attn.mask_value, dim)(scores, mask)
 
     def make_out_proj(self, n_embd: int, bias: bool) -> nn.Module:
         # no W_O: the concatenated heads go straight to the residual stream (no parameters)
@@ -99,6 +118,24 @@ class PitfallSteps:
             return self.causal[:T, :m]
         return super().visible(T, m, mask)
 
+    def window_size(self):
+        # j >= s - w where j > s - w belongs: w + 1 keys
+        off_by_one = self.attn.window_off_by_one and self.window is not None
+        return self.window + 1 if off_by_one else super().window_size()
+
+    def pattern(self, slots, m, pad=None):
+        # pad keys visible: the pattern of an unpadded batch
+        return super().pattern(slots, m, None if self.attn.pad_keys_visible else pad)
+
+    def cache_pattern(self, cache, T):
+        if not (self.attn.window_cache_trim and self.window is not None):
+            return super().cache_pattern(cache, T)
+        # the cache keeps the last w keys before the chunk attends: the window of the chunk's
+        # last query for all of them (one token at a time, the same as each query's own)
+        slots, m = cache.slots(T), cache.key_slots(T)
+        kept = torch.arange(m, device=slots.device) > slots[-1] - self.window  # [m]
+        return self.pattern(slots, m, cache.pad) & kept
+
     def attend(self, q, k, v, mask, return_weights=False):
         h, h_kv = self.n_head, k.size(1)
         if self.attn.gqa_repeat_mismatch and h_kv < h:
@@ -109,4 +146,12 @@ class PitfallSteps:
 
     def first_position(self, cache):
         # restart: the new tokens' positions start at 0, ignoring the cached tokens before them
-        return 0 if self.attn.cache_positions_restart else super().first_position(cache)
+        if self.attn.cache_positions_restart:
+            return 0
+        # left pads counted as positions: row b's tokens sit pad[b] positions late
+        return cache.position if self.attn.left_pad_positions else super().first_position(cache)
+
+    def new_sequence(self, cache):
+        # not reset: the next sequence is appended after the last one's keys, and sees them
+        if not self.attn.cache_not_reset:
+            super().new_sequence(cache)

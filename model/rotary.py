@@ -18,7 +18,7 @@ import torch
 
 
 def rotary_angles(positions: torch.Tensor, head_dim: int, theta: float) -> torch.Tensor:
-    """[T] integer positions -> [T, head_dim / 2] angles t * theta_j, in float64.
+    """[..., T] integer positions -> [..., T, head_dim / 2] angles t * theta_j, in float64.
 
     Computed from the positions each forward pass (a few thousand numbers), so the positions
     can live on the device (a KV cache's position counter, read inside a captured CUDA graph),
@@ -26,15 +26,16 @@ def rotary_angles(positions: torch.Tensor, head_dim: int, theta: float) -> torch
     """
     j = torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float64)  # [d/2]: 2j
     inv_freq = theta ** (-j / head_dim)  # theta_j
-    return positions.to(torch.float64)[:, None] * inv_freq[None, :]  # [T, d/2]
+    return positions.to(torch.float64)[..., None] * inv_freq  # [..., T, d/2]
 
 
 def rotary_tables(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype
                   ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(cos, sin), each [T, head_dim], of the angles of `positions`, repeated for both halves
-    (the rotate-half layout), in `dtype`. Made once per forward pass and shared by every layer."""
+    """(cos, sin), each [..., T, head_dim], of the angles of `positions` [..., T], repeated for
+    both halves (the rotate-half layout), in `dtype`. Made once per forward pass and shared by
+    every layer."""
     angles = rotary_angles(positions, head_dim, theta)
-    angles = torch.cat([angles, angles], dim=-1)  # [T, d]: pair j is dims j and j + d/2
+    angles = torch.cat([angles, angles], dim=-1)  # [..., T, d]: pair j is dims j and j + d/2
     return angles.cos().to(dtype), angles.sin().to(dtype)
 
 
@@ -47,8 +48,9 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x [..., T, d] turned pair by pair: (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin).
-    cos, sin [T, d] broadcast over the batch and head dimensions (and are cast to x's dtype:
-    under bf16 autocast the rotation is done in bf16, as transformers does)."""
+    cos, sin [T, d] (or one table per sequence, [B, 1, T, d]) broadcast over the batch and
+    head dimensions (and are cast to x's dtype: under bf16 autocast the rotation is done in
+    bf16, as transformers does)."""
     cos, sin = cos.to(x.dtype), sin.to(x.dtype)
     return x * cos + rotate_half(x) * sin
 

@@ -1,7 +1,7 @@
 """Turning next-token logits into a sampled token: temperature, top-k, top-p (nucleus)."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Sequence, Union
 
 import torch
 
@@ -28,11 +28,16 @@ def filter_logits(logits: torch.Tensor, top_k: Optional[int] = None,
 
 
 def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: Optional[int] = None,
-                top_p: Optional[float] = None, generator: Optional[torch.Generator] = None,
+                top_p: Optional[float] = None,
+                generator: Union[torch.Generator, Sequence[torch.Generator], None] = None,
                 greedy: bool = False) -> torch.Tensor:
-    """logits [B, V] of the last position -> next token ids [B, 1]."""
+    """logits [B, V] of the last position -> next token ids [B, 1]. generator: one for the
+    batch, or one per row, each row then drawing from its own as it would alone."""
     if greedy:
         return logits.argmax(dim=-1, keepdim=True)
+    if isinstance(generator, (list, tuple)):
+        return torch.cat([sample_next(row, temperature, top_k, top_p, g)
+                          for row, g in zip(logits.split(1), generator)])
     logits = filter_logits(logits.float() / temperature, top_k, top_p)
     probs = torch.softmax(logits, dim=-1)
     return torch.multinomial(probs, num_samples=1, generator=generator)

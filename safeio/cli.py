@@ -13,17 +13,19 @@ import contextlib
 import dataclasses
 import os
 import re
+import shutil
 import signal
 import sys
 import threading
 import typing
+from pathlib import Path
 from typing import Callable, Iterator, Optional
 
 from hydra.errors import HydraException
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from safeio.key_help import help_text, is_list, type_words, written_out
+from safeio.key_help import did_you_mean, help_text, is_list, type_words, written_out
 
 
 class UserError(ValueError):
@@ -259,7 +261,8 @@ def parse_key_values(argv: list[str], schema: type, usage: str, about: str = "",
         if key not in keys and overrides:
             rest.append(arg)
         elif key not in keys:
-            raise UserError(f"unknown key {key!r} (known: {', '.join(keys)}). {usage}")
+            raise UserError(f"unknown key {key!r}{did_you_mean(key, keys)} (known: "
+                            f"{', '.join(keys)}). {usage}")
         else:
             written[key] = value
             wrap = is_list(hints[key]) and not value.startswith("[") and value != "null"
@@ -290,6 +293,21 @@ def check_choices(args, **allowed) -> None:
             if v not in choices:
                 raise UserError(f"{key} must be among {', '.join(map(str, choices))}, "
                                 f"got {v!r}")
+
+
+def python_command() -> str:
+    """This interpreter as a command the user can paste into the shell they ran it from: `python`
+    where that finds it (an activated virtualenv), else its path (relative to the working
+    directory inside it, as .venv/bin/python). The hints that print a command (train.py's `sample:`
+    line, `resume=` after a stop) use it, so that the command runs as printed."""
+    here = Path(sys.executable)
+    found = shutil.which("python")
+    if found and Path(found).parent.resolve() == here.parent.resolve():
+        return "python"
+    try:
+        return str(here.relative_to(Path.cwd()))
+    except ValueError:
+        return str(here)
 
 
 def hydra_string(text: str) -> str:

@@ -16,6 +16,7 @@ import dataclasses
 import json
 import os
 import re
+import secrets
 import stat
 from enum import Enum
 from pathlib import Path
@@ -87,15 +88,74 @@ def read_bytes(path: Path, what: str, limit: int) -> bytes:
 
 def check_output_file(path: Path, what: str) -> None:
     """A file about to be written (created or replaced) must not be something else already:
-    writing to a FIFO blocks until someone reads it, to a device writes into the device."""
+    writing to a FIFO blocks until someone reads it, to a device writes into the device, and
+    through a symbolic link (a dangling one included) wherever the link points."""
     try:
-        st = os.stat(path)
+        st = os.lstat(path)
     except FileNotFoundError:
         return
     except OSError as exc:
         raise FileRefused(f"cannot write {what} {path}: {exc.strerror}") from None
+    _check_output_stat(st, path, what)
+
+
+def _check_output_stat(st: os.stat_result, path: Path, what: str) -> None:
+    if stat.S_ISLNK(st.st_mode):
+        raise FileRefused(f"{what} {path} is a symbolic link; give the file itself (nothing is "
+                          f"written through a link)")
     if not stat.S_ISREG(st.st_mode):
         raise FileRefused(f"{what} {path} is {kind_of(st.st_mode)}, not a file to write")
+
+
+def write_output(path: Path, text: str, what: str, overwrite: bool) -> None:
+    """Write text to path whole, never through a symbolic link, in a way that nothing else
+    writing in that folder can race. The folder is opened once and every step names files in
+    that directory (whatever its path comes to mean meanwhile); the text goes to a new temporary
+    name there, created with O_EXCL | O_NOFOLLOW (nothing planted in advance is opened, a link
+    least of all), and then takes the name: `rename` replaces the name itself, never what a link
+    there points to, and without overwrite `link` takes the name only while nothing holds it (a
+    dangling link included). A name that is a link, a FIFO, a device or a directory is refused;
+    an existing file without overwrite too (UserError)."""
+    name = Path(path).name
+    folder = os.open(Path(path).parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        try:
+            _check_output_stat(os.stat(name, dir_fd=folder, follow_symlinks=False), path, what)
+            if not overwrite:
+                raise UserError(f"{path} exists; add overwrite=true to replace it, or give "
+                                f"another {what}")
+        except FileNotFoundError:
+            pass
+        for _ in range(100):
+            temporary = f".{name}.{secrets.token_hex(6)}.tmp"
+            try:
+                fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                             | os.O_CLOEXEC, 0o666, dir_fd=folder)
+                break
+            except FileExistsError:
+                continue
+        else:
+            raise FileRefused(f"cannot write {what} {path}: no free temporary name beside it")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(text)
+            if overwrite:
+                os.rename(temporary, name, src_dir_fd=folder, dst_dir_fd=folder)
+            else:
+                os.link(temporary, name, src_dir_fd=folder, dst_dir_fd=folder,
+                        follow_symlinks=False)
+        except FileExistsError:
+            raise UserError(f"{path} appeared while it was written; add overwrite=true to "
+                            f"replace it, or give another {what}") from None
+        finally:
+            try:
+                os.unlink(temporary, dir_fd=folder)
+            except FileNotFoundError:
+                pass  # renamed
+    except OSError as exc:
+        raise FileRefused(f"cannot write {what} {path}: {exc.strerror or exc}") from None
+    finally:
+        os.close(folder)
 
 
 def check_outputs(files: list[Path], overwrite: bool, own: Optional[Path] = None) -> None:

@@ -3,6 +3,7 @@ key, read from the comments of the schema's dataclass, and a type as a message n
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import enum
 import inspect
 import io
@@ -10,6 +11,7 @@ import re
 import textwrap
 import tokenize
 import typing
+from typing import Optional
 
 
 def is_list(hint) -> bool:
@@ -42,6 +44,19 @@ def written_out(value: str, hint) -> str:
     if int in (hint, *typing.get_args(hint)) and number.is_integer() and abs(number) < 1e18:
         return f" (write it as {int(number)})"
     return ""
+
+
+def closest(word: str, known) -> Optional[str]:
+    """The known word closest to a misspelt one (difflib's ratio of at least 0.75: n_layers ->
+    n_layer, temprature -> temperature), or None where none is close."""
+    close = difflib.get_close_matches(word, list(known), n=1, cutoff=0.75)
+    return close[0] if close else None
+
+
+def did_you_mean(word: str, known) -> str:
+    """"; did you mean X?" for `closest`, or ""."""
+    close = closest(word, known)
+    return f"; did you mean {close}?" if close else ""
 
 
 def key_help(schema: type) -> dict[str, str]:

@@ -5,21 +5,22 @@
     python -m scripts.attention_map run=runs/<dir> mask=causal           # a leaky run, masked
     python -m scripts.attention_map run=runs/<dir> mask=cached           # as when decoding
 
-Rows are queries, columns keys, the tokens on both axes (whitespace shown as · and ↵). Without
-a prompt the map is drawn on the run's fixed validation window, the text of its TensorBoard
-Images (which needs the run's token cache, as training made it: a relative cache_dir is looked
-for beside the run, so the command works from any directory). `head=all` draws the layer's
-heads as one grid; a single head gets a larger map with a colour bar. `mask=own` (the default)
-shows the weights under the run's own attention, a leaky variant's leak included; `mask=causal`
-shows the same weights under the correct mask, as at generation time; `mask=cached` the weights
-of the generation path itself, the window fed one token at a time through the KV cache (row t:
-the step of token t), where a cache pitfall shows (upper_left_mask). The weights are those
+Rows are queries, columns keys, the tokens on both axes (whitespace shown as · and ↵). Without a
+prompt the map is drawn on the run's fixed validation window, the text of its TensorBoard Images
+(from the default cache nearest the run, .cache/ beside runs/, so the command works from any
+directory; never the data.cache_dir the run's config names: a run directory is data). `head=all`
+draws the layer's heads as one grid; a single head gets a larger map with a colour bar. `mask=own`
+(the default) shows the weights under the run's own attention, a leaky variant's leak included;
+`mask=causal` shows the same weights under the correct mask, as at generation time; `mask=cached`
+the weights of the generation path itself, the window fed one token at a time through the KV cache
+(row t: the step of token t), where a cache pitfall shows (upper_left_mask). The weights are those
 generate.py samples (`weights=auto`: a leaky run's latest, what the leak learned), and the
 title says which. A picture already at out= is replaced only with overwrite=true. Any mistake is one `error:` line on stderr and exit status 2.
 """
 from __future__ import annotations
 
 import sys
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -119,21 +120,30 @@ def draw(args: MapArgs) -> Path:
         Image.fromarray(grid_image(weights, labels, title)).save(out)
         return out
 
+    head = int(args.head)
+    fig = head_figure(weights[head], labels, f"{name}\nlayer {layer}, head {head}: future weight "
+                      f"{future_weight(torch.from_numpy(weights[head])).item():.3f}")
+    fig.savefig(out)
+    import matplotlib.pyplot as plt
+    plt.close(fig)
+    return out
+
+
+def head_figure(weights, labels: list[str], title: str):
+    """One head's [n, n] map as a matplotlib figure sized to its tokens, the title's lines
+    wrapped to the figure's width (a study's run name, in full, was cut at both edges)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    head = int(args.head)
-    side = max(5.0, 0.16 * len(ids) + 1.5)
+    side = max(5.0, 0.16 * len(labels) + 1.5)
     fig, ax = plt.subplots(figsize=(side + 1.2, side), dpi=110)
-    draw_map(ax, weights[head], labels,
-             f"{name}\nlayer {layer}, head {head}: future weight "
-             f"{future_weight(torch.from_numpy(weights[head])).item():.3f}")
+    # about 11 characters of the title's font to an inch
+    title = "\n".join(textwrap.fill(line, int(11 * (side + 1.2))) for line in title.split("\n"))
+    draw_map(ax, weights, labels, title)
     colorbar(fig, ax, fraction=0.04, pad=0.02)
     fig.tight_layout()
-    fig.savefig(out)
-    plt.close(fig)
-    return out
+    return fig
 
 
 def main(argv: list[str]) -> int:

@@ -1,4 +1,5 @@
 """What the second study's pitfalls cost on imported weights: logits against transformers' Llama.
+Needs transformers, which requirements.txt does not install: pip install -r requirements-dev.txt.
 
     python -m scripts.llama_pitfalls [seed=0] [batch=4] [tokens=32]
 
@@ -28,7 +29,7 @@ import torch.nn.functional as F  # noqa: E402
 
 from safeio.cli import UserError, parse_key_values, run_cli  # noqa: E402
 from guard.limits import check_values, llama_pitfalls_rows  # noqa: E402
-from model.config import AttentionConfig, AttentionImpl, ModelConfig, PITFALL_SWITCHES  # noqa: E402
+from model.config import AttentionConfig, AttentionImpl, DECODING_SWITCHES, ModelConfig  # noqa: E402
 from model.gpt import GPT  # noqa: E402
 
 # The tiny Llama: 4 query heads of d_k = 8 sharing 2 key/value heads, SwiGLU of width 48.
@@ -112,7 +113,7 @@ def measure(seed: int = 0, batch: int = 4, tokens: int = 32) -> list[dict]:
     with torch.no_grad():
         reference = llama(idx).logits
     rows = []
-    for name in ("correct", *PITFALL_SWITCHES):
+    for name in ("correct", *DECODING_SWITCHES):
         attn = AttentionConfig() if name == "correct" else AttentionConfig(name=name, **{name: True})
         model = gpt_from_llama(llama, attn)
         with torch.no_grad():
@@ -147,7 +148,8 @@ def check_args(args: LlamaArgs) -> None:
         import transformers  # noqa: F401
     except ImportError:
         raise UserError("scripts.llama_pitfalls compares against transformers' Llama, and "
-                        "transformers is not installed: pip install transformers") from None
+                        "transformers is not installed: pip install -r requirements-dev.txt") \
+            from None
 
 
 def main(argv: list[str]) -> int:

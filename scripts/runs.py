@@ -31,7 +31,7 @@ class RunsArgs:
     root: str = "runs"              # where to look for runs (every folder below it)
     a: Optional[str] = None         # compare this run ...
     b: Optional[str] = None         # ... with this one
-    sort: str = "time"              # time (oldest first) | score (lowest causal val loss first)
+    sort: str = "time"              # time (oldest first) | score (lowest causal nats/char first)
 
 
 # What a run's scores are read from: (label, unit, tag, older tag and factor as a fallback).
@@ -103,7 +103,8 @@ def list_runs(root: Path, sort: str) -> str:
         raise UserError(f"no runs under {root} (a run holds config.yaml and TensorBoard events)")
     scored = [(run, read_scores(run)) for run in runs]
     if sort == "score":
-        scored.sort(key=lambda rs: rs[1].get(("causal val", "nats/token"), math.inf))
+        # per character, not per token: a char run's token is a BPE run's ~3 characters
+        scored.sort(key=lambda rs: rs[1].get(("causal val", "nats/char"), math.inf))
     else:
         scored.sort(key=lambda rs: (rs[0] / "config.yaml").stat().st_mtime)
     header = ["run", "attention", "tokenizer"] + [

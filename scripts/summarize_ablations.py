@@ -1,7 +1,9 @@
-"""Turn an ablation sweep into a Markdown table, a PNG of curves and a PNG of attention maps.
+"""Turn an ablation sweep into a Markdown table, a PNG of curves, a PNG of attention maps and
+the measured cost of each pitfall as JSON.
 
     python -m scripts.summarize_ablations sweep=runs/ablations/<date> [out=DIR] [layer=N]
     python scripts/summarize_ablations.py sweep=runs/ablations/<date>   # the same, as a file
+    python -m scripts.summarize_ablations sweep=runs/bookkeeping/<date> costs=docs/pitfall_costs.json
 
 Each run directory is named `<regime>-<variant>_seed<N>` (see conf/experiment/ablations.yaml),
 directly in the sweep directory or one level down (the study puts each seed in `seed<N>/`).
@@ -19,9 +21,16 @@ are compared as independent samples (Welch).
 
 The maps figure draws, from each run's last checkpoint, the correct model's attention beside each
 pitfall's: the same validation window, the same layer, the same seed.
+
+The costs file (`pitfall_costs.json`; `costs=` another, e.g. docs/pitfall_costs.json, which holds
+every study's and which the attention checker quotes) lists each pitfall's effects as the
+tables give them, with the regime's setting read from a run's config.yaml: written from the runs,
+never copied by hand. A study's entries replace those of the same study (the sweep's parent
+folder: runs/<study>/<date>) and leave the other studies' alone.
 """
 from __future__ import annotations
 
+import json
 import math
 import re
 import sys
@@ -40,7 +49,7 @@ from omegaconf import MISSING  # noqa: E402
 
 from safeio.cli import UserError, parse_key_values, run_cli  # noqa: E402
 from safeio.files import check_output_file  # noqa: E402
-from safeio.files import check_outputs  # noqa: E402
+from safeio.files import MIB, check_outputs, load_run_config, read_json  # noqa: E402
 
 RUN_NAME = re.compile(r"^(?P<regime>[^-]+)-(?P<variant>.+)_seed(?P<seed>\d+)$")
 METRICS = {"train": "train/loss", "val": "val/loss", "causal": "val/causal_loss",
@@ -276,22 +285,23 @@ def plot(arms: dict, path: Path) -> None:
 def load_maps(run_dir: Path, layer: int, cached: bool = False):
     """(weights [h, n, n], token labels) of a run's last checkpoint on its fixed validation
     window (the window of its TensorBoard images), under its own attention (cached: through
-    the KV cache, one token at a time, as when decoding)."""
+    the KV cache as the run's final evaluation fed it, train.cached_eval: one token at a time,
+    as when decoding, by default)."""
     import torch
 
-    from data.prepare import prepare_corpus
-    from guard.run_dir import load_run
-    from training.attention_maps import attention_weights, map_window, token_labels
+    from guard.run_dir import load_run, validation_window
+    from training.attention_maps import attention_weights, map_labels
 
     model, tokenizer, cfg = load_run(run_dir, "latest", torch.device("cpu"))
-    corpus = prepare_corpus(cfg.data, cfg.tokenizer)
-    window = map_window(corpus.validation, tokenizer,
-                        min(cfg.train.attention_map_tokens, cfg.model.block_size))
+    window = validation_window(run_dir, cfg, tokenizer,
+                               min(cfg.train.attention_map_tokens, cfg.model.block_size))
     if layer >= cfg.model.n_layer:
         raise UserError(f"layer must be below the {cfg.model.n_layer} layers of {run_dir}, got "
                         f"{layer}")
-    weights, _ = attention_weights(model, window, torch.autocast("cpu", enabled=False), cached)
-    return weights[layer], token_labels(tokenizer, window)
+    how = cfg.train.cached_eval  # the generation path the run's final evaluation took
+    weights, _ = attention_weights(model, window, torch.autocast("cpu", enabled=False), cached,
+                                   how)
+    return weights[layer], map_labels(tokenizer, window, cached, how)
 
 
 def load_all_maps(sweep_dir: Path, arms: dict, layer: int = 0) -> tuple:
@@ -355,17 +365,95 @@ def plot_maps(seed: int, maps: dict, path: Path, layer: int = 0) -> None:
     colorbar(fig, axes, fraction=0.015, pad=0.01, shrink=0.5)
     fig.suptitle(f"Attention of layer {layer} on the same validation window, seed {seed}, after "
                  f"training (rows: query, columns: key; each model's sharpest head; \"KV cache\": "
-                 f"fed one token at a time, as when decoding)", fontsize=10)
+                 f"fed as the run's last evaluation fed it: one token at a time, as when "
+                 f"decoding, or train.cached_eval's way)", fontsize=10)
     fig.savefig(path, dpi=100, bbox_inches="tight")
     plt.close(fig)
+
+
+# ----------------------------------------------------------------------------- the costs file
+
+COSTS_ABOUT = ("Each pitfall's measured cost, written by scripts/summarize_ablations.py from a "
+               "study's runs (docs/ablations.md); never edited by hand. effect: the arm's final "
+               "loss minus its regime's correct arm's, paired by seed, nats per token; se: its "
+               "standard error; low, high: the 95% interval; seeds: the pairs; identical: every "
+               "pair equal to the bit. causal: val/causal_loss (training and the usual "
+               "validation see it); cached: val/cached_loss (decoding through the KV cache, fed "
+               "as the setting's cached_eval says). shows_in: the loss whose interval leaves 0 "
+               "(the one with more standard errors if both do), or null: neither can see it.")
+
+
+def setting(run_dir: Path) -> str:
+    """The regime's setting in words, from one of its runs' config.yaml."""
+    cfg = load_run_config(run_dir / "config.yaml")
+    m, t = cfg.model, cfg.train
+    heads = f"{m.n_head} heads" + (f" ({m.n_kv_head} key/value)" if m.n_kv_head else "")
+    parts = [f"{m.n_layer} layers", f"width {m.n_embd}", heads, f"{m.positions} positions",
+             f"window {m.window}" if m.get("window") else "", f"context {m.block_size}",
+             f"{cfg.tokenizer.kind}-level", f"batch {t.batch_size}", f"{t.max_steps} steps"]
+    if t.get("cached_eval_batches"):
+        parts.append(f"cached_eval {t.get('cached_eval', 'tokens')}")
+    return ", ".join(p for p in parts if p)
+
+
+def cost(e: Effect) -> dict:
+    """An effect as the costs file holds it."""
+    identical = e.paired and e.se == 0 and e.mean == 0
+    number = lambda x: None if math.isnan(x) else round(float(x), 6)  # noqa: E731
+    return {"effect": number(e.mean), "se": number(e.se), "low": number(e.low),
+            "high": number(e.high), "seeds": e.n, "identical": identical}
+
+
+def shows_in(costs: dict) -> Optional[str]:
+    """The metric whose 95% interval leaves 0 (the one with more standard errors if both)."""
+    seen = {metric: abs(c["effect"]) / c["se"] for metric, c in costs.items()
+            if c["se"] and (c["low"] > 0 or c["high"] < 0)}
+    return max(seen, key=seen.get) if seen else None
+
+
+def study_costs(sweep: Path, arms: dict) -> dict:
+    """{variant: [entry]} of this study: each pitfall arm's effects against its regime's
+    correct arm, with its study, regime and setting."""
+    study, entries = sweep.resolve().parent.name, defaultdict(list)
+    dirs = {p.name: p for p in run_dirs(sweep)}
+    for (regime, variant), runs in ordered(arms):
+        base = arms.get((regime, "correct"))
+        if base is None or variant == "correct":
+            continue
+        effects = {"causal": cost(effect(runs, base, "causal"))}
+        if (regime, variant) in decoding_arms(arms) and (regime, "correct") in decoding_arms(arms):
+            effects["cached"] = cost(effect(runs, base, "cached"))
+        seed = min(runs)
+        entries[variant].append({
+            "study": study, "regime": regime,
+            "setting": setting(dirs[f"{regime}-{variant}_seed{seed}"]),
+            "shows_in": shows_in(effects), **effects})
+    return {"study": study, "sweep": str(sweep), "costs": dict(entries)}
+
+
+def merge_costs(path: Path, new: dict) -> dict:
+    """The costs file at path (if any) with this study's entries replaced by `new`'s."""
+    old = read_json(path, "costs file", 16 * MIB) if path.exists() else {}
+    if old and not isinstance(old.get("costs"), dict):
+        raise UserError(f"{path} is not a costs file (no \"costs\" object); give costs= another")
+    studies = {**old.get("studies", {}), new["study"]: new["sweep"]}
+    merged = {name: [e for e in entries if e.get("study") != new["study"]]
+              for name, entries in old.get("costs", {}).items()}
+    for name, entries in new["costs"].items():
+        merged.setdefault(name, []).extend(entries)
+    return {"about": COSTS_ABOUT, "studies": dict(sorted(studies.items())),
+            "costs": {name: entries for name, entries in sorted(merged.items()) if entries}}
 
 
 @dataclass
 class SummaryArgs:
     sweep: str = MISSING            # the study's directory (runs/ablations/<date>)
-    out: Optional[str] = None       # where the three files go (null: the study's directory)
+    out: Optional[str] = None       # where the files go (null: the study's directory)
     layer: int = 0                  # the layer the maps figure draws
     overwrite: bool = False         # replace files already in out= (other than the study's own)
+    # the JSON file this study's measured costs are merged into (null: out's
+    # pitfall_costs.json); docs/pitfall_costs.json holds every study's
+    costs: Optional[str] = None
 
 
 def summarize(args: SummaryArgs) -> list[Path]:
@@ -376,8 +464,9 @@ def summarize(args: SummaryArgs) -> list[Path]:
         raise UserError(f"layer must be a non-negative integer, got {args.layer}")
     out = Path(args.out) if args.out else sweep
     files = [out / "ablations.md", out / "ablations.png", out / "ablation_maps.png"]
+    costs_file = Path(args.costs) if args.costs else out / "pitfall_costs.json"
     check_outputs(files, args.overwrite, own=sweep)
-    for path in files:
+    for path in files + [costs_file]:  # (the costs file is merged into, not replaced)
         check_output_file(path, "output")
     # everything read and checked before anything is written (or replaced)
     arms = collect(sweep)
@@ -385,13 +474,16 @@ def summarize(args: SummaryArgs) -> list[Path]:
     decoding = decoding_table(arms)
     if decoding:
         md += f"\n\n{DECODING_LEGEND}\n\n{decoding}"
+    costs = merge_costs(costs_file, study_costs(sweep, arms))
     seed, maps = load_all_maps(sweep, arms, args.layer)
     out.mkdir(parents=True, exist_ok=True)
     files[0].write_text(f"Summary of {sweep}\n\n{LEGEND}\n\n{md}\n")
     plot(arms, files[1])
     if maps:
         plot_maps(seed, maps, files[2], args.layer)
-    written = files if maps else files[:2]
+    costs_file.parent.mkdir(parents=True, exist_ok=True)
+    costs_file.write_text(json.dumps(costs, indent=1, ensure_ascii=False) + "\n")
+    written = (files if maps else files[:2]) + [costs_file]
     print(md)
     print(f"\nwrote {', '.join(map(str, written))}")
     return written

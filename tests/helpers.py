@@ -28,7 +28,8 @@ SCRIPT_ENV.pop("HYDRA_FULL_ERROR", None)
 # switch that would change nothing): the overrides that compose it in a test.
 VARIANT_NEEDS = {"rope_on_values": ["model.positions=rope"],
                  "rotary_interleaved": ["model.positions=rope"],
-                 "gqa_repeat_mismatch": ["model.n_kv_head=2"]}
+                 "gqa_repeat_mismatch": ["model.n_kv_head=2"],
+                 "window_off_by_one": ["model.window=4"], "window_cache_trim": ["model.window=4"]}
 
 # ----------------------------------------------------------------------------- synthetic text
 

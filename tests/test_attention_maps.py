@@ -156,6 +156,34 @@ def test_grid_image_has_one_panel_per_head(heads):
     assert grey.sum() == heads * (n * (n - 1) // 2) * cell * cell
 
 
+def test_grid_image_names_its_axes_and_wraps_a_long_title():
+    """With blank tokens, whatever is drawn left of the panels and below them is the axes' names
+    (query, key); a title longer than the picture is wrapped, not cut at its edge."""
+    n, cell = 12, 9
+    w = np.tril(np.ones((4, n, n), dtype=np.float32))
+    img = grid_image(w / w.sum(-1, keepdims=True), [" "] * n, cell=cell)
+    ink = (img < 128).all(-1)  # black text
+    first = np.argwhere((img == FUTURE_RGB).all(-1))[0]  # the first panel's top-left grey cell
+    assert ink[first[0]:first[0] + n * cell, :first[1] - cell].any()  # "query", left of it
+    assert ink[-3 * cell:, first[1] - cell:].any()                    # "key", under the panels
+    long = "leak-mask_zero_seed10 (mask_zero, mask own), latest weights (step 400) " * 3
+    wide = grid_image(w / w.sum(-1, keepdims=True), list("To be, or no"), long.strip(), cell=cell)
+    assert wide.shape[1] == img.shape[1]  # the picture keeps its width ...
+    assert (wide[:, -2:] == 255).all()    # ... and no text runs into its right edge
+
+
+def test_a_single_head_s_title_fits_its_figure():
+    from scripts.attention_map import head_figure
+
+    labels = list("To be, or not to be")
+    w = np.tril(np.ones((len(labels), len(labels)), dtype=np.float32))
+    fig = head_figure(w / w.sum(-1, keepdims=True), labels,
+                      "decode-cache_positions_restart_seed10_lr0.003 (mask_zero, mask cached), "
+                      "best weights (step 50, causal val loss 2.7920)\nlayer 0, head 1: x")
+    box = fig.axes[0].title.get_window_extent(fig.canvas.get_renderer())
+    assert 0 <= box.x0 and box.x1 <= fig.bbox.x1, (box, fig.bbox)
+
+
 class Recorder:
     """A SummaryWriter stand-in that keeps what is logged."""
 
@@ -173,9 +201,9 @@ def test_log_attention_maps_logs_one_grid_per_layer(text_and_tokenizer):
     tokens = np.array(tok.encode(text).ids)
     writer = Recorder()
     log_attention_maps(writer, model, tokens, tok, 24, 7, OFF)
-    # a tag of one word per layer: TensorBoard gives each layer a section of its own
+    # one tag per layer, in the section after the losses (tests/test_newcomer.py: the order)
     assert [(tag, step, fmt) for tag, _, step, fmt in writer.images] == \
-        [(f"attention_layer{i}", 7, "HWC") for i in range(3)]
+        [(f"weights/attention_layer{i}", 7, "HWC") for i in range(3)]
     assert all(img.dtype == np.uint8 and img.shape[1:] == (CARD_WIDTH, 3)
                for _, img, _, _ in writer.images)
     assert model.training  # left as it was

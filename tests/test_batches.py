@@ -97,7 +97,34 @@ def test_a_run_in_epochs_resumes_bit_exactly(tmp_path, fake_sdist):
     shutil.copytree(original, copy)
     (copy / "checkpoints" / "latest").write_text("step_00000030")
     shutil.rmtree(copy / "checkpoints" / "step_00000060")
-    ok(run([TRAIN, f"resume={copy}"], cwd=tmp_path))
+    ok(run([TRAIN, f"resume={copy}", f"data.cache_dir={tmp_path / 'cache'}"], cwd=tmp_path))
+    a = load_file(str(original / "checkpoints" / "step_00000060" / "model.safetensors"))
+    b = load_file(str(copy / "checkpoints" / "step_00000060" / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.slow
+def test_a_random_order_run_from_before_data_order_resumes(tmp_path, fake_sdist):
+    """A run written before data.order existed has no order in its config.yaml: it trained with
+    random windows, and resumes so (round five: it was read as the new default, epochs, whose
+    sampler state it does not have)."""
+    import shutil
+
+    from safetensors.torch import load_file
+
+    from helpers import TRAIN, ok, run
+
+    original, copy = tmp_path / "run", tmp_path / "copy"
+    cache = f"data.cache_dir={tmp_path / 'cache'}"
+    ok(run([TRAIN, "+experiment=smoke", "data.order=random", f"data.sdist_path={fake_sdist}",
+            cache, f"hydra.run.dir={original}"], cwd=tmp_path))
+    shutil.copytree(original, copy)
+    config = (copy / "config.yaml").read_text()
+    assert "  order: random\n" in config
+    (copy / "config.yaml").write_text(config.replace("  order: random\n", ""))
+    (copy / "checkpoints" / "latest").write_text("step_00000030")
+    shutil.rmtree(copy / "checkpoints" / "step_00000060")
+    ok(run([TRAIN, f"resume={copy}", cache], cwd=tmp_path))
     a = load_file(str(original / "checkpoints" / "step_00000060" / "model.safetensors"))
     b = load_file(str(copy / "checkpoints" / "step_00000060" / "model.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

@@ -24,7 +24,8 @@ from guard.preflight import compose
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 BENCHMARKS = ("bench.attention", "bench.train_step", "bench.arm_cost", "bench.generate",
-              "tools.sampling_threads", "tools.startup", "tools.freed_memory")
+              "bench.batch_generate", "tools.sampling_threads", "tools.startup",
+              "tools.freed_memory")
 HEADLINE = re.compile(r"ratio=([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)")
 # quick=true takes seconds; the limit only turns a hang into a failure on a loaded machine.
 TIMEOUT_S = 180
@@ -53,7 +54,7 @@ def test_quick_run_ends_with_ratio(name):
 @pytest.mark.slow  # imports torch and composes the config: about 5 s on 2 cores
 def test_a_bench_refuses_an_old_option_and_a_key_neither_it_nor_train_py_has():
     for argv, words in [(["--quick"], "write quick=..., not '--quick'"),
-                        (["quick=true", "rep=3"], "Could not override 'rep'")]:
+                        (["quick=true", "rep=3"], "rep is not a key of the config")]:
         done = subprocess.run([sys.executable, "-m", "bench.generate", *argv], cwd=REPO_ROOT,
                               capture_output=True, text=True, timeout=TIMEOUT_S)
         assert done.returncode == 2 and done.stdout == "", done.stderr

@@ -56,6 +56,10 @@ def test_a_run_over_budget_stops_at_its_fixed_count_and_config_yaml_keeps_it(tmp
     assert f"{PROBE_STEPS} steps" in result.stderr and "time budget: 0.0001 min" in result.stderr
     saved = yaml.safe_load((run_dir / "config.yaml").read_text())
     assert saved["train"]["max_steps"] == PROBE_STEPS
+    # the run says it trained fewer steps than asked, in config.yaml and in its summary
+    assert saved["train"]["fewer_steps"].startswith(
+        f"train.budget_minutes=0.0001 fixed {PROBE_STEPS} of the 400 steps asked")
+    assert f"fewer steps than configured: {saved['train']['fewer_steps']}" in result.stderr
     assert f"step {PROBE_STEPS}: train loss" in (run_dir / "train.log").read_text()
     again = ok(run([TRAIN, f"resume={run_dir}"], cwd=tmp_path))
     assert "already finished" in again.stderr

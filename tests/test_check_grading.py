@@ -109,14 +109,15 @@ def test_each_file_is_checked_on_the_first_name_it_defines(tmp_path):
 def test_an_object_is_found_again_by_its_file_and_name():
     from check_attention.grade import sandbox_for
     assert resolve("tests/attention_layers/fused.py:NoScale") == (
-        "tests/attention_layers/fused.py", "NoScale")
-    file, name = resolve(sandbox_for)
+        "tests/attention_layers/fused.py", "NoScale", None)
+    file, name, fingerprint = resolve(sandbox_for)
     assert (Path(file).resolve(), name) == (REPO_ROOT / "check_attention/grade.py",
                                             "sandbox_for")
+    assert len(fingerprint) == 64  # what it is made of: runner.fingerprint
 
     def local():
         pass
-    with pytest.raises(ValueError, match="not defined at the top level"):
+    with pytest.raises(ValueError, match="not bound at the top level"):
         resolve(local)
     with pytest.raises(TypeError, match="pass its class, or a factory"):
         resolve(42)

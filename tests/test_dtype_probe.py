@@ -13,7 +13,7 @@ import pytest
 import torch
 import yaml
 
-from helpers import SCRIPT_ENV, TRAIN, corpus_args, write_corpus
+from helpers import REPO_ROOT, SCRIPT_ENV, TRAIN, corpus_args, write_corpus
 from model.config import ModelConfig
 from training import device, dtype_probe
 from training.config import Config
@@ -73,7 +73,9 @@ def test_auto_on_a_cpu_measures_once_then_reads_the_cache(tmp_path, measured):
     cfg = tiny_config(tmp_path / "cache")
     first = choose_dtype(cfg, VOCAB, CPU)
     assert first.name == "float32" and len(calls) == 1
-    assert first.line.startswith("dtype: float32 (bf16 measured 1.13x slower here: 226 vs 255 ms")
+    # both timings named (the line once read "226 vs 255 ms", which is which unsaid)
+    assert first.line.startswith("dtype: float32 (bf16 measured 1.13x slower here: a step float32 "
+                                 "226 ms, bfloat16 255 ms; probe ")
     again = choose_dtype(cfg, VOCAB, CPU)
     assert len(calls) == 1  # cached
     assert again.line == (f"dtype: float32 (bf16 measured 1.13x slower here; cached in "
@@ -174,6 +176,62 @@ def test_bad_entries_are_dropped_and_good_ones_kept(tmp_path):
     assert read_cache(path) == {"good": (0.2, 0.1)}
     path.write_text('{"format": 1, "entries": {"nan": {"float32_s": NaN, "bfloat16_s": 1}}}')
     assert read_cache(path) == {}
+
+
+def test_a_forged_entry_is_measured_again(tmp_path, measured):
+    """Round five: times that are positive and finite but no step's (5e-324 s against 1e300 s)
+    made decide() divide by zero, leaving the new run's directory behind."""
+    calls = measured((0.2, 0.1))
+    cfg = tiny_config(tmp_path)
+    key = probe_key(cfg, VOCAB)
+    for forged in ((5e-324, 1e300), (1e300, 5e-324), (1e-9, 0.1), (0.1, 1e9)):
+        (tmp_path / CACHE_FILE).write_text(json.dumps(
+            {"format": 1, "entries": {key: {"float32_s": forged[0], "bfloat16_s": forged[1]}}}))
+        assert read_cache(tmp_path / CACHE_FILE) == {}
+        assert choose_dtype(cfg, VOCAB, CPU).name == "bfloat16"
+    assert len(calls) == 4
+
+
+def test_a_fifo_as_the_cache_is_measured_again_without_blocking(tmp_path, measured):
+    """Round five: dtype.json as a FIFO hung train.py forever (a blocking open). It is read like
+    every file read back: opened without blocking, a regular file or nothing cached."""
+    import os
+    import threading
+
+    calls = measured((0.2, 0.1))
+    cfg = tiny_config(tmp_path)
+    os.mkfifo(tmp_path / CACHE_FILE)
+    result = {}
+    reader = threading.Thread(target=lambda: result.update(
+        choice=choose_dtype(cfg, VOCAB, CPU)), daemon=True)
+    reader.start()
+    reader.join(10)
+    if reader.is_alive():  # let the blocked open go before failing
+        os.close(os.open(tmp_path / CACHE_FILE, os.O_WRONLY | os.O_NONBLOCK))
+        reader.join(10)
+        pytest.fail("reading a FIFO as dtype.json blocked")
+    assert result["choice"].name == "bfloat16" and len(calls) == 1
+    assert read_cache(tmp_path / CACHE_FILE) == {probe_key(cfg, VOCAB): (0.2, 0.1)}
+
+
+@pytest.mark.slow  # a Python that imports torch, with its memory bounded
+@pytest.mark.parametrize("make", ["link to /dev/zero", "sparse terabyte", "directory"])
+def test_a_cache_that_never_ends_is_nothing_cached(tmp_path, make):
+    """Round five: dtype.json as a link to /dev/zero ended train.py in MemoryError."""
+    path = tmp_path / CACHE_FILE
+    if make == "link to /dev/zero":
+        path.symlink_to("/dev/zero")
+    elif make == "sparse terabyte":
+        with open(path, "wb") as f:
+            f.truncate(1 << 40)
+    else:
+        path.mkdir()
+    code = ("import resource, sys; resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30)); "
+            "from pathlib import Path; from training.dtype_probe import read_cache; "
+            "print(read_cache(Path(sys.argv[1])))")
+    result = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True,
+                            text=True, timeout=120, env=SCRIPT_ENV, cwd=REPO_ROOT)
+    assert result.returncode == 0 and result.stdout == "{}\n", result.stderr[-500:]
 
 
 def test_an_unwritable_cache_costs_a_probe_not_the_run(tmp_path, measured):

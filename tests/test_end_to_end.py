@@ -55,7 +55,9 @@ def trained(workdir):
                     "train.max_steps=40", "train.eval_interval=20"], cwd=workdir))
     events_40 = scalars(run_dir)
     latest_40 = latest_checkpoint(run_dir)
-    resumed = ok(run([TRAIN, f"resume={run_dir}", "train.max_steps=60", "train.threads=1"], cwd=workdir))
+    # (a resume reads its corpus through its own cache: the run's is given again)
+    resumed = ok(run([TRAIN, f"resume={run_dir}", "train.max_steps=60", "train.threads=1",
+                      f"data.cache_dir={workdir / 'cache'}"], cwd=workdir))
     return dict(run_dir=run_dir, first=first, events_40=events_40, latest_40=latest_40,
                 resumed=resumed, events_60=scalars(run_dir))
 
@@ -110,7 +112,9 @@ def test_resume_continues_to_60_without_losing_or_duplicating_steps(trained):
 
 
 def test_resume_of_a_finished_run_says_so(trained):
-    result = ok(run([TRAIN, f"resume={trained['run_dir']}", "train.max_steps=60"], cwd=trained["run_dir"].parent))
+    result = ok(run([TRAIN, f"resume={trained['run_dir']}", "train.max_steps=60",
+                     f"data.cache_dir={trained['run_dir'].parent / 'cache'}"],
+                    cwd=trained["run_dir"].parent))
     assert "already finished" in result.stderr
     assert latest_checkpoint(trained["run_dir"]).name == "step_00000060"
 

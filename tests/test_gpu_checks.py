@@ -32,7 +32,8 @@ def test_a_dry_run_lists_every_step_within_the_budget_and_runs_nothing(tmp_path)
     lines = dry_run(tmp_path)
     steps = [re.match(r"== (\w+)", line).group(1) for line in lines if line.startswith("== ")]
     assert steps == ["kernels", "fused_gpu_tests", "fused_tests", "bench_attention",
-                     "bench_decode", "bench_train_step", "bench_generate", "recipe"]
+                     "bench_decode", "bench_train_step", "bench_generate", "mask_values",
+                     "recipe"]
     limits = [int(m.group(1)) for line in lines if (m := re.search(r"\(limit (\d+)s\)", line))]
     assert len(limits) == len(steps) and sum(limits) <= 540  # the worst case: all run, in time
     assert lines[-1] == f"total {sum(limits)}s of 540s"

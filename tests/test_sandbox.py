@@ -1,8 +1,9 @@
 """The checker's sandbox (check_attention/sandbox/host.py, confine.py) against files that try
-to get out of it (tests/attention_layers/escape_*.py, issue 28). Each hostile file tries every
-way it knows at import and raises naming each one that worked; here each must import cleanly,
-and what it aimed at (a terminal, a listener, a file's metadata, a shared place, a process left
-behind) must show nothing.
+to get out of it (tests/attention_layers/escape_*.py, issues 28 and 48). Each hostile file tries
+every way it knows at import and raises naming each one that worked; here each must import
+cleanly, and what it aimed at (a terminal, a listener, a file's metadata, a shared place, a
+process left behind, a file outside, what an earlier check left) must show nothing. A sandbox
+that cannot start, and a checker stopped by Ctrl-C or SIGTERM, leave nothing behind.
 
 The files run in the sandbox's children exactly as a checked file does (a `load` request); one
 slow test runs the command under a pseudo-terminal, as a user at a shell runs it.
@@ -13,14 +14,18 @@ import ctypes
 import os
 import pty
 import select
+import shutil
+import signal
 import socket
+import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
 
 from helpers import REPO_ROOT, SCRIPT_ENV
-from check_attention.sandbox.host import Sandbox
+from check_attention.sandbox.host import Sandbox, SandboxError
 
 LAYERS = REPO_ROOT / "tests" / "attention_layers"
 TARGETS = "CHECK_ATTENTION_ESCAPE_TARGETS"
@@ -30,7 +35,8 @@ LINUX = sys.platform.startswith("linux")
 @pytest.fixture(scope="module")
 def listeners(tmp_path_factory):
     """A UDP port, a TCP port and a unix socket on this machine, named to the sandbox through the
-    environment it inherits, so escape_network.py knows where to send."""
+    environment it inherits, so escape_network.py knows where to send; and a secret for
+    escape_read.py to try, in a file outside its folder and in the checker's environment."""
     udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -39,8 +45,12 @@ def listeners(tmp_path_factory):
         s.bind(address)
         s.setblocking(False)
     tcp.listen(4), unix.listen(4)
+    secret = tmp_path_factory.mktemp("instructor") / "solution.py"
+    secret.write_text("SOLUTION = 42\n")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(TARGETS, f"{udp.getsockname()[1]} {tcp.getsockname()[1]} {path}")
+        mp.setenv("CHECK_ATTENTION_ESCAPE_SECRET", str(secret))
+        mp.setenv("INSTRUCTOR_TOKEN", "hf_not_for_submissions")
         yield udp, tcp, unix
     for s in (udp, tcp, unix):
         s.close()
@@ -150,6 +160,101 @@ def test_nothing_is_left_in_shared_places(sandbox):
 @needs_linux
 def test_no_capabilities_are_left(sandbox):
     assert escapes(sandbox, "escape_root.py") is None
+
+
+@needs_linux
+def test_nothing_outside_what_a_check_needs_can_be_read(sandbox):
+    """Not another process's environment, /etc, the home directories, a file outside the
+    submission's folder, or the checker's environment variables (so none of it can reach the
+    grading table through an exception message)."""
+    needs(sandbox, "Landlock")
+    assert escapes(sandbox, "escape_read.py") is None
+    assert "reads only Python, its packages and the submission's folder" in sandbox.confinement
+
+
+@needs_linux
+def test_nothing_one_check_writes_is_there_for_the_next(sandbox):
+    """Each check has its own HOME, TMPDIR and working directory, removed after it, and can
+    write nowhere beside them."""
+    needs(sandbox, "Landlock")
+    for _ in range(2):
+        assert escapes(sandbox, "escape_leftovers.py") is None
+        assert os.listdir(sandbox.root) == []
+
+
+@pytest.mark.parametrize("interpreter", [
+    "#!/bin/sh\nexit 0\n",  # mode 0o644 below: an interpreter it may not run
+    "#!/bin/sh\nexit 1\n",  # runs, and ends before it is ready
+])
+def test_a_sandbox_that_cannot_start_leaves_nothing(tmp_path, monkeypatch, interpreter):
+    fake, tmp = tmp_path / "python", tmp_path / "tmp"
+    fake.write_text(interpreter)
+    fake.chmod(0o644 if "exit 0" in interpreter else 0o755)
+    tmp.mkdir()
+    monkeypatch.setattr(sys, "executable", str(fake))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    box = Sandbox()
+    with pytest.raises(SandboxError, match="could not start|did not start"):
+        box.confinement
+    assert os.listdir(tmp) == []
+    box.close()
+
+
+def sandbox_processes(tmp: str) -> list[int]:
+    """Processes whose command line names a directory under tmp: sandbox hosts and children."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if os.fsencode(tmp) in f.read():
+                    found.append(int(pid))
+        except OSError:
+            pass
+    return found
+
+
+@needs_linux
+@pytest.mark.slow
+@pytest.mark.parametrize("how, workers", [("SIGINT", 1), ("SIGINT", 2), ("SIGTERM", 2)])
+def test_ctrl_c_and_sigterm_stop_every_check_at_once(tmp_path, how, workers):
+    """Grading layers that never return: Ctrl-C (SIGINT to the terminal's process group) or
+    SIGTERM (to the checker) ends the command within a second or two, not at the 120 s
+    timeout, and leaves no sandbox directory and no process behind."""
+    folder, tmp = tmp_path / "subs", tmp_path / "tmp"
+    folder.mkdir(), tmp.mkdir()
+    shutil.copy(LAYERS / "fused.py", folder / "fused.py")
+    for name in ("a.py", "b.py", "c.py"):
+        (folder / name).write_text(
+            "from fused import CausalSelfAttention\n\n"
+            "class Attn(CausalSelfAttention):\n    def forward(self, x):\n"
+            "        while True:\n            pass\n")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "check_attention", str(folder), "Attn", f"workers={workers}"],
+        cwd=REPO_ROOT, env={**SCRIPT_ENV, "TMPDIR": str(tmp)}, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while len(list(tmp.glob("check_attention-*/check-*"))) < workers:  # each in a layer
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.2)
+        time.sleep(1)  # inside forward by now
+        start = time.monotonic()
+        if how == "SIGINT":
+            os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C at a terminal does
+        else:
+            os.kill(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=60)
+        took = time.monotonic() - start
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    err = proc.stderr.read().decode()
+    assert proc.returncode == 128 + getattr(signal, how), err
+    assert "error: interrupted" in err
+    assert took < 3, took
+    time.sleep(0.5)  # a process killed as the checker ended is gone by now
+    assert os.listdir(tmp) == [] and sandbox_processes(str(tmp)) == []
 
 
 @needs_linux

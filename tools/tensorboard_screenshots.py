@@ -1,16 +1,19 @@
-"""Serve TensorBoard on an ablation study and photograph its tabs with a real browser (headless
-Chromium), to see what a user sees.
+"""Serve TensorBoard on a logdir or an ablation study and photograph its tabs with a real browser
+(headless Chromium), to see what a user sees.
 
+    python -m tools.tensorboard_screenshots logdir=runs/pitfalls out=docs overwrite=true
     python -m tools.tensorboard_screenshots study=runs/ablations/<date> [out=DIR] [seed=N]
-    python -m tools.tensorboard_screenshots study=runs/ablations/<date> out=docs overwrite=true
 
-Writes, into the study's directory unless out= says otherwise, tensorboard_scalars.png and
+logdir= writes, into out= (else the logdir), what `tensorboard --logdir <logdir>` shows, as
+docs/tensorboard.md opens it: tensorboard_landing.png (the page it opens on, Time Series, the
+losses first) and tensorboard_maps.png (the Images tab: each run's attention maps). study=
+writes, into out= (else the study's directory), tensorboard_scalars.png and
 tensorboard_images.png (TensorBoard on one seed of every arm, `tensorboard --logdir
-<study>/seed<N>` as docs/tensorboard.md has it: the lowest seed, or seed=) and tensorboard_hparams.png
-(the HParams table of the whole study). Files already in out= are replaced only with
-overwrite=true (docs/ holds those of docs/tensorboard.md). Needs Debian's `chromium` (apt-get install chromium);
-it is started with no network but the local TensorBoard and a throw-away profile. Not part of
-the test suite: the same data is checked through TensorBoard's HTTP API in tests/test_sweep.py.
+<study>/seed<N>`: the lowest seed, or seed=) and tensorboard_hparams.png (the HParams table of
+the whole study). Files already in out= are replaced only with overwrite=true (docs/ holds those
+of docs/tensorboard.md). Needs Debian's `chromium` (apt-get install chromium); it is started
+with no network but the local TensorBoard and a throw-away profile. Not part of the test suite:
+the same data is checked through TensorBoard's HTTP API in tests/test_sweep.py.
 
 TensorBoard is a single-page app that fetches its data after the page loads, so each picture
 is taken by `chromium --screenshot` after a budget of virtual time in which the page settles.
@@ -29,8 +32,6 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
-
-from omegaconf import MISSING
 
 from safeio.cli import UserError, parse_key_values, run_cli
 from guard.run_dir import event_files
@@ -138,25 +139,35 @@ def shrink(path: Path, max_bytes: int = 300_000) -> None:
 
 @dataclass
 class ScreenshotArgs:
-    study: str = MISSING         # the study's directory (runs/ablations/<date>)
-    out: Optional[str] = None    # where the pictures go (null: the study's directory)
+    logdir: Optional[str] = None  # a folder of runs (runs/pitfalls): the landing page and the maps
+    study: Optional[str] = None  # or a study's directory (runs/ablations/<date>)
+    out: Optional[str] = None    # where the pictures go (null: the logdir's or study's directory)
     # the seed whose runs the Scalars and Images pictures show (null: the lowest)
     seed: Optional[int] = None
     budget_ms: int = 20_000      # virtual time each page gets to load before its picture
     overwrite: bool = False      # replace pictures already in out= (docs/ holds those of docs/tensorboard.md)
 
 
+def runs_in(folder: Path) -> list[Path]:
+    """The runs (folders of TensorBoard events) under folder, each checked readable."""
+    runs = sorted({p.parent for p in folder.rglob("events.out.*")}) if folder.is_dir() else []
+    if not runs:
+        raise UserError(f"no runs with TensorBoard events in {folder}")
+    for run in runs:  # (TensorBoard itself would hang on a FIFO named like an events file)
+        event_files(run)
+    return runs
+
+
 def photograph(args: ScreenshotArgs) -> list[Path]:
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     if chromium is None:
         raise UserError("no chromium on PATH (apt-get install chromium)")
+    if (args.logdir is None) == (args.study is None):
+        raise UserError("give logdir= (a folder of runs) or study= (a study's directory)")
+    if args.logdir is not None:
+        return photograph_logdir(chromium, args)
     study = Path(args.study)
-    runs = sorted(p.parent for p in study.rglob("events.out.*")) if study.is_dir() else []
-    runs = sorted(set(runs))
-    if not runs:
-        raise UserError(f"no runs with TensorBoard events in {study}")
-    for run in runs:  # (TensorBoard itself would hang on a FIFO named like an events file)
-        event_files(run)
+    runs = runs_in(study)
     out = Path(args.out) if args.out else study
     names = ("tensorboard_scalars.png", "tensorboard_images.png", "tensorboard_hparams.png")
     scalars, images, hparams = files = [out / name for name in names]
@@ -175,9 +186,27 @@ def photograph(args: ScreenshotArgs) -> list[Path]:
     return files
 
 
+def photograph_logdir(chromium: str, args: ScreenshotArgs) -> list[Path]:
+    """The page `tensorboard --logdir <logdir>` opens on, at a laptop's window size, and its
+    Images tab."""
+    logdir = Path(args.logdir)
+    runs = runs_in(logdir)
+    out = Path(args.out) if args.out else logdir
+    files = [out / "tensorboard_landing.png", out / "tensorboard_maps.png"]
+    check_outputs(files, args.overwrite, own=logdir)
+    out.mkdir(parents=True, exist_ok=True)
+    with TensorBoard(logdir, len(runs)) as tb:
+        screenshot(chromium, f"{tb.url}/", files[0], (1440, 900), args.budget_ms)
+        screenshot(chromium, f"{tb.url}/#images", files[1], (1440, 1200), args.budget_ms)
+    for path in files:
+        shrink(path)
+        print(f"wrote {path}")
+    return files
+
+
 def main(argv: list[str]) -> int:
-    usage = ("usage: python -m tools.tensorboard_screenshots study=DIR [out=DIR] [seed=N] "
-             "[overwrite=true]")
+    usage = ("usage: python -m tools.tensorboard_screenshots logdir=DIR | study=DIR [out=DIR] "
+             "[seed=N] [overwrite=true]")
 
     def body() -> None:
         photograph(parse_key_values(argv, ScreenshotArgs, usage, about=__doc__.split("\n\n")[0]))

@@ -9,8 +9,8 @@
   (scripts/attention_map.py's picture of a layer).
 - `card_image`: one layer as TensorBoard's Images tab shows it, in a card CARD_WIDTH pixels wide:
   the sharpest head at a size whose tokens can be read, and every head as a thumbnail beneath;
-  training/tb.py's `log_attention_maps` logs one per layer (tag `attention_layer<i>`, a section
-  of its own per layer) at each evaluation.
+  training/tb.py's `log_attention_maps` logs one per layer (tag `weights/attention_layer<i>`)
+  at each evaluation.
 
 Every renderer (this one, and scripts/maps.py's matplotlib figures for the command line and the
 ablation figure) shares `colorize`, so a map looks the same in TensorBoard, in a PNG and in the
@@ -24,6 +24,7 @@ either library until a picture is drawn.
 from __future__ import annotations
 
 import math
+import textwrap
 from functools import lru_cache
 from pathlib import Path
 
@@ -32,6 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from model.attention import causal_pattern
+from training.config import CachedEval
 
 FUTURE_RGB = (64, 68, 78)   # future keys with no weight: a bluish grey, unlike any text pixel
 GAMMA = 0.5                 # colour = magma(weight ** GAMMA)
@@ -88,12 +90,24 @@ def token_labels(tokenizer, ids: list[int]) -> list[str]:
     return labels
 
 
+def map_labels(tokenizer, ids: list[int], cached: bool = False,
+               how: CachedEval = CachedEval.tokens) -> list[str]:
+    """The axis labels of `attention_weights`' maps of the window `ids`: its tokens, or the
+    sequence the served path feeds (`served_ids`, its pads as PAD_LABEL)."""
+    if not (cached and CachedEval(how) is CachedEval.served):
+        return token_labels(tokenizer, ids)
+    fed, pad = served_ids(ids)
+    half = len(ids) // 2
+    return [PAD_LABEL if half <= i < half + pad else label
+            for i, label in enumerate(token_labels(tokenizer, fed))]
+
+
 # ----------------------------------------------------------------------------- the weights
 
 
 @torch.no_grad()
-def attention_weights(model, ids: list[int], amp, cached: bool = False
-                      ) -> tuple[np.ndarray, np.ndarray]:
+def attention_weights(model, ids: list[int], amp, cached: bool = False,
+                      how: CachedEval = CachedEval.tokens) -> tuple[np.ndarray, np.ndarray]:
     """Every layer's weights over one window, under whatever attention the model runs now (its
     own, or a variant set by `attention_variant`), and each layer's future weight, both on the
     host: [n_layer, n_head, n, n] and [n_layer] float32. The future weight is computed where the
@@ -102,12 +116,19 @@ def attention_weights(model, ids: list[int], amp, cached: bool = False
     cached: the weights of the generation path instead, the window fed one token at a time
     through a KV cache: row t is the step that feeds token t, over the keys 0..t it holds then.
     For a correct layer this is the same map; a cache pitfall shows in it (upper_left_mask puts
-    every row's weight on key 0)."""
+    every row's weight on key 0). `how` feeds it as the run's final evaluation does
+    (train.cached_eval): in chunks of the model's window, or served (`_served_weights`)."""
     was_training = model.training
     model.eval()
     x = torch.tensor([ids], device=next(model.parameters()).device)  # [1, n]
+    size = (model.cfg.window or 8) if CachedEval(how) is CachedEval.chunks else 1
     with amp:
-        weights = _cached_weights(model, x) if cached else model(x, return_weights=True)[2]
+        if not cached:
+            weights = model(x, return_weights=True)[2]
+        elif CachedEval(how) is CachedEval.served:
+            weights = _served_weights(model, x)
+        else:
+            weights = _cached_weights(model, x, size)
     model.train(was_training)
     maps = torch.stack([w[0].float() for w in weights])           # [L, h, n, n]
     leaks = torch.stack([future_weight(w) for w in weights])      # [L]
@@ -115,16 +136,46 @@ def attention_weights(model, ids: list[int], amp, cached: bool = False
     return host[len(leaks):].reshape(maps.shape), host[:len(leaks)]
 
 
-def _cached_weights(model, x: torch.Tensor) -> list[torch.Tensor]:
-    """Each layer's [1, h, n, n] weights of x [1, n] fed one token at a time through a KV cache
-    (row t: the step of token t; the keys after t do not exist yet, and get 0)."""
+def _cached_weights(model, x: torch.Tensor, size: int = 1) -> list[torch.Tensor]:
+    """Each layer's [1, h, n, n] weights of x [1, n] fed `size` tokens at a time through a KV
+    cache (row t: the step of token t; the keys after its step do not exist yet, and get 0)."""
     n = x.size(1)
     cache = model.new_cache(1)
-    rows = []  # per step: each layer's [1, h, 1, t + 1]
-    for t in range(n):
-        rows.append(model(x[:, t:t + 1], cache=cache, return_weights=True)[2])
-    return [torch.cat([F.pad(step[layer], (0, n - t - 1)) for t, step in enumerate(rows)], dim=2)
-            for layer in range(len(rows[0]))]
+    steps = [model(piece, cache=cache, return_weights=True)[2] for piece in x.split(size, 1)]
+    return [torch.cat([F.pad(step[layer], (0, n - step[layer].size(-1))) for step in steps], 2)
+            for layer in range(len(steps[0]))]
+
+
+PAD_LABEL = "∅"  # a pad token's label in the served maps
+
+
+def served_ids(ids: list[int], pad: int = 3) -> tuple[list[int], int]:
+    """The sequence the served maps feed, and its pads: the window's second half, then its
+    first half behind `pad` pad tokens (id 0), cut to the window's length."""
+    half = len(ids) // 2
+    pad = min(pad, half - 1)
+    return ids[half:] + [0] * pad + ids[:half - pad], pad
+
+
+def _served_weights(model, x: torch.Tensor) -> list[torch.Tensor]:
+    """Each layer's [1, h, n, n] weights of the served path (train.cached_eval=served): the
+    window's second half prefilled, then through the same cache, restarted as a Decoder does, its
+    first half behind 3 pad tokens one token at a time. Rows and columns are the sequence fed
+    (`served_ids`): a key's column is where its token came, whichever cache slot it was written
+    to (an emptied cache writes the second prompt from slot 0 again)."""
+    ids, pad = served_ids(x[0].tolist())
+    fed = torch.tensor([ids], device=x.device)  # [1, n]
+    n, half = fed.size(1), x.size(1) // 2
+    cache = model.new_cache(1)
+    first = model(fed[:, :half], cache=cache, return_weights=True)[2]  # [1, h, half, half]
+    model.blocks[0].attn.new_sequence(cache)  # Decoder.restart: the correct layer empties it
+    cache.pad = torch.tensor([pad], device=x.device)
+    offset = half - cache.length  # the column of slot 0: half after a reset, 0 if kept
+    steps = [model(fed[:, t:t + 1], cache=cache, return_weights=True)[2] for t in range(half, n)]
+    return [torch.cat([F.pad(first[layer], (0, n - half))] +
+                      [F.pad(step[layer], (offset, n - offset - step[layer].size(-1)))
+                       for step in steps], dim=2)
+            for layer in range(len(first))]
 
 
 def sharpest_head(weights: np.ndarray) -> int:
@@ -165,8 +216,8 @@ def _font(size: int):
 
 def grid_image(weights: np.ndarray, labels: list[str], title: str = "", cell: int = 9) -> np.ndarray:
     """[h, n, n] weights of one layer -> [H, W, 3] uint8: a grid of heatmaps, one per head (rows
-    are queries, columns keys), `cell` pixels per weight, tokens along the left column's rows and
-    under the bottom row's columns."""
+    are queries, columns keys, and the axes say so), `cell` pixels per weight, tokens along the
+    left column's rows and under the bottom row's columns."""
     from PIL import Image, ImageDraw
 
     h, n, _ = weights.shape
@@ -174,10 +225,13 @@ def grid_image(weights: np.ndarray, labels: list[str], title: str = "", cell: in
     rows = math.ceil(h / cols)
     font, small = _font(cell), _font(max(cell - 1, 6))
     panel, gap = n * cell, 2 * cell
-    label = max(int(font.getlength(s)) for s in labels) + 4  # room for the token labels
     line = cell + 6                                           # one line of title text
-    top = (title.count("\n") + 2) * line                     # the title's lines and the bar's
+    # room for the token labels, and on the left and at the bottom for the axes' names
+    label = max(int(font.getlength(s)) for s in labels) + 4 + line
     width = label + cols * panel + (cols - 1) * gap + gap
+    fits = int((width - label - gap) // font.getlength("x"))  # a monospaced font
+    title = "\n".join(textwrap.fill(part, fits) for part in title.split("\n")) if title else ""
+    top = (title.count("\n") + 2) * line                     # the title's lines and the bar's
     height = top + rows * (line + panel) + (rows - 1) * gap + label + gap
     canvas = np.full((height, width, 3), 255, dtype=np.uint8)
 
@@ -211,8 +265,14 @@ def grid_image(weights: np.ndarray, labels: list[str], title: str = "", cell: in
             for i, text in enumerate(labels):
                 draw.text((x - 2, y + i * cell + cell / 2), text, fill=(0, 0, 0), font=font,
                           anchor="rm")
+            name = Image.new("RGB", (panel, line), (255, 255, 255))  # "query", reading upwards
+            ImageDraw.Draw(name).text((panel / 2, line / 2), "query", fill=(0, 0, 0), font=font,
+                                      anchor="mm")
+            image.paste(name.rotate(90, expand=True), (2, y))
         if head + cols >= h:  # the lowest panel of its column
             image.paste(under, (x, y + panel + 2))
+            draw.text((x + panel / 2, y + panel + 2 + label - line + line / 2), "key",
+                      fill=(0, 0, 0), font=font, anchor="mm")
     return np.asarray(image)
 
 

@@ -16,6 +16,7 @@ into place; `latest` is replaced the same way afterwards. A crash leaves the pre
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import random
@@ -72,12 +73,20 @@ class Progress:
             "skipped": count(p.skipped) and count(p.step) and p.skipped <= p.step,
             "best_step": p.best_step == -1 or count(p.best_step) and count(p.step)
             and p.best_step <= p.step,
-            "best_val": number(p.best_val), "elapsed": finite(p.elapsed) and p.elapsed >= 0,
+            # a loss, with the step it was measured at; or none yet (inf, -1)
+            "best_val": number(p.best_val) and (p.best_val == math.inf and p.best_step == -1
+                                                or finite(p.best_val) and p.best_val >= 0
+                                                and p.best_step != -1),
+            "elapsed": finite(p.elapsed) and p.elapsed >= 0,
             "loss_window": type(p.loss_window) is list and all(map(finite, p.loss_window))
             and count(p.step) and len(p.loss_window) <= p.step,
-            "history": type(p.history) is list and all(
+            # one evaluation a step at most, in order, none after the state's own step
+            "history": type(p.history) is list and count(p.step)
+            and len(p.history) <= p.step + 1 and all(
                 type(e) is list and len(e) == 3 and count(e[0]) and
-                all(type(v) in (int, float) for v in e[1:]) for e in p.history),
+                all(type(v) in (int, float) for v in e[1:]) for e in p.history)
+            and all(a[0] < b[0] for a, b in zip(p.history, p.history[1:]))
+            and (not p.history or p.history[-1][0] <= p.step),
         }
         wrong = next((name for name, ok in checks.items() if not ok), None)
         if wrong is not None:
@@ -158,6 +167,8 @@ def _fsync_dir(path: Path) -> None:
 
 def atomic_write(path: Path, payload: bytes) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
+    with contextlib.suppress(FileNotFoundError, IsADirectoryError):
+        os.unlink(tmp)  # left by a writer that was killed, or planted: a link, a FIFO
     _fsync_write(tmp, payload)
     os.replace(tmp, path)
     _fsync_dir(path.parent)

@@ -35,6 +35,25 @@ class NonFinite(str, Enum):
     skip = "skip"
 
 
+class CachedEval(str, Enum):
+    """How the final evaluation feeds its batches [B, T] through the KV cache, teacher forced
+    (training/evaluate.py, decoded_losses; the third study, docs/ablations.md)."""
+
+    tokens = "tokens"  # one token at a time: decoding
+    # a server's second batch: each row's second half decoded first, then through the same
+    # decoder its first half, left-padded by b % (T / 4) tokens (prompts of different lengths),
+    # one token at a time; scored on the real tokens
+    served = "served"
+    chunks = "chunks"  # a prefill in chunks of model.window tokens (8 without a window)
+
+
+class Headline(str, Enum):
+    """The loss a study is read by: TensorBoard's HParams table shows it first (training/tb.py)."""
+
+    causal_loss = "causal_loss"  # val/causal_loss: what training and the usual validation see
+    cached_loss = "cached_loss"  # val/cached_loss: what decoding through the KV cache sees
+
+
 @dataclass
 class OptimConfig:
     """AdamW (or Muon + AdamW) with decoupled weight decay on matrices only (not on biases,
@@ -42,17 +61,17 @@ class OptimConfig:
     the same lr suits both."""
 
     name: OptimizerName = OptimizerName.muon
-    lr: float = 4e-3
-    min_lr: float = 0.0
-    warmup_steps: int = 100
+    lr: float = 4e-3           # the peak learning rate, after warmup
+    min_lr: float = 0.0        # the learning rate at the last step
+    warmup_steps: int = 100    # steps of linear warmup from 0 to lr
     # the schedule and the weight decay of round 3 of docs/budget.md (rounds 1 and 2: cosine to
     # min_lr 2e-4, weight decay 0.1)
     schedule: Schedule = Schedule.linear
     decay_fraction: float = 1.0  # schedule=linear: the share of the steps after warmup that decay
-    weight_decay: float = 0.6
-    beta1: float = 0.9
-    beta2: float = 0.99
-    eps: float = 1e-8
+    weight_decay: float = 0.6  # decoupled, on weight matrices only
+    beta1: float = 0.9         # AdamW's momentum
+    beta2: float = 0.99        # AdamW's decay of the squared gradients
+    eps: float = 1e-8          # AdamW's epsilon
     grad_clip: float = 1.0  # max global gradient norm; 0 turns clipping off
     muon_momentum: float = 0.95  # Muon's (Nesterov) momentum; only with name=muon
     muon_lr_scale: float = 1.0   # Muon's lr = this x the schedule's lr (AdamW's)
@@ -61,20 +80,20 @@ class OptimConfig:
 
 @dataclass
 class TrainConfig:
-    # At most this many steps (round 7 of docs/budget.md) ...
-    max_steps: int = 3400
-    # ... and fewer where they would take longer than this many minutes of training: the count
-    # is fixed from the speed of the first 50 steps, shortened at an evaluation where the steps
-    # have slowed, and written in config.yaml
-    # (training/budget.py; null: always max_steps). Sized so that the README's first command takes
-    # at most 12 minutes on a 2-core CPU (docs/results.md).
-    budget_minutes: Optional[float] = 8.5
+    # Steps to train, the same on every machine. 2,500: more are better (docs/budget.md: 2,800 by
+    # 0.006 nats/char in round 3, 3,400 by 0.0056 more in round 7), but on the slowest 2-core CPU
+    # measured 2,800 took the README's first command to 11.9 of its 12 minutes (docs/results.md).
+    max_steps: int = 2500
+    # Optional: train fewer steps where max_steps would take longer than this many minutes. The
+    # count is fixed from the speed of the first 50 steps, shortened at an evaluation where the
+    # steps have slowed, and written in config.yaml (training/budget.py). null: always max_steps.
+    budget_minutes: Optional[float] = None
     batch_size: int = 16            # sequences per micro-batch, per process
     # Micro-batches per optimizer step: the step's batch is batch_size x grad_accum x processes.
     grad_accum: int = 1
     # Stop early once this much training time has passed (null: run all max_steps).
     max_minutes: Optional[float] = None
-    eval_interval: int = 500
+    eval_interval: int = 500        # steps between evaluations (and checkpoints)
     eval_batches: int = 20          # fixed random validation batches for periodic evaluation
     final_full_eval: bool = True    # at the end, score every token of the validation split
     # At the end, the loss of the first this-many evaluation batches (all, if there are fewer)
@@ -83,15 +102,16 @@ class TrainConfig:
     # correct layer, a cache pitfall's cost otherwise (val/cached_loss, val/cache_gap;
     # docs/ablations.md). About 5 times the cost of scoring the same batches uncached.
     cached_eval_batches: int = 4
-    log_interval: int = 25
+    cached_eval: CachedEval = CachedEval.tokens  # how they go through the cache (CachedEval)
+    log_interval: int = 25          # steps between training-loss points (their mean)
     sample_tokens: int = 300        # text sample logged at each evaluation (0 = none)
-    sample_prompt: str = "\n"
-    sample_temperature: float = 0.8
+    sample_prompt: str = "\n"       # the prompt of the logged samples
+    sample_temperature: float = 0.8  # and their temperature
     # At each evaluation, every layer's attention maps on a fixed validation window of this many
     # tokens (capped at model.block_size) go to TensorBoard's Images tab (docs/tensorboard.md);
     # 32 is what its 350-pixel cards show at a legible 9 pixels per token.
     attention_maps: bool = True
-    attention_map_tokens: int = 32
+    attention_map_tokens: int = 32  # the maps' window, in tokens
     keep_checkpoints: int = 2       # most recent checkpoints kept (the best one is kept too)
     device: str = "auto"            # auto (cuda, else mps, else cpu) | cpu | mps | cuda | cuda:N
     # auto | float32 | bfloat16 (autocast). auto: bf16 on CUDA, fp32 on mps, and on a CPU the
@@ -114,6 +134,12 @@ class TrainConfig:
     overfit_patience: int = 3
     # ... and with early_stop the run then stops (the best weights are in checkpoints/best).
     early_stop: bool = False
+    # Written by train.py, not set by hand: why the run trained fewer steps than the
+    # train.max_steps it was started with (budget_minutes, max_minutes or early_stop), as its
+    # summary says too. null: it trains them all.
+    fewer_steps: Optional[str] = None
+    # The loss TensorBoard's HParams table shows first: a study's headline (conf/experiment/).
+    headline: Headline = Headline.causal_loss
 
 
 @dataclass
@@ -124,7 +150,7 @@ class Config:
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
-    seed: int = 1337
+    seed: int = 1337  # the initial weights, the batches and the samples
     # A run directory to continue from its latest checkpoint.
     resume: Optional[str] = None
     # A GPT-2, Llama or Qwen3 folder (config.json, model.safetensors, tokenizer.json; e.g. from

@@ -22,7 +22,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import math
 import platform
 import statistics
 import time
@@ -31,6 +30,8 @@ from pathlib import Path
 
 import torch
 
+from safeio.cli import UserError
+from safeio.files import read_json
 from training.checkpoint import atomic_write
 from training.config import Config
 from training.device import NATIVE_BF16_ENV, autocast, cpu_fields, forced_cpu_bf16, pick_dtype
@@ -46,6 +47,8 @@ CAP_S = 15.0         # ... and stops short of MIN_REPS past this (a big model, a
 CLEAR = 2.0          # or once bf16's step is this many times fp32's (emulated bf16)
 CACHE_FILE = "dtype.json"
 CACHE_FORMAT = 1
+MAX_CACHE_BYTES = 1 << 20  # an entry is about 150 bytes
+STEP_S = (1e-6, 3600.0)    # a step time a cached entry may hold (decide divides by them)
 NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
 
 
@@ -104,9 +107,9 @@ def choose_dtype(cfg: Config, vocab_size: int, device: torch.device) -> Choice:
     timings = measure(cfg, vocab_size, device)
     write_cache(path, key, timings)
     choice = decide(*timings)
-    return Choice(choice.name, f"{choice.reason}: "
-                               f"{timings[0] * 1e3:.0f} vs {timings[1] * 1e3:.0f} ms a step, "
-                               f"probe {time.perf_counter() - started:.1f} s")
+    return Choice(choice.name, f"{choice.reason}: a step float32 {timings[0] * 1e3:.0f} ms, "
+                               f"bfloat16 {timings[1] * 1e3:.0f} ms; probe "
+                               f"{time.perf_counter() - started:.1f} s")
 
 
 # ----------------------------------------------------------------------------- the probe
@@ -195,14 +198,15 @@ def cpu_name() -> str:
 
 
 def read_cache(path: Path) -> dict[str, tuple[float, float]]:
-    """The cached timings by probe key; a missing, unreadable, corrupt or foreign file, and any
-    entry that is not two positive finite times, count as nothing cached (so: measure again)."""
+    """The cached timings by probe key. The file is read like every file the project reads back
+    (safeio/files.py: a regular file of bounded size, opened without blocking: a FIFO would hang
+    the run, a link to /dev/zero never end); a missing, unreadable, corrupt or foreign file, and
+    any entry that is not two step times in STEP_S, count as nothing cached (so: measure again)."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):  # ValueError: bad JSON or bad UTF-8
+        data = read_json(path, "dtype cache", MAX_CACHE_BYTES)
+    except (UserError, OSError):
         return {}
-    if not isinstance(data, dict) or data.get("format") != CACHE_FORMAT \
-            or not isinstance(data.get("entries"), dict):
+    if data.get("format") != CACHE_FORMAT or not isinstance(data.get("entries"), dict):
         return {}
     entries = {}
     for key, entry in data["entries"].items():
@@ -210,7 +214,7 @@ def read_cache(path: Path) -> dict[str, tuple[float, float]]:
             pair = (entry["float32_s"], entry["bfloat16_s"])
         except (TypeError, KeyError):
             continue
-        if all(type(t) in (int, float) and math.isfinite(t) and t > 0 for t in pair):
+        if all(type(t) in (int, float) and STEP_S[0] <= t <= STEP_S[1] for t in pair):
             entries[key] = (float(pair[0]), float(pair[1]))
     return entries
 

@@ -12,6 +12,7 @@ from data.batches import sequential_windows
 from model.decoding import Decoder
 from model.sampling import seeded_generator
 from training.attention_maps import future_weight
+from training.config import CachedEval
 from training.device import float64_home
 from training.runtime import World, all_sum
 
@@ -75,28 +76,79 @@ def cached_loss(model, batches: list, amp, world: World = World(),
     context (block_size), as the evaluation batches do. static: the static cache (CUDA graphs),
     None = as `generate` chooses.
     """
+    return decoded_losses(model, batches, amp, CachedEval.tokens, world, static)[0]
+
+
+@torch.no_grad()
+def decoded_losses(model, batches: list, amp, how: CachedEval = CachedEval.tokens,
+                   world: World = World(), static: Optional[bool] = None) -> tuple[float, float]:
+    """(through the cache, by the forward pass): the mean cross-entropy of the same tokens of
+    the (x, y) batches, fed `how` through the generation path, teacher forced (CachedEval), and
+    scored by the forward pass as in training. For a correct layer the two agree to rounding
+    whatever `how` is; a pitfall of padding, cache reuse or a windowed cache moves the first
+    alone. Only the tokens the way of feeding scores count in both (the real tokens of the
+    served batch's rows)."""
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
     home = float64_home(device)
     if static is None:
         static = device.type == "cuda" and model.attn_cfg.is_causal()
-    total, count = torch.zeros((), device=home, dtype=torch.float64), 0
-    decoder = None
+    totals = torch.zeros(2, device=home, dtype=torch.float64)  # (cached, forward) NLL sums
+    count = 0
     for x, y in batches[world.rank::world.size]:
         x, y = x.to(device), y.to(device)  # [B, T]
-        if decoder is None or decoder.cache.k.size(1) != x.size(0):
-            decoder = Decoder(model, x.size(0), use_cache=True, static=static)
-        decoder.restart()
-        for t in range(x.size(1)):
-            with amp:
-                logits = decoder.next_logits(x[:, :t + 1])  # [B, V]: the next token's, from t
-            nll = F.cross_entropy(logits.float(), y[:, t], reduction="sum")
-            total += nll.to(home).double()
-        count += y.numel()
+        with amp:
+            cached, scored = FEEDS[CachedEval(how)](model, x, static)  # [B, T, V], [B, T]
+            forward = model(x)[0]
+        for i, logits in enumerate((cached, forward)):
+            nll = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction="none")
+            totals[i] += (nll * scored.flatten()).sum().to(home).double()
+        count += int(scored.sum())
     model.train(was_training)
-    total, count = all_sum([total.item(), float(count)], world)  # one host sync
-    return total / count
+    cached, forward, count = all_sum([*totals.tolist(), float(count)], world)  # one host sync
+    return cached / count, forward / count
+
+
+def _one_at_a_time(model, x: torch.Tensor, static: bool):
+    """Logits [B, T, V] of x fed one token at a time through a Decoder; every token scored."""
+    decoder = Decoder(model, x.size(0), use_cache=True, static=static)
+    logits = torch.stack([decoder.next_logits(x[:, :t + 1]) for t in range(x.size(1))], dim=1)
+    return logits, torch.ones_like(x, dtype=torch.bool)
+
+
+def _served(model, x: torch.Tensor, static: bool):
+    """A server's second batch of prompts: each row's second half decoded first; then, through
+    the same decoder restarted, its first half left-padded by pad[b] = b % (T / 4) tokens (id
+    0, never seen; prompts of different lengths), one token at a time. Logits [B, T, V] at
+    each real token's index of x: row b's first T / 2 - pad[b] tokens, which alone are scored."""
+    B, T = x.shape
+    half = T // 2
+    pad = torch.arange(B, device=x.device) % max(half // 2, 1)  # [B]
+    t = torch.arange(half, device=x.device)
+    source = (t[None, :] - pad[:, None]).clamp_min(0)  # [B, half]: slot s holds x[b, s - pad[b]]
+    prompt = torch.where(t[None, :] >= pad[:, None], x[:, :half].gather(1, source), 0)
+    decoder = Decoder(model, B, use_cache=True, static=static)
+    decoder.next_logits(x[:, half:])  # the first batch, all at once
+    decoder.restart(pad)  # a new batch: the correct layer empties the cache
+    steps = torch.stack([decoder.next_logits(prompt[:, :s + 1]) for s in range(half)], dim=1)
+    index = (t[None, :] + pad[:, None]).clamp_max(half - 1)  # [B, half]: x[b, t] at t + pad[b]
+    logits = steps.gather(1, index[..., None].expand(-1, -1, steps.size(-1)))  # [B, half, V]
+    logits = torch.cat([logits, logits.new_zeros(B, T - half, logits.size(-1))], dim=1)
+    return logits, torch.arange(T, device=x.device)[None, :] < half - pad[:, None]
+
+
+def _chunks(model, x: torch.Tensor, static: bool):
+    """x fed through a KV cache in chunks of the model's window (8 keys without one), as a
+    prompt is prefilled in pieces; every token scored."""
+    cache = model.new_cache(x.size(0), static=static)
+    size = model.cfg.window or 8
+    return torch.cat([model(piece, cache=cache)[0] for piece in x.split(size, dim=1)], 1), \
+        torch.ones_like(x, dtype=torch.bool)
+
+
+FEEDS = {CachedEval.tokens: _one_at_a_time, CachedEval.served: _served,
+         CachedEval.chunks: _chunks}
 
 
 def bits_per_char(nats_per_token: float, n_tokens: int, n_chars: int) -> float:

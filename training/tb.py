@@ -9,8 +9,8 @@ from typing import Optional
 from torch.utils.tensorboard import SummaryWriter
 
 from safeio.files import dump_run_config
-from training.attention_maps import attention_weights, card_image, map_window, token_labels
-from training.config import Config
+from training.attention_maps import attention_weights, card_image, map_labels, map_window
+from training.config import CachedEval, Config
 
 
 class NullWriter:
@@ -35,18 +35,26 @@ def write_config(writer, cfg: Config) -> None:
     writer.add_text("config", "```\n" + dump_run_config(cfg) + "\n```", 0)
 
 
+# The section of TensorBoard the attention maps go to (log_attention_maps says why this one).
+MAP_GROUP = "weights"
+
+
 def log_attention_maps(writer, model, split, tokenizer, n: int, step: int, amp,
-                       cached: bool = False) -> None:
-    """One image per layer in TensorBoard (tag attention_layer<i>: TensorBoard groups the Images
-    tab by a tag's first word, so each layer gets its own section and the runs' maps of one layer
-    sit side by side): `card_image` of its heads on the split's fixed window of n tokens
-    (`map_window`: the same text at every evaluation, in every run), titled with the layer's future
-    weight on it. cached: the generation path's maps (`attention_weights`), tag
-    decoding_layer<i>."""
+                       cached: bool = False, how: CachedEval = CachedEval.tokens) -> None:
+    """One image per layer in TensorBoard (tag weights/attention_layer<i>): `card_image` of its
+    heads on the split's fixed window of n tokens (`map_window`: the same text at every
+    evaluation, in every run), titled with the layer's future weight on it. cached: the
+    generation path's maps (`attention_weights`, fed `how`), tag weights/decoding_layer<i>.
+
+    Why under weights/: TensorBoard's Time Series tab (where it opens) sorts the cards by tag,
+    groups them by the tag's first part and expands the first two groups; under weights/ the maps
+    follow train/ and val/, so it opens on the losses, with the maps in a section below them
+    (MAP_GROUP; tests/test_newcomer.py checks the order)."""
     window = map_window(split, tokenizer, n)
-    weights, leaks = attention_weights(model, window, amp, cached)  # [L, h, n, n], [L]
-    labels = token_labels(tokenizer, window)
-    tag, what = ("decoding_layer", "through the KV cache, ") if cached else ("attention_layer", "")
+    weights, leaks = attention_weights(model, window, amp, cached, how)  # [L, h, n, n], [L]
+    labels = map_labels(tokenizer, window, cached, how)
+    tag, what = (f"{MAP_GROUP}/decoding_layer", "through the KV cache, ") if cached else \
+        (f"{MAP_GROUP}/attention_layer", "")
     for layer, (w, leak) in enumerate(zip(weights, leaks)):
         title = f"layer {layer}, step {step}: {what}future weight {leak:.3f}"
         writer.add_image(f"{tag}{layer}", card_image(w, labels, title), step, dataformats="HWC")
@@ -60,11 +68,18 @@ def log_attention_maps(writer, model, split, tokenizer, n: int, step: int, amp,
 LEADING = ("arm", "lr", "n_layer", "seed", "tokenizer")
 
 # The table's metrics, in the order of its columns (the first five are shown): the last value of
-# each series. The causal losses lead: they are the ones comparable across attention variants,
-# and nats/char across tokenizers.
+# each series. The run's headline leads (train.headline: a study's, set by its
+# conf/experiment/), then the causal losses: they are the ones comparable across attention
+# variants, and nats/char across tokenizers.
 HPARAM_METRICS = ("val/causal_loss", "val/nats_per_char", "val/loss", "train/loss",
                   "val/nats_per_char_full", "val/bpc", "val/causal_loss_full", "val/loss_full",
                   "val/bpc_full", "val/cached_loss", "val/cache_gap")
+
+
+def hparam_metrics(cfg: Config) -> tuple[str, ...]:
+    """HPARAM_METRICS with the run's headline (train.headline) first."""
+    first = f"val/{cfg.train.headline.value}"
+    return (first, *(tag for tag in HPARAM_METRICS if tag != first))
 
 
 def hparams_of(cfg: Config, regime: str = "-") -> dict:
@@ -96,10 +111,11 @@ def hydra_regime() -> str:
 def write_hparams(writer: SummaryWriter, cfg: Config) -> None:
     """The run's hyper-parameters for the HParams dashboard, written into the run itself, so the
     HParams table and the scalar dashboard show the same run; its metrics are the last values of
-    the run's own series (HPARAM_METRICS), so no chart repeats them.
+    the run's own series (HPARAM_METRICS, the headline first), so no chart repeats them.
 
-    Every run writes the same experiment (all of HPARAM_METRICS, LEADING marked), because
-    TensorBoard builds the table from whichever run's experiment it reads first.
+    Every run of a study writes the same experiment (all of HPARAM_METRICS, LEADING marked, its
+    headline first), because TensorBoard builds the table from whichever run's experiment it
+    reads first.
     """
     from tensorboard.plugins.hparams import api_pb2, plugin_data_pb2
 
@@ -108,7 +124,8 @@ def write_hparams(writer: SummaryWriter, cfg: Config) -> None:
     hparams = hparams_of(cfg, hydra_regime())
     infos = [api_pb2.HParamInfo(name=name, type=_data_type(value), differs=name in LEADING)
              for name, value in hparams.items()]
-    metric_infos = [api_pb2.MetricInfo(name=api_pb2.MetricName(tag=tag)) for tag in HPARAM_METRICS]
+    metric_infos = [api_pb2.MetricInfo(name=api_pb2.MetricName(tag=tag))
+                    for tag in hparam_metrics(cfg)]
     start = plugin_data_pb2.SessionStartInfo(start_time_secs=time.time())
     for name, value in hparams.items():
         field = {bool: "bool_value", str: "string_value"}.get(type(value), "number_value")

@@ -13,7 +13,13 @@ what the file did:
   below us, and sandbox.py kills all of it after each check;
 - writes and metadata only in its directory: Landlock (writes, renames, links, device ioctls);
   seccomp refuses chmod, chown, utime, xattrs and inode flags everywhere (Landlock has no
-  rights for them), and io_uring (whose operations no seccomp filter sees);
+  rights for them), and io_uring (whose operations no seccomp filter sees); each check adds a
+  layer of its own (`confine_check`): writes only to the check's directory, which is its HOME
+  and TMPDIR and is removed after it, so nothing one check leaves is there for the next;
+- reads only what a check needs: the same layer lets it read the Python installation and its
+  packages, the project, the system's libraries and the submission's folder, nothing else (not
+  the instructor's solution, /etc, or another process's /proc), so nothing outside can reach
+  the report through an exception message;
 - no network by any protocol: seccomp refuses socket() for every family (socketpair() stays);
   a network namespace of our own where the kernel lets us make one; Landlock's TCP rule;
 - nothing left in shared places: Landlock denies /dev/shm and /tmp outside our directory;
@@ -60,8 +66,10 @@ def confine(root: str, gpu: bool) -> str:
         words.append("capabilities dropped")
     abi = _landlock(libc, root, gpu)
     if abi:
-        words.append(f"Landlock ABI {abi} (writes only to its directory, no /dev but "
-                     f"null and random{' and the GPU' if gpu else ''})")
+        reads = ("reads not confined with a GPU" if gpu else "reads only Python, its packages "
+                 "and the submission's folder")
+        words.append(f"Landlock ABI {abi} (writes only to the check's own directory, {reads}, "
+                     f"no /dev but null and random{' and the GPU' if gpu else ''})")
     filtered = _seccomp()
     if filtered:
         words.append(filtered)
@@ -125,11 +133,13 @@ class _PathBeneath(ctypes.Structure):
     _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
 
 
-def landlock_rules(root: str, gpu: bool, every: int) -> dict[str, int]:
-    """Path -> rights. Reading stays allowed everywhere but /dev (the child imports torch and the
-    user's file); of /dev only the nodes Python and torch use, and the GPU's with a GPU; all
-    rights beneath our own directory."""
-    rules = {os.path.join("/", name): _READ for name in os.listdir("/") if name != "dev"}
+def landlock_rules(root: str, gpu: bool, every: int, reads=None) -> dict[str, int]:
+    """Path -> rights. Reading is allowed beneath `reads` (None: everywhere but /dev, as the host
+    needs to import torch); of /dev only the nodes Python and torch use, and the GPU's with a
+    GPU; all rights beneath our own directory."""
+    if reads is None:
+        reads = [os.path.join("/", name) for name in os.listdir("/") if name != "dev"]
+    rules = {path: _READ for path in reads}
     rules.update({f"/dev/{n}": _READ_FILE for n in ("zero", "full", "random", "urandom")})
     rules["/dev/null"] = _READ_FILE | _WRITE_FILE
     if gpu:
@@ -139,8 +149,9 @@ def landlock_rules(root: str, gpu: bool, every: int) -> dict[str, int]:
     return rules
 
 
-def _landlock(libc, root: str, gpu: bool) -> int:
-    """Restrict this process and its descendants to `landlock_rules`; returns the ABI, 0 without."""
+def _landlock(libc, root: str, gpu: bool, reads=None) -> int:
+    """Restrict this process and its descendants to `landlock_rules`; returns the ABI, 0 without.
+    Each call adds a layer: what an earlier one refused stays refused."""
     abi = libc.syscall(_SYS_CREATE, None, ctypes.c_size_t(0), ctypes.c_uint32(1))
     if abi < 1:
         return 0
@@ -152,7 +163,7 @@ def _landlock(libc, root: str, gpu: bool) -> int:
     if ruleset < 0:
         return 0
     try:
-        for path, rights in landlock_rules(root, gpu, fs).items():
+        for path, rights in landlock_rules(root, gpu, fs, reads).items():
             if not os.path.isdir(path):
                 rights &= _FILE_RIGHTS  # a rule on a file may grant only a file's rights
             try:
@@ -173,6 +184,31 @@ def _landlock(libc, root: str, gpu: bool) -> int:
     finally:
         os.close(ruleset)
     return abi
+
+
+def check_reads() -> list[str]:
+    """What a check needs to read beyond its submission's folder: the Python installation and
+    every entry of the module search path (the standard library, site-packages, PYTHONPATH: the
+    project, when it is there), this folder, the system's shared libraries (torch loads some of
+    its own only when first used) with the loader's cache, the processor's description (torch
+    reads it the first time it computes in float16), and its own process's files in /proc
+    (/proc/self is opened by the check itself, so it is that process's, no other's)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, here,
+             *(p for p in sys.path if p), "/usr", "/lib", "/lib64", "/etc/ld.so.cache",
+             "/proc/cpuinfo", "/sys/devices/system/cpu", "/proc/self"}
+    return sorted(p for p in paths if os.path.exists(p))
+
+
+def confine_check(workdir: str, reads: list[str], gpu: bool) -> bool:
+    """Shut one check's process in further, on top of the host's layer: writes only beneath its
+    own directory (so nothing one check writes is there for the next), reads only beneath
+    `reads` and that directory (so no file outside, the instructor's solution or ~/.ssh, can be
+    read and put in the report). With a GPU reads stay as the host's: the driver reads from
+    /proc, /sys and /etc, which is not tested here. False where Landlock is missing."""
+    if not sys.platform.startswith("linux"):
+        return False
+    return _landlock(_libc(), workdir, gpu, None if gpu else reads) > 0
 
 
 # ----------------------------------------------------------------------------- seccomp

@@ -11,7 +11,9 @@ user's file and answers our requests (build, forward, call) over a pipe. So:
 - the host starts in a new session with pipes for its standard streams, so no terminal is open
   or reachable as /dev/tty; on Linux it shuts itself in before anything else (confine.py: no
   device node but null and random, no writes or metadata changes outside its temporary
-  directory, no socket, no shared memory, every process ended with its check). Where Landlock
+  directory, no socket, no shared memory, every process ended with its check), and each child
+  shuts itself in further before it imports the file (its own directory, HOME and TMPDIR, the
+  only place it writes; reads only of Python, the project and the file's folder). Where Landlock
   is missing (another OS, a kernel before 5.13) the checker also compares the project's files
   before and after, refusing the result if anything changed (`Sandbox.writes_confined`);
 - what comes back is read with `torch.load(weights_only=True)`, which builds tensors, numbers,
@@ -36,6 +38,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import weakref
 from pathlib import Path
 from typing import Optional
 
@@ -46,6 +49,16 @@ HEADER = struct.Struct("<Q")
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 NOT_PROJECT = {".git", "runs", "outputs", "multirun", ".cache", "__pycache__", ".pytest_cache",
                ".venv", "venv"}
+# Where programs keep their files: each check's own directory, removed after it, so that nothing
+# one check leaves is there for the next.
+PRIVATE_DIRS = ("HOME", "TMPDIR", "TMP", "TEMP", "XDG_CACHE_HOME", "XDG_CONFIG_HOME",
+                "TRITON_CACHE_DIR", "MPLCONFIGDIR", "TORCHINDUCTOR_CACHE_DIR")
+# The checker's environment variables the sandbox keeps (finding programs and libraries, the
+# locale, the GPU, torch's and the thread libraries' settings, the tests' own); the rest (tokens,
+# keys, whatever the instructor's shell holds) are not the file's to read.
+KEPT_ENV = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "PYTHONHOME", "LANG", "LANGUAGE", "TZ")
+KEPT_ENV_PREFIXES = ("LC_", "CUDA_", "NVIDIA_", "TORCH_", "PYTORCH_", "OMP_", "KMP_", "MKL_",
+                     "OPENBLAS_", "CHECK_ATTENTION_")
 
 
 class SandboxError(RuntimeError):
@@ -148,8 +161,9 @@ def limit_memory(extra: Optional[int]) -> None:
     """Let this process map at most `extra` bytes more than it holds now (RLIMIT_AS): a layer
     that allocates without bound gets a MemoryError (torch: "can't allocate memory") instead of
     exhausting the machine. The base is what the host had mapped when it forked us (torch's
-    libraries, a few GiB of address space), so the limit is on what the layer adds."""
-    if not extra:
+    libraries, a few GiB of address space), so the limit is on what the layer adds. None: no
+    limit; 0 means nothing more."""
+    if extra is None:
         return
     import resource
     try:
@@ -167,7 +181,7 @@ def _host(root: str, user_cwd: str, how: str, ctl: int) -> None:
     here = os.path.dirname(os.path.abspath(__file__))
     sys.path = [p for p in sys.path if os.path.abspath(p or ".") != here]
     sys.path.insert(0, here)
-    from confine import confine, die_with_parent  # this folder's: stdlib (and torch) only
+    from confine import confine, confine_check, die_with_parent, check_reads  # this folder's
     confinement = confine(root, gpu=how == "gpu") if how != "open" else "new session, no terminal"
     current = [0]  # the child being served, if any
 
@@ -183,6 +197,13 @@ def _host(root: str, user_cwd: str, how: str, ctl: int) -> None:
 
     torch.set_num_threads(1)  # the probes are tiny; one thread is fastest and shares the machine
     sys.path.pop(0)
+    reads = check_reads() + [str(PROJECT_ROOT)]  # the project: a file may import our model
+
+    def shut_in(workdir: str, folder: str) -> None:
+        """Called by the child before it imports the file in `folder` (runner.Session.load)."""
+        if how != "open" and not confine_check(workdir, reads + [folder], gpu=how == "gpu") \
+                and "Landlock" in confinement:
+            raise RuntimeError("the check's own Landlock layer could not be added")
     proto_in, proto_out = os.dup(0), os.dup(1)
     os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
     os.dup2(os.open(os.devnull, os.O_WRONLY), 1)  # a stray print cannot corrupt the protocol
@@ -194,7 +215,7 @@ def _host(root: str, user_cwd: str, how: str, ctl: int) -> None:
             return
         if req.get("cmd") != "fork":
             continue  # a request the last child did not live to read
-        workdir = tempfile.mkdtemp(prefix="child-", dir=root)
+        workdir = tempfile.mkdtemp(prefix="check-", dir=root)
         sys.stdout.flush(), sys.stderr.flush()
         pid = os.fork()
         if pid == 0:
@@ -206,9 +227,14 @@ def _host(root: str, user_cwd: str, how: str, ctl: int) -> None:
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
                 os.setpgid(0, 0)  # its group dies with it where there is no /proc to walk
                 os.chdir(workdir)
+                os.environ.update(dict.fromkeys(PRIVATE_DIRS, workdir))
+                tempfile.tempdir = None  # tempfile's cached choice was the host's directory
                 log = os.open(os.path.join(workdir, "output.log"), os.O_WRONLY | os.O_CREAT, 0o600)
                 os.dup2(log, 1), os.dup2(log, 2)  # the user's prints go to a file we ignore
-                runner.serve(proto_in, proto_out, user_cwd, read_frame, write_frame)
+                runner.serve(proto_in, proto_out, user_cwd, read_frame, write_frame,
+                             lambda folder: shut_in(workdir, folder))
+            except MemoryError:  # reading or writing a frame, past memory=
+                code = 4
             except BaseException:
                 code = 3
             finally:
@@ -258,10 +284,14 @@ class Child:
         if self.exit is not None:
             raise SandboxError(self._exit_words())
         box = self.sandbox
-        box._send({"cmd": cmd, **fields})
+        try:
+            box._send({"cmd": cmd, **fields})
+        except SandboxError:  # the host is gone: did the child end first, reading the request?
+            if not select.select([box.ctl], [], [], 0)[0]:
+                raise
         ready, _, _ = select.select([box.data, box.ctl], [], [],
                                     max(0.0, self.deadline + 5 - time.monotonic()))
-        if box.data not in ready and box.ctl in ready:  # it ended without answering
+        if box.ctl in ready:  # it ended without answering (its host may have ended after it)
             self.exit, self.spoiled = box._recv(self.deadline + 5, box.ctl), True
             raise SandboxError(self._exit_words())
         from check_attention.sandbox.answers import BadAnswer, check_answer  # the checker's side
@@ -280,10 +310,18 @@ class Child:
         rc = self.exit["exited"]
         if rc < 0:
             return f"the layer's process was killed by signal {-rc} ({signal.Signals(-rc).name})"
+        if rc == 4:
+            return "the layer's process ran out of memory between two calls (MemoryError)"
         return f"the layer's code ended its process (exit status {rc})"
 
-    def close(self) -> None:
+    def close(self, abandon: bool = False) -> None:
+        """Ask the child to end and read its exit; abandon: end its host at once instead (the
+        checker is being stopped: Ctrl-C, SIGTERM), not after the layer's current call."""
         box = self.sandbox
+        if abandon:
+            self.exit = self.exit or {"exited": -signal.SIGKILL, "timed_out": False}
+            box.close()
+            return
         if self.exit is None and not self.spoiled:
             try:
                 box._send({"cmd": "exit"})
@@ -299,8 +337,18 @@ class Child:
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc):
-        self.close()
+    def __exit__(self, kind, *_):
+        self.close(abandon=kind is not None and not issubclass(kind, Exception))
+
+
+_open: "weakref.WeakSet[Sandbox]" = weakref.WeakSet()  # this process's hosts, for close_all
+
+
+def close_all() -> None:
+    """End every sandbox host of this process, and the check each is running, and remove their
+    directories (a grading worker told to stop)."""
+    for box in list(_open):
+        box.close()
 
 
 class Sandbox:
@@ -318,32 +366,45 @@ class Sandbox:
         self.user_cwd = os.path.abspath(user_cwd or os.getcwd())
         self.how = "open" if not confine else "gpu" if gpu else "cpu"
         self.gpu = gpu or not confine  # may the children use the GPU
-        self._start()
+        try:
+            self._start()  # now: it imports torch while the checker does
+        except SandboxError:
+            pass  # said when it is first used (`confinement`), where a check reports it
 
     def _start(self) -> None:
+        """Start the host in a directory of its own; a host that cannot start leaves nothing."""
         self.root = tempfile.mkdtemp(prefix="check_attention-")
-        env = dict(os.environ)  # PYTHONPATH included: the file may import its neighbours
-        env.update(PYTHONDONTWRITEBYTECODE="1", HOME=self.root, TMPDIR=self.root,
-                   XDG_CACHE_HOME=self.root, TRITON_CACHE_DIR=self.root, MPLCONFIGDIR=self.root,
-                   TORCHINDUCTOR_CACHE_DIR=self.root, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
-                   OPENBLAS_NUM_THREADS="1")
+        self.closed, self.proc, self._ready = False, None, None
+        _open.add(self)
+        env = {k: v for k, v in os.environ.items()  # PYTHONPATH kept: a file imports neighbours
+               if k in KEPT_ENV or k.startswith(KEPT_ENV_PREFIXES)}
+        env.update(dict.fromkeys(PRIVATE_DIRS, self.root), PYTHONDONTWRITEBYTECODE="1",
+                   OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
         self.ctl, ctl = os.pipe()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-B", os.path.abspath(__file__), self.root, self.user_cwd, self.how,
-             str(ctl)], pass_fds=(ctl,),
-            cwd=self.root, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL, start_new_session=True)  # no terminal: nothing to type into
-        os.close(ctl)
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-B", os.path.abspath(__file__), self.root, self.user_cwd,
+                 self.how, str(ctl)], pass_fds=(ctl,),
+                cwd=self.root, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL, start_new_session=True)  # no terminal to type into
+        except OSError as exc:  # an interpreter we may not run, say
+            self.close()
+            raise SandboxError(f"the sandbox process could not start: {exc.strerror or exc} "
+                               f"({sys.executable})") from None
+        finally:
+            os.close(ctl)
         self.data = self.proc.stdout.fileno()
-        self._ready: Optional[dict] = None
 
     @property
     def confinement(self) -> str:
         """How the children are confined, in words (the `sandbox:` line)."""
+        if self.closed:
+            self._start()
         if self._ready is None:
             try:
                 self._ready = self._recv(time.monotonic() + 120, self.ctl)
             except SandboxError as exc:
+                self.close()  # its directory goes now, not when the process ends
                 raise SandboxError(f"the sandbox process did not start ({exc})") from None
         return self._ready["confinement"]
 
@@ -379,17 +440,27 @@ class Sandbox:
     def restart(self) -> None:
         """A new host for the next file; the old one ends with everything it started."""
         self.close()
-        self._start()
+        try:
+            self._start()
+        except SandboxError:
+            pass  # as in __init__
 
     def close(self) -> None:
-        self.proc.terminate()  # the host kills its child and all below it, then exits
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        for f in (self.proc.stdin, self.proc.stdout):
-            f.close()
+        """End the host (it kills its child and all below it first) and remove its directory.
+        Closing twice is closing once; the next check starts a new host."""
+        if self.closed:
+            return
+        self.closed = True
+        _open.discard(self)
+        if self.proc is not None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+            for f in (self.proc.stdin, self.proc.stdout):
+                f.close()
         os.close(self.ctl)
         shutil.rmtree(self.root, ignore_errors=True)
 

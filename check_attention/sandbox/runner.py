@@ -5,7 +5,9 @@ This is the only code that touches the user's objects, and it runs in the child 
 judges anything: it reports what the layer returned, and the checker compares.
 
 Requests (dicts with a `cmd`):
-    load     import FILE, find NAME, build the layer (or take the function), eval() it
+    load     shut this process in to what FILE may read (host.py), import FILE, find NAME (and
+             check it is the object check() was given), build the layer (or take the
+             function), eval() it
     forward  run the layer on each x; optionally record each Linear's first input and output
     rebuild  build it again with another head count and report the output's shape
     call     call a scaled dot-product function on (q, k, v, mask) tuples
@@ -16,6 +18,7 @@ Requests (dicts with a `cmd`):
 """
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import inspect
 import os
@@ -210,8 +213,9 @@ def linear_like(module: nn.Module) -> bool:
 class Session:
     """The child's state: the user's module, the object found in it, the built layer."""
 
-    def __init__(self, user_cwd: str):
+    def __init__(self, user_cwd: str, shut_in=None):
         self.user_cwd, self.file, self.obj, self.layer = user_cwd, None, None, None
+        self.shut_in = shut_in  # host.py's: confine this process to what the file may read
         self.sizes, self.how, self.device, self.dtype = {}, "", "cpu", None
         self.captures: dict = {}
         self.takes_mask = True
@@ -223,6 +227,8 @@ class Session:
         self.sizes = {"d_model": req["d_model"], "n_head": req["n_head"],
                       "block_size": req["block_size"]}
         self.device, self.dtype = req["device"], req["dtype"]
+        if self.shut_in is not None:  # before any of the file runs
+            self.shut_in(os.path.dirname(self.file))
         sys.path[:0] = [os.path.dirname(self.file), self.user_cwd]  # as `python -m` from there
         sys.dont_write_bytecode = True
         torch.manual_seed(req["seed"])  # the layer's initial weights, like the probes: seeded
@@ -244,6 +250,12 @@ class Session:
             raise SubmissionError(f"{os.path.basename(self.file)} has no {name!r}"
                                   + (f" (it defines {', '.join(found)})" if found else ""))
         self.obj = obj = getattr(module, name)
+        if req.get("fingerprint") not in (None, fingerprint(obj)):
+            raise SubmissionError(
+                f"{os.path.basename(self.file)}'s {name}, imported afresh here, is not the object "
+                f"given to check(): the file binds that name to another one when imported again "
+                f"(a choice made at import time, by the machine or the environment?); check the "
+                f"object it always binds, or give 'file.py:{name}'")
         if isinstance(obj, nn.Module):
             self.layer, self.how, consumed = self._prepare(obj), f"{name} (an instance)", set()
         elif isinstance(obj, type) and not issubclass(obj, nn.Module):
@@ -478,9 +490,49 @@ def next_dtype(layer: nn.Module) -> torch.dtype:
     return torch.float32
 
 
-def serve(proto_in: int, proto_out: int, user_cwd: str, read_frame, write_frame) -> None:
-    """Answer requests until `exit` (or the checker hangs up)."""
-    session = Session(user_cwd)
+def fingerprint(obj) -> str:
+    """What a class or function is made of, the same in every process that imports its file: the
+    code of each function it defines (bytecode, constants, names, first line; nested functions
+    too), and a class's bases and plain attributes. Two definitions differ here (at the least by
+    their lines), whatever their __name__ says; check() compares the object it was given with
+    what the sandbox finds under its name."""
+    parts = []
+
+    def code(c) -> None:
+        consts = [repr(k) if isinstance(k, (int, float, complex, str, bytes, type(None))) else
+                  type(k).__name__ for k in c.co_consts]
+        parts.append((c.co_qualname, c.co_firstlineno, c.co_code, c.co_names, consts))
+        for k in c.co_consts:
+            if inspect.iscode(k):
+                code(k)
+
+    def function(f) -> None:
+        f = inspect.unwrap(getattr(f, "__func__", f))
+        if hasattr(f, "__code__"):
+            code(f.__code__)
+
+    if isinstance(obj, type):
+        for klass in obj.__mro__:
+            parts.append(klass.__qualname__)
+            if klass.__module__ != obj.__module__:
+                continue  # another file's: its name says which
+            for key, value in sorted(vars(klass).items()):
+                if isinstance(value, property):
+                    parts.append(key), [function(f) for f in (value.fget, value.fset) if f]
+                elif callable(getattr(value, "__func__", value)):
+                    parts.append(key), function(value)
+                elif key != "__module__" and isinstance(value, (int, float, str, bool)):
+                    parts.append((key, repr(value)))
+    else:
+        function(obj)
+    return hashlib.sha256(repr(parts).encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def serve(proto_in: int, proto_out: int, user_cwd: str, read_frame, write_frame,
+          shut_in=None) -> None:
+    """Answer requests until `exit` (or the checker hangs up). shut_in(folder) confines this
+    process before the file in `folder` is imported."""
+    session = Session(user_cwd, shut_in)
     handlers = {"load": session.load, "forward": session.forward, "rebuild": session.rebuild,
                 "call": session.call, "probe": session.probe, "context": session.context}
     while True:
