@@ -45,7 +45,8 @@ from data.corpus import check_split_overlap
 from safeio.cli import (UserError, exit_with, first_line, hydra_string, one_line,
                         python_command, run_cli)
 from safeio.corpus import load_tokenizer
-from safeio.files import MAX_CONFIG_BYTES, dump_run_config, literal, parse_run_config
+from safeio.files import (MAX_CONFIG_BYTES, dump_run_config, literal, parse_run_config,
+                          read_json)
 from safeio.key_help import closest, key_help, type_words
 from guard.limits import (check_config, check_fused_kernel, check_text, check_training_fits,
                           parse_device)
