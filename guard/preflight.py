@@ -730,6 +730,9 @@ class Launch:
             check_new_run_dir(path, job.composed.hydra.output_subdir)
             job.settled = settle(_task(job.composed), arm, path)
             job.record = job.composed.hydra.output_subdir
+        if continuing and all(job.settled is None for job in jobs):
+            print(f"every run of the sweep {continuing} has finished: nothing to train",
+                  file=sys.stderr)
         jobs = [job for job in jobs if job.settled is not None]
         for a in jobs:
             for b in jobs:

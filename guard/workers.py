@@ -65,7 +65,7 @@ def oversubscription(workers: int, threads: list[Optional[int]]) -> Optional[str
     """A warning when the workers' threads together would outnumber the cores (train.threads of
     each run; null is torch's default, every core), else None."""
     cores = usable_cores()
-    most = max(t or cores for t in threads)
+    most = max((t or cores for t in threads), default=1)
     if workers > 1 and workers * most > cores:
         return (f"warning: {workers} workers x {most} threads each on {cores} cores: they will "
                 f"slow each other down; set train.threads={max(cores // workers, 1)} (or lower "

@@ -36,6 +36,7 @@ def test_n_jobs_null_is_one_worker_per_core_and_never_more_workers_than_runs():
 def test_workers_whose_threads_outnumber_the_cores_are_warned_about():
     cores = usable_cores()
     assert oversubscription(1, [None]) is None
+    assert oversubscription(2, []) is None  # a sweep resumed with nothing left to train
     assert oversubscription(2, [cores]) is not None or cores == 1
     assert oversubscription(cores, [1, 1]) is None
     assert "train.threads=1" in oversubscription(2, [2 * cores])
@@ -134,7 +135,7 @@ def test_an_interrupted_sweep_resumes_only_its_unfinished_runs(common, tmp_path)
     for seed in range(1, 5):
         assert latest_checkpoint(sweep / f"smoke_seed{seed}").name.endswith("_00000300")
     again = ok(run([TRAIN, f"resume={sweep}"], tmp_path))  # nothing left to train
-    assert ": causal val loss" not in again.stderr
+    assert ": causal val loss" not in again.stderr and "nothing to train" in again.stderr
     stopped = [s for s in range(1, 5) if sweep / f"smoke_seed{s}" not in done]
     alone = tmp_path / "alone"
     ok(run([TRAIN, *slow, f"seed={stopped[0]}", f"hydra.run.dir={alone}"], tmp_path))
