@@ -160,7 +160,9 @@ def train(cfg: Config, run_dir: Path, resuming: bool, world: World) -> dict:
         fewer_steps(run, f"train.early_stop stopped it at step {p.step:,} of "
                          f"train.max_steps={t.max_steps:,}: the validation loss was rising")
     if not p.history or p.history[-1][0] != p.step:  # unless this step was just evaluated
-        evaluate(run)
+        evaluate(run, last=True)
+    elif not t.sample_every_eval and t.sample_tokens > 0 and world.is_main:  # (none logged)
+        log_sample(run)
     metrics = run.metrics | final_metrics(run, meter)
     run.writer.close()
     return metrics
@@ -360,11 +362,12 @@ def log_training(run: Run, result: StepResult, tokens_per_sec: float) -> None:
         w.add_scalar(f"weights/grad_norm_k/layer{i}", k, p.step)
 
 
-def evaluate(run: Run) -> dict:
-    """One evaluation: the validation losses, then what follows from them."""
+def evaluate(run: Run, last: bool = False) -> dict:
+    """One evaluation: the validation losses, then what follows from them (last: the run's
+    final one)."""
     metrics = validation_losses(run)
     if run.world.is_main:
-        log_evaluation(run, metrics)
+        log_evaluation(run, metrics, last)
     keep_best(run, metrics["causal_val_loss"])
     run.metrics = metrics
     check_overfitting(run)
@@ -389,9 +392,10 @@ def validation_losses(run: Run) -> dict:
     return metrics
 
 
-def log_evaluation(run: Run, metrics: dict) -> None:
+def log_evaluation(run: Run, metrics: dict, last: bool = False) -> None:
     """An evaluation in TensorBoard (rank 0): the losses, per character too (so runs with
-    different tokenizers share one axis), the attention diagnostics and maps, a text sample.
+    different tokenizers share one axis), the attention diagnostics and maps, a text sample
+    (with train.sample_every_eval=false, at the last evaluation only).
 
     TensorBoard sorts its sections by name and opens the first two: train/ and val/, the
     losses; weights/ (the attention's numbers and maps) comes after them. Every run logs the
@@ -408,9 +412,16 @@ def log_evaluation(run: Run, metrics: dict) -> None:
     if cfg.train.attention_maps:  # the same validation window at every evaluation, every run
         log_attention_maps(w, model, run.corpus.validation, run.corpus.tokenizer,
                            min(cfg.train.attention_map_tokens, cfg.model.block_size), step, run.amp)
-    if cfg.train.sample_tokens > 0:
-        w.add_text("sample", sample_text(model, run.corpus.tokenizer, cfg.train,
-                                         cfg.seed + step, run.world.device, run.amp), step)
+    if cfg.train.sample_tokens > 0 and (cfg.train.sample_every_eval or last):
+        log_sample(run)
+
+
+def log_sample(run: Run) -> None:
+    """A text sample in TensorBoard, from a generator of its own (the training RNG is untouched:
+    logging fewer samples changes no number)."""
+    cfg, step = run.cfg, run.progress.step
+    run.writer.add_text("sample", sample_text(run.model, run.corpus.tokenizer, cfg.train,
+                                              cfg.seed + step, run.world.device, run.amp), step)
 
 
 def keep_best(run: Run, causal_val_loss: float) -> None:
@@ -581,8 +592,9 @@ def report(metrics: dict, run_dir: Path) -> None:
 # ----------------------------------------------------------------------------- command line
 
 
-def main(job: Job) -> None:
-    """Train the run `job` holds (on every process under torchrun: rank 0's directory)."""
+def main(job: Job) -> dict:
+    """Train the run `job` holds (on every process under torchrun: rank 0's directory); its
+    final metrics ({} where there are none: a finished run resumed, a rank > 0)."""
     world = None
     try:
         world = init_world(job.settled.device)
@@ -591,10 +603,12 @@ def main(job: Job) -> None:
     finally:
         if world is not None:
             shutdown(world)
-    if world.is_main and metrics:
-        report(metrics, run_dir)
-        if job.single:
-            link_latest(run_dir)
+    if not (world.is_main and metrics):
+        return {}
+    report(metrics, run_dir)
+    if job.single:
+        link_latest(run_dir)
+    return metrics
 
 
 def cli() -> None:

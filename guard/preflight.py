@@ -18,6 +18,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import enum
+import functools
+import json
 import logging.config
 import os
 import shutil
@@ -43,7 +45,8 @@ from data.corpus import check_split_overlap
 from safeio.cli import (UserError, exit_with, first_line, hydra_string, one_line,
                         python_command, run_cli)
 from safeio.corpus import load_tokenizer
-from safeio.files import MAX_CONFIG_BYTES, dump_run_config, literal, parse_run_config
+from safeio.files import (MAX_CONFIG_BYTES, dump_run_config, literal, parse_run_config,
+                          read_json)
 from safeio.key_help import closest, key_help, type_words
 from guard.limits import (check_config, check_fused_kernel, check_text, check_training_fits,
                           parse_device)
@@ -54,13 +57,20 @@ from guard.retired import retired_override
 from safeio.run_lock import lock_run, release_locks, remember_command, unlock_run
 from safeio.system import parse_launch
 from guard.sweep import MAX_NAME, arm_names, expand
+from guard.workers import oversubscription, train_in_workers, worker_count
 from model.gpt import GPT
-from training.checkpoint import holds_checkpoints
+from training.checkpoint import holds_checkpoints, latest_checkpoint
 from training.config import CONF_DIR, Config, register_configs
 
 # Names a run writes at its top level: a new run refuses a directory holding them (unless it is a
 # run that never saved a checkpoint, which it restarts).
 RUN_FILES = ("config.yaml", "tokenizer.json", "train.log", ".hydra", "checkpoints")
+# A sweep's record of its command line (its overrides), which `resume=<sweep directory>` replays
+# to train the runs that did not finish; beside Hydra's multirun.yaml (the composed config).
+SWEEP_RECORD = "sweep.json"
+# Hydra's launchers that train.py runs: basic (one run after the other, in this process) and
+# ours, conf/hydra/launcher/processes.yaml (worker processes, guard/workers.py).
+LAUNCHERS = ("basic", "processes")
 
 
 # ----------------------------------------------------------------------------- the config
@@ -198,6 +208,60 @@ def merge_saved(run_dir: Path, cfg: DictConfig, task_overrides: list[str]) -> Di
                         f"where they stopped; leave data.order out")
     merged.resume = str(run_dir)
     return merged
+
+
+# ----------------------------------------------------------------------------- continuing a sweep
+
+
+def sweep_to_continue(resume: str) -> Optional[Path]:
+    """The sweep directory `resume=` names (one holding the sweep's record), or None when it
+    names something else (a run)."""
+    path = resume_target(resume)
+    if (path / SWEEP_RECORD).is_file():
+        return path
+    if (path / "multirun.yaml").is_file() and not is_run(path):
+        raise UserError(f"cannot resume the sweep {path}: it was started by an earlier version, "
+                        f"which kept no record of its command ({SWEEP_RECORD}); resume each of "
+                        f"its runs with python train.py resume=<run>")
+    return None
+
+
+def recorded_sweep(sweep: Path, overrides: list[str]) -> list[str]:
+    """The overrides of the command that started `sweep` (its record), its directory pinned,
+    with this command's choice of launcher (hydra/launcher=..., hydra.launcher.n_jobs=...) on
+    top. Anything else would make the sweep's runs differ from the ones it started with."""
+    other = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") != "resume"
+             and not o.lstrip("+~").startswith(("hydra/launcher=", "hydra.launcher."))]
+    if other:
+        raise UserError(f"resume={sweep} continues the sweep as it was started, and takes no "
+                        f"overrides but the launcher's (got {other[0]}); to change a run, "
+                        f"resume it alone: python train.py resume=<run> {other[0]}")
+    record = read_json(sweep / SWEEP_RECORD, "the sweep's record", MAX_CONFIG_BYTES)
+    lines = record.get("overrides")
+    if not isinstance(lines, list) or not all(isinstance(o, str) for o in lines):
+        raise UserError(f"{sweep / SWEEP_RECORD} is not a sweep record of train.py (its "
+                        f"'overrides' must be a list of strings)")
+    lines = [o for o in lines if o.split("=", 1)[0] != "hydra.sweep.dir"]
+    return lines + [f"hydra.sweep.dir={hydra_string(str(sweep))}"] + \
+        [o for o in overrides if o.split("=", 1)[0].lstrip("+~") != "resume"]
+
+
+def finished(run: Path) -> bool:
+    """Whether a run has trained all its steps: its latest checkpoint is of its config's
+    train.max_steps (checkpoints are named step_<N>, training/checkpoint.py)."""
+    latest = latest_checkpoint(run)
+    if latest is None:
+        return False
+    steps = saved_config(run / "config.yaml").train.max_steps
+    return int(latest.name.rsplit("_", 1)[-1]) >= steps
+
+
+def resumed(composed: DictConfig, run: Path) -> Settled:
+    """An arm of a sweep that started before, continued from its latest checkpoint."""
+    check_resumable(run)
+    task = _task(composed)
+    task.resume = str(run)
+    return settle(task, [], run)
 
 
 # ----------------------------------------------------------------------------- composing
@@ -505,29 +569,58 @@ class Launch:
     rank: int = 0  # torchrun's (set by jobs): a rank > 0 checks what rank 0 does, writes nothing
     made: list = field(default_factory=list)
     sweep_dir: Optional[Made] = None
+    workers: int = 1  # processes that train a sweep's runs at once (hydra/launcher=processes)
 
     def undo(self) -> None:
         """Take back the directories of runs that never trained (and a sweep's own directory,
-        if nothing but its multirun.yaml and lock is left in it)."""
+        if nothing but its records and lock are left in it)."""
         for made in reversed(self.made):
             made.undo()
         d = self.sweep_dir
-        if d is not None and d.path.is_dir() and \
-                set(os.listdir(d.path)) - (d.names_before or set()) <= {"multirun.yaml", ".lock"}:
+        if d is not None and d.path.is_dir() and set(os.listdir(d.path)) - \
+                (d.names_before or set()) <= {"multirun.yaml", SWEEP_RECORD, ".lock"}:
             d.undo()
 
-    def run(self, train: Callable[[Job], None], interrupted: str) -> None:
+    def run(self, train: Callable[[Job], Optional[dict]], interrupted: str) -> None:
         """Train each job (train), every mistake one `error:` line, undoing what a failed new
-        run made (HYDRA_FULL_ERROR=1 shows the traceback); exits with the status."""
+        run made (HYDRA_FULL_ERROR=1 shows the traceback); exits with the status. A sweep that
+        stops before all its runs finished says how to continue it."""
         remember_command([sys.argv[0], *self.argv])  # the lock's holder, as the user typed it
-        code = run_cli(lambda: [train(job) for job in self.jobs()] and None, undo=self.undo,
+        code = run_cli(lambda: self._train_all(train), undo=self.undo,
                        trace=os.environ.get("HYDRA_FULL_ERROR") == "1", interrupted=interrupted)
         release_locks()
+        d = self.sweep_dir
+        if code and d is not None and (d.path / SWEEP_RECORD).is_file():
+            print(f"the sweep stopped before all its runs finished; continue it (its unfinished "
+                  f"runs only) with:\n  python train.py resume={d.path}", file=sys.stderr)
         exit_with(code)
+
+    def _train_all(self, train: Callable[[Job], Optional[dict]]) -> Optional[int]:
+        """Train the runs: one after the other here, or a sweep's in worker processes."""
+        jobs = self.plan()
+        if self.workers > 1:
+            return train_in_workers(jobs, train, self.workers, self.sweep_dir.path,
+                                    functools.partial(Launch, []))
+        for job in self._ready(jobs):
+            train(job)
+        return None
 
     def jobs(self) -> Iterator[Job]:
         """The runs to train, one after the other, each ready (its directory, lock, log and
         record); every check made before the first. None for --help and --cfg."""
+        return self._ready(self.plan())
+
+    def _ready(self, jobs: Optional[list[Job]]) -> Iterator[Job]:
+        for job in jobs or ():
+            if self.rank == 0:
+                self._begin(job)
+            yield job
+            if not job.single:
+                unlock_run(job.settled.run_dir)
+
+    def plan(self) -> Optional[list[Job]]:
+        """Every run of the command, composed and checked, and the directories made that are
+        made before the first trains (a sweep's own); None for --help and --cfg."""
         self.rank = parse_launch(os.environ).rank
         args, overrides = parse_command(self.argv)
         if self.rank == 0:
@@ -536,21 +629,17 @@ class Launch:
             if args.multirun:
                 if self.rank > 0:
                     raise UserError("a -m sweep cannot run under torchrun; run each arm with it")
-                jobs = self._plan_sweep(overrides)
-            else:
-                cfg = _compose(overrides)
-                if args.help or args.cfg:
-                    print(help_text(cfg, args.help) if args.help else OmegaConf.to_yaml(
-                        {"job": _task(cfg), "hydra": {"hydra": cfg.hydra}, "all": cfg}[
-                            args.cfg or "all"], resolve=args.resolve))
-                    return
-                jobs = [self._plan_run(cfg)]
-        for job in jobs:
-            if self.rank == 0:
-                self._begin(job)
-            yield job
-            if not job.single:
-                unlock_run(job.settled.run_dir)
+                return self._plan_sweep(overrides)
+            cfg = _compose(overrides)
+            if args.help or args.cfg:
+                print(help_text(cfg, args.help) if args.help else OmegaConf.to_yaml(
+                    {"job": _task(cfg), "hydra": {"hydra": cfg.hydra}, "all": cfg}[
+                        args.cfg or "all"], resolve=args.resolve))
+                return None
+            sweep = _task(cfg).resume and self.rank == 0 and sweep_to_continue(_task(cfg).resume)
+            if sweep:
+                return self._plan_sweep(recorded_sweep(sweep, overrides), continuing=sweep)
+            return [self._plan_run(cfg)]
 
     def _plan_run(self, cfg: DictConfig) -> Job:
         task, overrides = _task(cfg), list(cfg.hydra.overrides.task)
@@ -574,8 +663,10 @@ class Launch:
         lock_run(made.path)
         return Job(replace(settled, run_dir=made.path), cfg, cfg.hydra.output_subdir)
 
-    def _plan_sweep(self, overrides: list[str]) -> list[Job]:
-        """Every arm composed and checked, and the sweep's directory made."""
+    def _plan_sweep(self, overrides: list[str], continuing: Optional[Path] = None) -> list[Job]:
+        """Every arm composed and checked, and the sweep's directory made. continuing: the
+        directory of this sweep, started before (resume=): its finished runs are left out, its
+        started ones resumed, and the others start afresh."""
         parsed = [o for arg in overrides for o in OverridesParser.create().parse_overrides([arg])]
         hydra_lines = [o.input_line for o in parsed if o.is_hydra_override()]
         swept_hydra = [o.input_line for o in parsed
@@ -585,9 +676,10 @@ class Launch:
                             f"supported")
         master = _compose([o.input_line for o in parsed if not o.is_sweep_override()])
         choices = master.hydra.runtime.choices
-        if (choices.get("hydra/sweeper"), choices.get("hydra/launcher")) != ("basic", "basic"):
-            raise UserError("train.py runs sweeps with Hydra's basic sweeper and launcher only "
-                            "(hydra/sweeper=basic, hydra/launcher=basic)")
+        if choices.get("hydra/sweeper") != "basic" or choices.get("hydra/launcher") not in LAUNCHERS:
+            raise UserError("train.py runs sweeps with Hydra's basic sweeper and the launchers "
+                            "hydra/launcher=basic (one run after the other) or processes "
+                            "(several at once)")
         params = [f"{k}={v}" for k, v in (master.hydra.sweeper.params or {}).items()]
         try:
             task_lines = [o.input_line for o in parsed if not o.is_hydra_override()]
@@ -600,7 +692,8 @@ class Launch:
             raise UserError("resume= continues one run in place and cannot be part of a -m sweep; "
                             "resume each run with python train.py resume=<run>")
         root = resolved(Path(_select(master, "hydra.sweep.dir")))
-        check_sweep_dir(root)
+        if not continuing:
+            check_sweep_dir(root)
         if len(arms) > 4:
             print(f"checking the {len(arms)} arms of this sweep before the first one starts ...",
                   file=sys.stderr)
@@ -630,17 +723,33 @@ class Launch:
             if root not in path.parents:
                 raise UserError(f"the arm {' '.join(arm)} would write to {path}, outside the "
                                 f"sweep's directory {root} (hydra.sweep.subdir={name!r})")
+            if continuing and holds_checkpoints(path):  # a run of this sweep, started before
+                job.settled = None if finished(path) else resumed(job.composed, path)
+                job.record = None  # (a resume writes no record)
+                continue
             check_new_run_dir(path, job.composed.hydra.output_subdir)
             job.settled = settle(_task(job.composed), arm, path)
             job.record = job.composed.hydra.output_subdir
+        if continuing and all(job.settled is None for job in jobs):
+            print(f"every run of the sweep {continuing} has finished: nothing to train",
+                  file=sys.stderr)
+        jobs = [job for job in jobs if job.settled is not None]
         for a in jobs:
             for b in jobs:
                 if a.settled.run_dir in b.settled.run_dir.parents:
                     raise UserError(f"the arm in {b.settled.run_dir} would lie inside the arm in "
                                     f"{a.settled.run_dir}; give hydra.sweep.subdir a flat name")
+        launcher = master.hydra.launcher if choices.get("hydra/launcher") == "processes" else {}
+        self.workers = worker_count(launcher.get("n_jobs", 1), len(jobs)) if jobs else 1
+        warning = oversubscription(self.workers, [job.settled.cfg.train.threads for job in jobs])
+        if warning:
+            print(warning, file=sys.stderr)
         self.sweep_dir = create_dir(root, unique="hydra.sweep.dir" not in given)
         lock_run(self.sweep_dir.path)
-        OmegaConf.save(master, self.sweep_dir.path / "multirun.yaml")
+        if not continuing:
+            OmegaConf.save(master, self.sweep_dir.path / "multirun.yaml")
+            record = {"overrides": overrides, "continue": "python train.py resume=<this directory>"}
+            (self.sweep_dir.path / SWEEP_RECORD).write_text(json.dumps(record, indent=1) + "\n")
         for job in jobs:  # the name was taken a moment ago: the arms move with it
             job.settled.run_dir = self.sweep_dir.path / job.settled.run_dir.relative_to(root)
         return jobs

@@ -107,6 +107,9 @@ class TrainConfig:
     sample_tokens: int = 300        # text sample logged at each evaluation (0 = none)
     sample_prompt: str = "\n"       # the prompt of the logged samples
     sample_temperature: float = 0.8  # and their temperature
+    # false: the sample at the last evaluation only. The pitfall studies read losses, not text,
+    # and a sample costs about as much as the evaluation's losses (docs/ablations.md).
+    sample_every_eval: bool = True
     # At each evaluation, every layer's attention maps on a fixed validation window of this many
     # tokens (capped at model.block_size) go to TensorBoard's Images tab (docs/tensorboard.md);
     # 32 is what its 350-pixel cards show at a legible 9 pixels per token.
