@@ -3,8 +3,8 @@
 
 Fast: the reader on cells made here (magics and shell lines never run, top-level work left out,
 later definitions win), the sentences a learner reads, lesson 01's shipped exercise and its
-solution through the checker, and the notebooks' shape (an exercise then its check in each, small,
-links that resolve). Slow: every solution passes, every lesson's typical mistakes are named, and
+solution through the checker, the notebooks' shape (an exercise then its check in each of 01-03,
+small, no machine's path printed, links that resolve), and lesson 04 on the project's own loop. Slow: every solution passes, every lesson's typical mistakes are named, and
 every lesson, run top to bottom in a fresh kernel, prints and draws what is committed
 (tools/run_lessons.py's comparison, within its stated tolerance).
 """
@@ -94,7 +94,7 @@ def test_a_later_definition_overrides_an_earlier_one_and_future_imports_go_first
 
 
 def test_a_notebook_file_is_read_safely(tmp_path):
-    source = notebook_source(NOTEBOOKS[-1])  # lesson 03: it trains two models at its top level
+    source = notebook_source(LESSONS / "03_causal_mask.ipynb")  # it trains two models at its top level
     compile(source, "lesson", "exec")
     assert "def causal_attention" in source and "optimizer.step()" not in source
     assert "for name in" not in source  # the leakage test and the training loop: work
@@ -197,6 +197,21 @@ def test_each_lesson_is_committed_small_with_outputs_and_no_error(path):
                                                                    for k in o["data"])]
     assert pictures and all("image/png" in d for d in pictures)
     assert not any("execution" in c.get("metadata", {}) for c in code)  # no timings
+    printed = "".join("".join(o.get("text", "")) + "".join(o.get("data", {}).get("text/plain", ""))
+                      for o in outputs)
+    assert str(REPO_ROOT) not in printed, "an output names a path of this machine"
+
+
+def test_lesson_04_trains_through_the_projects_own_loop():
+    """The study in miniature runs train.py's train() on the shipped arms (conf/arm/), and reads
+    its runs back with the study's summary code: no training loop or statistics of its own."""
+    source = "\n".join("".join(c["source"]) for c in load(LESSONS / "04_break_and_measure.ipynb")["cells"]
+                       if c["cell_type"] == "code")
+    assert "from train import train" in source and "+arm={arm}" in source
+    assert "from scripts.summarize_ablations import" in source
+    assert ".backward()" not in source and "optimizer" not in source
+    for arm in re.search(r"ARMS = \[(.*)\]", source).group(1).replace('"', "").split(", "):
+        assert (REPO_ROOT / "conf" / "arm" / f"{arm}.yaml").is_file(), arm
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
