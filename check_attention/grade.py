@@ -10,7 +10,6 @@ computed in the checker's process, so threads would wait on each other; processe
 """
 from __future__ import annotations
 
-import ast
 import atexit
 import csv
 import inspect
@@ -32,9 +31,8 @@ from safeio.files import check_regular, read_text, write_output
 from check_attention.inert import NAME_LIMIT, csv_cell, inert, markdown_cell
 from check_attention.options import GRADING_ONLY, Options, check_options
 from check_attention.report import ITEM_WORDS, Report
+from check_attention.submission import MAX_SUBMISSION_BYTES, top_level_names
 
-# A submission is a page or two of Python; a bigger .py file is not one to read for its names.
-MAX_SUBMISSION_BYTES = 4 << 20
 OUT_OF_MEMORY = ("can't allocate memory", "MemoryError", "Cannot allocate memory")
 
 
@@ -70,22 +68,9 @@ def defined_name(path: Path, names: tuple[str, ...]) -> str:
     (nothing is run); names[0] when none is, or the file cannot be parsed (the child then says
     why: no such name, or the syntax error and its line)."""
     try:
-        tree = ast.parse(read_text(path, "submission", MAX_SUBMISSION_BYTES))
+        bound = top_level_names(read_text(path, "submission", MAX_SUBMISSION_BYTES))
     except Exception:  # noqa: BLE001  (a syntax error, a deep nesting, bytes that are not text)
         return names[0]
-    bound, todo = set(), list(tree.body)
-    while todo:
-        node = todo.pop()
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            bound.add(node.name)
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            bound |= {(a.asname or a.name).split(".")[0] for a in node.names}
-        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            bound |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
-        elif isinstance(node, (ast.If, ast.Try, ast.With, ast.For, ast.While)):
-            todo += [s for part in ("body", "orelse", "finalbody") for s in getattr(node, part, [])]
-            todo += [s for h in getattr(node, "handlers", []) for s in h.body]
     return next((n for n in names if n in bound), names[0])
 
 
@@ -353,6 +338,10 @@ def check(target, *, sandbox=None, **options) -> Report:
     given = next((k for k in GRADING_ONLY if options.get(k) is not None), None)
     if given:
         raise UserError(f"{given}= is for grading a folder; check() checks one object")
+    given = next((k for k in ("format", "weights") if options.get(k) is not None), None)
+    if given:
+        raise UserError(f"{given}= is for a platform's results (python -m check_attention "
+                        f"SUBMISSION NAME format=...); check() returns the report")
     if sandbox is not None and not isinstance(sandbox, Sandbox):
         raise TypeError(f"sandbox= takes a check_attention.sandbox.host.Sandbox or None, got "
                         f"{type(sandbox).__name__}")
