@@ -31,7 +31,8 @@ from safeio.files import check_regular, read_text, write_output
 from check_attention.inert import NAME_LIMIT, csv_cell, inert, markdown_cell
 from check_attention.options import GRADING_ONLY, Options, check_options
 from check_attention.report import ITEM_WORDS, Report
-from check_attention.submission import MAX_SUBMISSION_BYTES, top_level_names
+from check_attention.submission import (MAX_SUBMISSION_BYTES, SKIPPED_DIRS, NotGradable, locate,
+                                         staging_dir, top_level_names)
 
 OUT_OF_MEMORY = ("can't allocate memory", "MemoryError", "Cannot allocate memory")
 
@@ -112,8 +113,11 @@ class Row:
 
 
 def submissions(folder: Path) -> list[Path]:
-    """Every .py entry of the folder, sorted by name (not its subfolders)."""
-    return sorted((p for p in folder.iterdir() if p.suffix == ".py"), key=lambda p: p.name)
+    """Every .py and .ipynb entry of the folder and every subfolder (one student's submission,
+    searched whole: submission.locate), sorted by name; caches and hidden entries left out."""
+    return sorted((p for p in folder.iterdir() if not p.name.startswith(".") and (
+        p.suffix in (".py", ".ipynb") or p.is_dir() and p.name not in SKIPPED_DIRS)),
+        key=lambda p: p.name)
 
 
 _worker_box = None
@@ -155,10 +159,19 @@ def _grade_one(path: str, names: tuple[str, ...], opts: Options, sandbox=None) -
         refused = outside_link(file)
         if refused:
             raise FileRefused(refused)
-        check_regular(file, "submission", MAX_SUBMISSION_BYTES)
-        name = defined_name(file, names)
-        report = check_file(path, name, opts, sandbox or _worker_box)
-    except FileRefused as exc:
+        if file.suffix == ".py" and not file.is_dir():
+            check_regular(file, "submission", MAX_SUBMISSION_BYTES)
+            name = defined_name(file, names)
+            report = check_file(path, name, opts, sandbox or _worker_box)
+        else:  # a notebook, or a student's folder
+            with staging_dir() as staging:
+                found = locate(file, names, Path(staging))
+                name = found.name
+                report = check_file(str(found.file), name, opts, sandbox or _worker_box)
+                if report.error is not None:
+                    report.error = found.where(report.error)
+                report.target = f"{path}:{name}"
+    except (FileRefused, NotGradable) as exc:
         report = Report(f"{path}:{name}", error=str(exc))
     except Exception as exc:  # noqa: BLE001  (never stop at one file: say what happened)
         report = Report(f"{path}:{name}", error=f"the checker failed on it: "
@@ -167,7 +180,7 @@ def _grade_one(path: str, names: tuple[str, ...], opts: Options, sandbox=None) -
 
 
 def grade(folder: str, names: tuple[str, ...], opts: Options, progress=None) -> list[Row]:
-    """A row for every .py file of the folder, in name order, checked `opts.workers` at a time
+    """A row for every submission of the folder (submissions()), in name order, checked `opts.workers` at a time
     (one per CPU core by default). progress(row, done, total) is called as each row is made."""
     files = [str(p) for p in submissions(Path(folder))]
     workers = min(opts.workers or os.cpu_count() or 1, len(files)) or 1

@@ -320,7 +320,7 @@ def option_args(opts: Options, **override) -> list[str]:
     default, out = Options(), []
     for f in fields(Options):
         value = override.get(f.name, getattr(opts, f.name))
-        if value == getattr(default, f.name) and f.name not in override:
+        if value == getattr(default, f.name):
             continue
         text = ("null" if value is None else str(value).lower() if isinstance(value, bool)
                 else str(value))
@@ -328,10 +328,13 @@ def option_args(opts: Options, **override) -> list[str]:
     return out
 
 
-def as_unprivileged(submission: str, names: tuple[str, ...], opts: Options) -> tuple[str, bool]:
+def as_unprivileged(submission: str, names: tuple[str, ...], opts: Options,
+                    command: Optional[list] = None) -> tuple[str, bool]:
     """Run this grading again as `nobody`, on a copy of the submission it owns, and return the
     results it wrote (checked to be what this format writes) and whether they hold a grade. The
-    root process imports none of the submission; it only copies files and reads one back."""
+    root process imports none of the submission; it only copies files and reads one back.
+    command: what runs as nobody (default: this interpreter, `-m check_attention`), given the
+    submission's copy, the names and the options."""
     user = pwd.getpwnam(UNPRIVILEGED_USER)
     with tempfile.TemporaryDirectory(prefix="check_attention-grading-") as work:
         source, copy = Path(submission), Path(work) / "submission"
@@ -354,7 +357,8 @@ def as_unprivileged(submission: str, names: tuple[str, ...], opts: Options) -> t
                                                         env.get("PYTHONPATH", "")] if p)
         args = option_args(opts, out=str(out), weights=None if weights is None else str(weights))
         proc = subprocess.Popen(
-            [sys.executable, "-m", "check_attention", str(copy), *names, *args], cwd=work,
+            [*(command or [sys.executable, "-m", "check_attention"]), str(copy), *names, *args],
+            cwd=work,
             env=env, user=user.pw_uid, group=user.pw_gid, extra_groups=[],
             start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         try:

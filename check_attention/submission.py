@@ -141,6 +141,8 @@ def locate(submission: Path, names: tuple[str, ...], staging: Path) -> Located:
     or the module made of a notebook's code cells, written into `staging`. Raises NotGradable
     (nothing to import: the reason, with the names that were found) or FileRefused."""
     submission = Path(submission)
+    if not submission.exists():
+        raise NotGradable(f"there is no submission at {submission}")
     if submission.suffix == ".py" and not submission.is_dir():
         # one .py file: the sandbox imports it and says what is wrong (the syntax error and its
         # line, no such name and the names it has), as for every file the checker is given
