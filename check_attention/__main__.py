@@ -9,9 +9,8 @@ Name is a causal self-attention nn.Module class, built as Name(d_model, n_head) 
 usual spellings: n_embd, num_heads, embed_dim, head_size, a nanoGPT-style config, ...), a
 zero-argument factory returning one, or a scaled dot-product function f(q, k, v, mask). One file:
 one PASS / FAIL line per checklist item, then causality and "matches the equation", a diagnosis
-naming the mistake, and a verdict. A folder: every .py file, notebook and subfolder in it (each
-one student's submission), checked on the first of the Names it defines, in parallel, as one
-Markdown table (out= also writes it as .md, .csv or .json); a broken file is a row that says why.
+naming the mistake, and a verdict. A folder: every .py file in it, each checked on the first of
+the Names it defines, in parallel, as one Markdown table (out= also writes it as .md, .csv or .json); a broken file is a row that says why.
 A notebook is checked on its code cells' definitions (check_attention/notebook.py).
 format=gradescope, prairielearn or junit grades one submission (a folder with subfolders, a .py
 file or a notebook) into the platform's results file, with points per check (docs/grading.md).
@@ -77,9 +76,8 @@ def parse_args(argv: list[str]) -> tuple[str, object, Options]:
         bad = next((n for n in names if not n.isidentifier()), None)
         if bad is not None:
             raise UserError(f"after the folder come the NAMEs to check in its files, got {bad!r}")
-        from check_attention.grade import submissions
-        if not submissions(Path(folder)):
-            raise UserError(f"{folder} holds no .py file, notebook or subfolder to grade")
+        if not any(p.suffix == ".py" for p in Path(folder).iterdir()):
+            raise UserError(f"{folder} holds no .py file")
         return folder, names, opts
     if len(targets) != 1:
         raise UserError(f"one FILE.py:NAME at a time, got {len(targets)}: {' '.join(targets)} "

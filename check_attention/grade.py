@@ -10,6 +10,7 @@ computed in the checker's process, so threads would wait on each other; processe
 """
 from __future__ import annotations
 
+import ast
 import atexit
 import csv
 import inspect
@@ -31,9 +32,9 @@ from safeio.files import check_regular, read_text, write_output
 from check_attention.inert import NAME_LIMIT, csv_cell, inert, markdown_cell
 from check_attention.options import GRADING_ONLY, Options, check_options
 from check_attention.report import ITEM_WORDS, Report
-from check_attention.submission import (MAX_SUBMISSION_BYTES, SKIPPED_DIRS, NotGradable, locate,
-                                         staging_dir, top_level_names)
 
+# A submission is a page or two of Python; a bigger .py file is not one to read for its names.
+MAX_SUBMISSION_BYTES = 4 << 20
 OUT_OF_MEMORY = ("can't allocate memory", "MemoryError", "Cannot allocate memory")
 
 
@@ -62,6 +63,25 @@ def check_file(file: str, name: str, opts: Options, sandbox,
                 w in words for w in OUT_OF_MEMORY):
             words += f" (the layer's process may use {opts.memory:g} GiB: memory=)"
         return Report(f"{file}:{name}", error=words).made_inert()
+
+
+def top_level_names(source: str) -> set[str]:
+    """The names a module binds at its top level (class, def, assignment, import), read from its
+    syntax tree, inside if/try/with/for/while blocks too. Raises SyntaxError."""
+    bound, todo = set(), list(ast.parse(source).body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            bound |= {(a.asname or a.name).split(".")[0] for a in node.names}
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            bound |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+        elif isinstance(node, (ast.If, ast.Try, ast.With, ast.For, ast.While)):
+            todo += [s for part in ("body", "orelse", "finalbody") for s in getattr(node, part, [])]
+            todo += [s for h in getattr(node, "handlers", []) for s in h.body]
+    return bound
 
 
 def defined_name(path: Path, names: tuple[str, ...]) -> str:
@@ -113,11 +133,8 @@ class Row:
 
 
 def submissions(folder: Path) -> list[Path]:
-    """Every .py and .ipynb entry of the folder and every subfolder (one student's submission,
-    searched whole: submission.locate), sorted by name; caches and hidden entries left out."""
-    return sorted((p for p in folder.iterdir() if not p.name.startswith(".") and (
-        p.suffix in (".py", ".ipynb") or p.is_dir() and p.name not in SKIPPED_DIRS)),
-        key=lambda p: p.name)
+    """Every .py entry of the folder, sorted by name (not its subfolders)."""
+    return sorted((p for p in folder.iterdir() if p.suffix == ".py"), key=lambda p: p.name)
 
 
 _worker_box = None
@@ -159,19 +176,10 @@ def _grade_one(path: str, names: tuple[str, ...], opts: Options, sandbox=None) -
         refused = outside_link(file)
         if refused:
             raise FileRefused(refused)
-        if file.suffix == ".py" and not file.is_dir():
-            check_regular(file, "submission", MAX_SUBMISSION_BYTES)
-            name = defined_name(file, names)
-            report = check_file(path, name, opts, sandbox or _worker_box)
-        else:  # a notebook, or a student's folder
-            with staging_dir() as staging:
-                found = locate(file, names, Path(staging))
-                name = found.name
-                report = check_file(str(found.file), name, opts, sandbox or _worker_box)
-                if report.error is not None:
-                    report.error = found.where(report.error)
-                report.target = f"{path}:{name}"
-    except (FileRefused, NotGradable) as exc:
+        check_regular(file, "submission", MAX_SUBMISSION_BYTES)
+        name = defined_name(file, names)
+        report = check_file(path, name, opts, sandbox or _worker_box)
+    except FileRefused as exc:
         report = Report(f"{path}:{name}", error=str(exc))
     except Exception as exc:  # noqa: BLE001  (never stop at one file: say what happened)
         report = Report(f"{path}:{name}", error=f"the checker failed on it: "
@@ -180,7 +188,7 @@ def _grade_one(path: str, names: tuple[str, ...], opts: Options, sandbox=None) -
 
 
 def grade(folder: str, names: tuple[str, ...], opts: Options, progress=None) -> list[Row]:
-    """A row for every submission of the folder (submissions()), in name order, checked `opts.workers` at a time
+    """A row for every .py file of the folder, in name order, checked `opts.workers` at a time
     (one per CPU core by default). progress(row, done, total) is called as each row is made."""
     files = [str(p) for p in submissions(Path(folder))]
     workers = min(opts.workers or os.cpu_count() or 1, len(files)) or 1

@@ -20,9 +20,9 @@ from typing import Optional
 
 from safeio.cli import FileRefused, FormatError
 from safeio.files import check_regular, read_text
+from check_attention.grade import MAX_SUBMISSION_BYTES, top_level_names
 from check_attention.notebook import module_of, notebook_cells
 
-MAX_SUBMISSION_BYTES = 4 << 20   # a submission's .py file is a page or two of Python
 MAX_FILES = 200                  # .py and .ipynb files read in one submission folder
 MAX_DEPTH = 8                    # subfolders below the submission's top
 SKIPPED_DIRS = {"__pycache__", ".ipynb_checkpoints", "__MACOSX", "node_modules", ".git",
@@ -76,25 +76,6 @@ def python_files(top: Path) -> list[Path]:
             raise FileRefused(f"{top} holds more than {MAX_FILES} .py and .ipynb files; a "
                               f"submission is a few")
     return sorted(found, key=lambda p: p.relative_to(top).parts)
-
-
-def top_level_names(source: str) -> set[str]:
-    """The names a module binds at its top level (class, def, assignment, import), read from its
-    syntax tree, inside if/try/with/for/while blocks too. Raises SyntaxError."""
-    bound, todo = set(), list(ast.parse(source).body)
-    while todo:
-        node = todo.pop()
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            bound.add(node.name)
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            bound |= {(a.asname or a.name).split(".")[0] for a in node.names}
-        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            bound |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
-        elif isinstance(node, (ast.If, ast.Try, ast.With, ast.For, ast.While)):
-            todo += [s for part in ("body", "orelse", "finalbody") for s in getattr(node, part, [])]
-            todo += [s for h in getattr(node, "handlers", []) for s in h.body]
-    return bound
 
 
 def defined(source: str) -> set[str]:
