@@ -56,7 +56,7 @@ SYNTAX = LAYER.replace("def forward(self, x):", "def forward(self, x)")
 def script(first_line: str) -> str:
     """The ```bash block of docs/grading.md whose second line starts with `first_line`."""
     blocks = re.findall(r"```bash\n(.*?)```", DOC.read_text(), re.DOTALL)
-    found = [b for b in blocks if b.splitlines()[1].startswith(first_line)]
+    found = [b for b in blocks if b.split("\n")[1:2] and b.split("\n")[1].startswith(first_line)]
     assert len(found) == 1, first_line
     return found[0]
 
