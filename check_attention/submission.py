@@ -44,18 +44,15 @@ class Located:
     module: object = None  # notebook.Module for a notebook (its lines' cells), else None
 
     def where(self, error: str) -> str:
-        """The checker's error with `(file.py, line N)` told as the student's file and, for a
-        notebook, its code cell."""
+        """The checker's error with the file it imported told as the student's file, and a
+        notebook's `(file.py, line N)` as its code cell."""
         stem = re.escape(self.file.name)
-
-        def place(m: re.Match) -> str:
-            line = int(m.group(1))
-            if self.module is not None:
-                cell = self.module.where(line)
+        if self.module is not None:
+            def place(m: re.Match) -> str:
+                cell = self.module.where(int(m.group(1)))
                 return f"({self.shown}, {cell})" if cell else f"({self.shown})"
-            return f"({self.shown}, line {line})"
-        error = re.sub(rf"\({stem}, line (\d+)\)", place, error)
-        return error.replace(self.file.name, self.shown)
+            error = re.sub(rf"\({stem}, line (\d+)\)", place, error)
+        return re.sub(rf"(?<![\w/.\\-]){stem}", lambda _: self.shown, error)
 
 
 def python_files(top: Path) -> list[Path]:

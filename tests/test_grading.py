@@ -428,3 +428,12 @@ def test_a_grader_run_as_root_runs_the_check_as_nobody_on_a_copy(tmp_path):
     assert not ok and results["gradable"] is False
     assert "left no results (exit status 3)" in results["message"]
     shared.cleanup()
+
+
+def test_an_error_names_the_file_as_the_student_knows_it(tmp_path):
+    (tmp_path / "hw3" / "src").mkdir(parents=True)
+    (tmp_path / "hw3" / "src" / "attn.py").write_text(LAYER)
+    found = locate(tmp_path, ("Attn",), tmp_path)
+    shown = os.path.join("hw3", "src", "attn.py")
+    assert found.where("importing attn.py failed: NameError: x (attn.py, line 4)") == (
+        f"importing {shown} failed: NameError: x ({shown}, line 4)")
