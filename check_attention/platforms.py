@@ -92,24 +92,20 @@ class Line:
 # ----------------------------------------------------------------------------- grading
 
 
-def judge(submission: Path, names: tuple[str, ...], opts: Options, sandbox=None) -> Graded:
+def judge(submission: Path, names: tuple[str, ...], opts: Options) -> Graded:
     """Find NAME in the submission and check it; never raises (a grader bug is a Graded too)."""
     from check_attention.grade import check_file, sandbox_for
     from check_attention.submission import NotGradable, locate, staging_dir
     start = time.monotonic()
     graded = Graded(inert(Path(submission).name), inert(names[0]), opts.seed)
-    try:
-        with staging_dir() as staging:
+    try:  # the sandbox's host imports torch while the submission is read
+        with sandbox_for(opts) as box, staging_dir() as staging:
             found = locate(Path(submission), names, Path(staging))
             graded.submission, graded.name = inert(found.shown), inert(found.name)
             graded.notes = [inert(n) for n in found.notes]
-            if sandbox is None:
-                with sandbox_for(opts) as box:
-                    report = check_file(str(found.file), found.name, opts, box)
-            else:
-                report = check_file(str(found.file), found.name, opts, sandbox)
+            report = check_file(str(found.file), found.name, opts, box)
             report.target = inert(f"{found.shown}:{found.name}")
-            if report.error is not None:
+            if report.error is not None:  # nothing imported: PrairieLearn uses no attempt
                 graded.reason = inert(found.where(report.error))
                 graded.gradable = not report.error.startswith(("importing ", found.file.name))
             else:
