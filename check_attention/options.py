@@ -44,7 +44,8 @@ class Options:
     memory: Optional[float] = 4.0
     # grading a folder: processes checking files at once (null: one per CPU core), 1 to 256
     workers: Optional[int] = None
-    # grading a folder: also write the table to this .md, .csv or .json file
+    # grading a folder: also write the table to this .md, .csv or .json file (with format=:
+    # where the results go, .json or .xml)
     out: Optional[str] = None
     overwrite: bool = False    # replace out= if it exists (as every script: safeio/files.py)
     # grade one submission (a folder, a .py file or a notebook) for a platform: gradescope,
