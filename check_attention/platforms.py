@@ -166,7 +166,8 @@ def gradescope(graded: Graded, weights: dict[str, Weight]) -> dict:
     sum, so it can scale the applicable points to the assignment's full total."""
     full = float(sum(w.points for w in weights.values() if w.points > 0))
     if graded.report is None:
-        return {"score": 0.0, "output": summary(graded, []), "execution_time": round(graded.seconds),
+        return {"score": 0.0, "output": summary(graded, []),
+                "execution_time": round(graded.seconds),
                 "extra_data": {"seed": graded.seed, "gradable": graded.gradable},
                 "tests": [{"name": "The submission can be checked", "score": 0.0,
                            "max_score": full, "status": "failed", "output": graded.reason,

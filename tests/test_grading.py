@@ -5,10 +5,12 @@ as folders with subfolders, .py files and notebooks; a results file whatever hap
 again as `nobody` when the grader is root.
 
 The specs, as read for these schemas:
-  - Gradescope: gradescope/autograder_samples docs/specs.md at commit 00f6aa02e2bb1083bd8788c5a1d306fea721e833
+  - Gradescope: gradescope/autograder_samples docs/specs.md at commit
+    00f6aa02e2bb1083bd8788c5a1d306fea721e833
     ("Autograder Specifications", Output format), plus each test's `status` (passed/failed) that
     Gradescope's later spec adds (../shared/reviews/field-notes-5.md, section 3a);
-  - PrairieLearn: PrairieLearn/PrairieLearn docs/externalGrading.md at commit 06a6d5902f182e78b607eacd0819be493759b9d0
+  - PrairieLearn: PrairieLearn/PrairieLearn docs/externalGrading.md at commit
+    06a6d5902f182e78b607eacd0819be493759b9d0
     ("Grading results": score in [0, 1], gradable, format_errors, tests[], 1 MB).
 
 The fast tests build results from reports made here and read submissions' files; the slow ones
@@ -277,7 +279,8 @@ def test_a_notebook_is_read_through_the_lessons_reader_its_magics_never_run(tmp_
     assert "class Attn" in source
     assert "rm -rf" not in source and "while True" not in source and "pip" not in source
     assert any("%%bash" in n for n in found.notes)
-    err = f"boom ({found.file.name}, line {source.splitlines().index('class Attn(torch.nn.Module):') + 1})"
+    line = source.splitlines().index("class Attn(torch.nn.Module):") + 1
+    err = f"boom ({found.file.name}, line {line})"
     assert found.where(err) == "boom (Lab 3.ipynb, code cell 1, line 5)"
 
 

@@ -49,6 +49,7 @@ class CausalSelfAttention(nn.Module):
         att = att.masked_fill(torch.ones(T, T).triu(1).bool(), float("-inf")).softmax(-1)
         return self.proj((att @ v).transpose(1, 2).reshape(B, T, C))
 '''
+TRAINING = "x = torch.randn(2, 8, 64)\nprint(CausalSelfAttention(64, 4)(x))\n"
 NO_SCALE = LAYER.replace(" / math.sqrt(k.size(-1))", "")
 SYNTAX = LAYER.replace("def forward(self, x):", "def forward(self, x)")
 
@@ -141,8 +142,7 @@ def prairielearn_layout(tmp_path: Path, files: dict) -> tuple[Path, dict]:
 def notebook(layer: str) -> str:
     return json.dumps({"nbformat": 4, "nbformat_minor": 5, "metadata": {}, "cells": [
         {"cell_type": "code", "metadata": {}, "outputs": [], "execution_count": None,
-         "source": src} for src in ("%pip install torch\n!nvidia-smi\n", layer,
-                                    "x = torch.randn(2, 8, 64)\nprint(CausalSelfAttention(64, 4)(x))\n")]})
+         "source": src} for src in ("%pip install torch\n!nvidia-smi\n", layer, TRAINING)]})
 
 
 @pytest.mark.parametrize("files, expect", [
