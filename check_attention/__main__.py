@@ -1,16 +1,20 @@
 """Check your own attention layer against the cheat sheet's checklist, or grade a folder of them.
 
     python -m check_attention path/to/file.py:Name [key=value ...]
+    python -m check_attention lesson.ipynb:Name [key=value ...]
     python -m check_attention submissions/ Name [Name ...] [key=value ...]
+    python -m check_attention SUBMISSION Name [Name ...] format=gradescope [weights=FILE]
 
 Name is a causal self-attention nn.Module class, built as Name(d_model, n_head) (or with the
 usual spellings: n_embd, num_heads, embed_dim, head_size, a nanoGPT-style config, ...), a
 zero-argument factory returning one, or a scaled dot-product function f(q, k, v, mask). One file:
 one PASS / FAIL line per checklist item, then causality and "matches the equation", a diagnosis
 naming the mistake, and a verdict. A folder: every .py file in it, each checked on the first of
-the Names it defines, in parallel, as one Markdown table (out= also writes it as .md, .csv or
-.json); a broken file is a row that says why. Exit status: 0 every check passes (in every file),
-1 a check fails or could not be judged (or a file could not be used, in a folder), 2 a mistake
+the Names it defines, in parallel, as one Markdown table (out= also writes it as .md, .csv or .json); a broken file is a row that says why.
+A notebook is checked on its code cells' definitions (check_attention/notebook.py).
+format=gradescope, prairielearn or junit grades one submission (a folder with subfolders, a .py
+file or a notebook) into the platform's results file, with points per check (docs/grading.md).
+Exit status: 0 every check passes (in every file), 1 a check fails or could not be judged (or a file could not be used, in a folder), 2 a mistake
 in the command, or the one file cannot be used (one `error:` line). Each file runs in a
 sandboxed child process; see docs/check_attention.md.
 """
@@ -22,17 +26,36 @@ from pathlib import Path
 from safeio.cli import UserError, parse_key_values, run_cli
 from check_attention.options import GRADING_ONLY, Options, check_options
 
-USAGE = ("usage: python -m check_attention FILE.py:NAME | FOLDER NAME [NAME ...] "
-         "[key=value ...]")
+USAGE = ("usage: python -m check_attention FILE.py:NAME | NOTEBOOK.ipynb:NAME | FOLDER NAME "
+         "[NAME ...] [key=value ...]")
+SOURCES = (".py", ".ipynb")
 
 
 def is_target(arg: str) -> bool:
-    """FILE.py:NAME, whatever the path holds ('=' included), a folder or a NAME; every other
-    argument with '=' (or starting with '-') is an option."""
+    """FILE.py:NAME or NOTEBOOK.ipynb:NAME, whatever the path holds ('=' included), a folder or
+    a NAME; every other argument with '=' (or starting with '-') is an option."""
     file, sep, name = arg.rpartition(":")
-    if sep and file.endswith(".py") and name.isidentifier():
+    if sep and file.endswith(SOURCES) and name.isidentifier():
         return True
     return "=" not in arg and not arg.startswith("-")
+
+
+def platform_args(targets: list[str], opts: Options) -> tuple[str, tuple, Options]:
+    """(SUBMISSION, (NAME, ...), options) for format=: the submission is a folder, a file, or
+    FILE:NAME; it need not exist (the platform's results then say it holds nothing)."""
+    if opts.workers is not None:
+        raise UserError("workers= is for grading a folder of many files; format= grades one "
+                        "submission")
+    first, rest = targets[0], targets[1:]
+    file, sep, name = first.rpartition(":")
+    if sep and file.endswith(SOURCES) and name.isidentifier():
+        first, rest = file, [name, *rest]
+    if not rest:
+        raise UserError(f"give the NAME to look for in {first} (several: the first found)")
+    bad = next((n for n in rest if not n.isidentifier()), None)
+    if bad is not None:
+        raise UserError(f"after the submission come the NAMEs to look for, got {bad!r}")
+    return first, tuple(rest), opts
 
 
 def parse_args(argv: list[str]) -> tuple[str, object, Options]:
@@ -43,6 +66,8 @@ def parse_args(argv: list[str]) -> tuple[str, object, Options]:
                                           about=__doc__.split("\n\n")[0]))
     if not targets:
         raise UserError(f"give one FILE.py:NAME, or a FOLDER and the NAMEs to check ({USAGE})")
+    if opts.format is not None:
+        return platform_args(targets, opts)
     if Path(targets[0]).is_dir():
         folder, names = targets[0], tuple(targets[1:])
         if not names:
@@ -62,8 +87,8 @@ def parse_args(argv: list[str]) -> tuple[str, object, Options]:
         raise UserError(f"the target must be FILE.py:NAME (or a folder and NAMEs), got "
                         f"{targets[0]!r}")
     path = Path(file)
-    if path.suffix != ".py":
-        raise UserError(f"{file} is not a .py file")
+    if path.suffix not in SOURCES:
+        raise UserError(f"{file} is not a .py file or a notebook (.ipynb)")
     if not path.is_file():
         raise UserError(f"{file}: no such file")
     given = next((k for k in GRADING_ONLY if getattr(opts, k) is not None), None)
@@ -86,18 +111,35 @@ def grade_folder(folder: str, names: tuple, opts: Options) -> int:
     return 0 if all(row.report.passed for row in rows) else 1
 
 
+def check_one(path: str, name: str, opts: Options) -> int:
+    """One file's report; a notebook is checked as the module its code cells define
+    (submission.locate), and its errors name the cell."""
+    from check_attention.grade import check_file, sandbox_for
+    from check_attention.submission import NotGradable, locate, staging_dir
+
+    with sandbox_for(opts) as sandbox, staging_dir() as staging:  # the host imports torch
+        try:                                                      # while we read the file
+            found = locate(Path(path), (name,), Path(staging))
+        except NotGradable as exc:
+            raise UserError(str(exc)) from None
+        report = check_file(str(found.file), name, opts, sandbox)
+    if report.error is not None:
+        raise UserError(found.where(report.error))
+    report.target = f"{path}:{name}"
+    print(report.text)
+    for note in found.notes:
+        print(f"notebook: {note}")
+    return report.exit_code
+
+
 def run(argv: list[str]) -> int:
     path, name, opts = parse_args(argv)
+    if opts.format is not None:
+        from check_attention import platforms
+        return platforms.run(path, name, opts)
     if isinstance(name, tuple):
         return grade_folder(path, name, opts)
-    from check_attention.grade import check_file, sandbox_for
-
-    with sandbox_for(opts) as sandbox:  # the host imports torch while we do
-        report = check_file(path, name, opts, sandbox)
-    if report.error is not None:
-        raise UserError(report.error)
-    print(report.text)
-    return report.exit_code
+    return check_one(path, name, opts)
 
 
 def main(argv: list[str]) -> int:

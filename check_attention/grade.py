@@ -65,15 +65,10 @@ def check_file(file: str, name: str, opts: Options, sandbox,
         return Report(f"{file}:{name}", error=words).made_inert()
 
 
-def defined_name(path: Path, names: tuple[str, ...]) -> str:
-    """The first of `names` that the file binds at its top level, read from its syntax tree
-    (nothing is run); names[0] when none is, or the file cannot be parsed (the child then says
-    why: no such name, or the syntax error and its line)."""
-    try:
-        tree = ast.parse(read_text(path, "submission", MAX_SUBMISSION_BYTES))
-    except Exception:  # noqa: BLE001  (a syntax error, a deep nesting, bytes that are not text)
-        return names[0]
-    bound, todo = set(), list(tree.body)
+def top_level_names(source: str) -> set[str]:
+    """The names a module binds at its top level (class, def, assignment, import), read from its
+    syntax tree, inside if/try/with/for/while blocks too. Raises SyntaxError."""
+    bound, todo = set(), list(ast.parse(source).body)
     while todo:
         node = todo.pop()
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
@@ -86,6 +81,17 @@ def defined_name(path: Path, names: tuple[str, ...]) -> str:
         elif isinstance(node, (ast.If, ast.Try, ast.With, ast.For, ast.While)):
             todo += [s for part in ("body", "orelse", "finalbody") for s in getattr(node, part, [])]
             todo += [s for h in getattr(node, "handlers", []) for s in h.body]
+    return bound
+
+
+def defined_name(path: Path, names: tuple[str, ...]) -> str:
+    """The first of `names` that the file binds at its top level, read from its syntax tree
+    (nothing is run); names[0] when none is, or the file cannot be parsed (the child then says
+    why: no such name, or the syntax error and its line)."""
+    try:
+        bound = top_level_names(read_text(path, "submission", MAX_SUBMISSION_BYTES))
+    except Exception:  # noqa: BLE001  (a syntax error, a deep nesting, bytes that are not text)
+        return names[0]
     return next((n for n in names if n in bound), names[0])
 
 
@@ -353,6 +359,10 @@ def check(target, *, sandbox=None, **options) -> Report:
     given = next((k for k in GRADING_ONLY if options.get(k) is not None), None)
     if given:
         raise UserError(f"{given}= is for grading a folder; check() checks one object")
+    given = next((k for k in ("format", "weights") if options.get(k) is not None), None)
+    if given:
+        raise UserError(f"{given}= is for a platform's results (python -m check_attention "
+                        f"SUBMISSION NAME format=...); check() returns the report")
     if sandbox is not None and not isinstance(sandbox, Sandbox):
         raise TypeError(f"sandbox= takes a check_attention.sandbox.host.Sandbox or None, got "
                         f"{type(sandbox).__name__}")

@@ -14,6 +14,8 @@ DTYPES = ("float32", "float64", "bfloat16", "float16")
 MASKS = {"keep": "boolean, True = may attend", "drop": "boolean, True = masked out",
          "add": "additive, 0 or -inf added to the scores"}
 OUTPUTS = (".md", ".csv", ".json")  # the formats of a grading table, by out='s extension
+# one submission's results for a course platform (platforms.py), and the file each writes
+FORMATS = {"gradescope": ".json", "prairielearn": ".json", "junit": ".xml"}
 
 
 @dataclass
@@ -42,9 +44,15 @@ class Options:
     memory: Optional[float] = 4.0
     # grading a folder: processes checking files at once (null: one per CPU core), 1 to 256
     workers: Optional[int] = None
-    # grading a folder: also write the table to this .md, .csv or .json file
+    # grading a folder: also write the table to this .md, .csv or .json file (with format=:
+    # where the results go, .json or .xml)
     out: Optional[str] = None
     overwrite: bool = False    # replace out= if it exists (as every script: safeio/files.py)
+    # grade one submission (a folder, a .py file or a notebook) for a platform: gradescope,
+    # prairielearn or junit, written to out= or where the platform reads it (docs/grading.md)
+    format: Optional[str] = None
+    # format=: a file of `check = points [visibility]` lines (default: docs/grading.md's table)
+    weights: Optional[str] = None
 
 
 # The range of each number, and why its ends are where they are. The causality check runs the
@@ -56,7 +64,7 @@ RANGES = {"d_model": (1, 8192), "n_head": (1, 8192), "seq_len": (2, 512), "batch
           "timeout": (0.0, 86400.0),  # seconds, above 0: a day at most
           "memory": (0.0, 1024.0)}  # GiB, above 0
 MAX_PROBE_BYTES = 2 << 30
-GRADING_ONLY = ("workers", "out")  # keys that mean something only for a folder
+GRADING_ONLY = ("workers", "out")  # keys that mean something only for a folder (or format=)
 
 
 def probe_bytes(opts: Options) -> int:
@@ -88,9 +96,17 @@ def check_options(opts: Options) -> Options:
         raise UserError(f"device must be cpu, cuda, cuda:N or mps, got {opts.device!r}")
     if not isinstance(opts.overwrite, bool):
         raise UserError(f"overwrite must be true or false, got {opts.overwrite!r}")
+    if opts.format is not None and opts.format not in FORMATS:
+        raise UserError(f"format must be one of {', '.join(FORMATS)}, got {opts.format!r}")
+    if opts.weights is not None and opts.format is None:
+        raise UserError("weights= gives points to a platform's results: add format=gradescope, "
+                        "format=prairielearn or format=junit")
+    endings = (FORMATS[opts.format],) if opts.format else OUTPUTS
     if opts.out is not None and not (isinstance(opts.out, str)
-                                     and opts.out.lower().endswith(OUTPUTS)):
-        raise UserError(f"out must name a {', '.join(OUTPUTS)} file, got {opts.out!r}")
+                                     and opts.out.lower().endswith(endings)):
+        raise UserError(f"out must name a {', '.join(endings)} file"
+                        + (f" with format={opts.format}" if opts.format else "")
+                        + f", got {opts.out!r}")
     if opts.d_model % opts.n_head:
         raise UserError(f"d_model ({opts.d_model}) must be divisible by n_head ({opts.n_head})")
     need = probe_bytes(opts)

@@ -1,0 +1,376 @@
+"""One student's submission graded for a course platform: Gradescope's results.json,
+PrairieLearn's results.json, or JUnit XML, with points and visibility per check (weights.py).
+
+    python -m check_attention SUBMISSION NAME [NAME ...] format=gradescope [weights=FILE]
+
+SUBMISSION is what the platform hands over: a folder with subfolders, a .py file or a notebook
+(submission.py finds NAME in it). The file is always written, whatever happens: the grader first
+writes a result that says it did not finish, then replaces it with the real one; a submission
+that cannot be imported is score 0 with the reason (Gradescope) or `gradable: false` (PrairieLearn:
+no attempt used). Both platforms run the grader as root; their guidance is to run students' code
+as another user, so a grader started as root runs the whole check again as `nobody` on a copy of
+the submission and only moves the file it wrote into place (`as_unprivileged`).
+
+Scores: each check's points when it passes, 0 when it fails or cannot be judged (SKIP); a check
+that does not apply to this submission (N/A: a function has no W_O) counts for nothing and says
+why, and the score is the points earned over the points that apply, scaled to the full total.
+"""
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Optional
+
+from safeio.cli import FileRefused, UserError
+from safeio.files import read_json, write_output
+from check_attention.inert import inert
+from check_attention.options import Options
+from check_attention.report import ITEM_WORDS, Report
+from check_attention.weights import Weight, load_weights
+
+# Where each platform reads the result (and the folder that says the grader runs in its layout).
+PLACES = {"gradescope": Path("/autograder/results/results.json"),
+          "prairielearn": Path("/grade/results/results.json")}
+FORMATS = (*PLACES, "junit")
+# PrairieLearn reads at most 1 MB; a results file stays below it with room to spare.
+MAX_RESULTS_BYTES = 900_000
+UNPRIVILEGED_USER = "nobody"
+AS_USER_ENV = "CHECK_ATTENTION_UNPRIVILEGED"  # set in the re-run, which must not re-run again
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass
+class Graded:
+    """What grading one submission came to."""
+
+    submission: str                  # the file as the student knows it ("attn.py", "lab.ipynb")
+    name: str                        # the object looked for
+    seed: int
+    report: Optional[Report] = None  # None: the checker could not use the submission
+    reason: str = ""                 # why not, in one line
+    gradable: bool = True            # False: nothing could be imported (PrairieLearn's meaning)
+    notes: list = field(default_factory=list)  # what a notebook's reader left out
+    seconds: float = 0.0
+
+
+@dataclass
+class Line:
+    """One check as a platform's test."""
+
+    key: str
+    status: str       # PASS, FAIL, SKIP, N/A
+    detail: str
+    points: float     # earned
+    max_points: float  # 0 for N/A
+    visibility: str
+
+    @property
+    def words(self) -> str:
+        return ITEM_WORDS.get(self.key, self.key)
+
+    @property
+    def text(self) -> str:
+        """What the student reads under the check's name."""
+        if self.status == "N/A":
+            return (f"Not applicable to this submission, so not counted: "
+                    f"{self.detail or 'it does not apply'}")
+        if self.status == "SKIP":
+            return f"Could not be judged, so no points: {self.detail}"
+        return f"{'Passed' if self.status == 'PASS' else 'Failed'}: {self.detail}".rstrip(": ")
+
+
+# ----------------------------------------------------------------------------- grading
+
+
+def judge(submission: Path, names: tuple[str, ...], opts: Options) -> Graded:
+    """Find NAME in the submission and check it; never raises (a grader bug is a Graded too)."""
+    from check_attention.grade import check_file, sandbox_for
+    from check_attention.submission import NotGradable, locate, staging_dir
+    start = time.monotonic()
+    graded = Graded(inert(Path(submission).name), inert(names[0]), opts.seed)
+    try:  # the sandbox's host imports torch while the submission is read
+        with sandbox_for(opts) as box, staging_dir() as staging:
+            found = locate(Path(submission), names, Path(staging))
+            graded.submission, graded.name = inert(found.shown), inert(found.name)
+            graded.notes = [inert(n) for n in found.notes]
+            report = check_file(str(found.file), found.name, opts, box)
+            report.target = inert(f"{found.shown}:{found.name}")
+            if report.error is not None:  # nothing imported: PrairieLearn uses no attempt
+                graded.reason = inert(found.where(report.error))
+                graded.gradable = not report.error.startswith(("importing ", found.file.name))
+            else:
+                graded.report = report
+    except (NotGradable, FileRefused) as exc:
+        graded.reason, graded.gradable = inert(str(exc)), False
+    except Exception as exc:  # noqa: BLE001  (a grader bug: the student still gets a result)
+        graded.reason = inert(f"the grader failed: {type(exc).__name__}: {exc}")
+        graded.gradable = False
+    graded.seconds = time.monotonic() - start
+    return graded
+
+
+def lines(graded: Graded, weights: dict[str, Weight]) -> list[Line]:
+    """Each weighted check in the checklist's order; one the checker did not run on this kind of
+    submission is N/A, and says so."""
+    items = graded.report.items if graded.report else {}
+    out = []
+    for key, weight in weights.items():
+        if weight.points <= 0:
+            continue
+        item = items.get(key)
+        status, detail = (item.status, item.detail) if item else (
+            "N/A", f"the checker does not run this check on a {graded.report.kind}")
+        earned = float(weight.points) if status == "PASS" else 0.0
+        out.append(Line(key, status, detail, earned,
+                        0.0 if status == "N/A" else float(weight.points), weight.visibility))
+    return out
+
+
+def summary(graded: Graded, rows: list[Line]) -> str:
+    """The text above the tests: the verdict, the diagnosis, what was not counted and why, what
+    the notebook reader left out, and the seed that reproduces the run."""
+    out = [f"check_attention on {graded.submission}: `{graded.name}`"]
+    if graded.report is None:
+        out.append(f"Not graded: {graded.reason}")
+    else:
+        out.append(f"Verdict: {graded.report.verdict}")
+        out += [f"Diagnosis: {d}" for d in graded.report.diagnosis]
+        out += [f"Not counted ({r.key}): {r.detail}" for r in rows if r.status == "N/A"]
+    out += [f"Notebook: {n}" for n in graded.notes]
+    out.append(f"Random probes seeded with seed={graded.seed} "
+               f"(python -m check_attention FILE:{graded.name} seed={graded.seed} reproduces them)")
+    return "\n".join(out)
+
+
+def totals(rows: list[Line]) -> tuple[float, float, float]:
+    """(earned, applicable, full): points earned, points of the checks that apply, all points."""
+    return (sum(r.points for r in rows), sum(r.max_points for r in rows),
+            sum(r.max_points if r.status != "N/A" else 0 for r in rows))
+
+
+# ----------------------------------------------------------------------------- the formats
+
+
+def gradescope(graded: Graded, weights: dict[str, Weight]) -> dict:
+    """Gradescope's results.json (autograder_samples docs/specs.md): `score` overrides the tests'
+    sum, so it can scale the applicable points to the assignment's full total."""
+    full = float(sum(w.points for w in weights.values() if w.points > 0))
+    if graded.report is None:
+        return {"score": 0.0, "output": summary(graded, []),
+                "execution_time": round(graded.seconds),
+                "extra_data": {"seed": graded.seed, "gradable": graded.gradable},
+                "tests": [{"name": "The submission can be checked", "score": 0.0,
+                           "max_score": full, "status": "failed", "output": graded.reason,
+                           "visibility": "visible"}]}
+    rows = lines(graded, weights)
+    earned, applicable, _ = totals(rows)
+    return {"score": round(full * earned / applicable, 4) if applicable else 0.0,
+            "output": summary(graded, rows), "execution_time": round(graded.seconds),
+            "extra_data": {"seed": graded.seed, "verdict": graded.report.outcome},
+            "tests": [{"name": r.words, "number": str(i), "score": r.points,
+                       "max_score": r.max_points,
+                       "status": "passed" if r.status in ("PASS", "N/A") else "failed",
+                       "output": r.text, "tags": [r.key], "visibility": r.visibility}
+                      for i, r in enumerate(rows, 1)]}
+
+
+def prairielearn(graded: Graded, weights: dict[str, Weight]) -> dict:
+    """PrairieLearn's results.json (docs/externalGrading.md): score in [0, 1]; a submission that
+    cannot be imported is `gradable: false` (no points lost, no attempt used). PrairieLearn has no
+    visibility per test: a check not `visible` is listed with its points, its details withheld."""
+    if graded.report is None:
+        if not graded.gradable:
+            return {"gradable": False, "score": 0.0, "message": summary(graded, []),
+                    "format_errors": [graded.reason]}
+        return {"gradable": True, "score": 0.0, "message": summary(graded, []), "tests": []}
+    rows = lines(graded, weights)
+    earned, applicable, _ = totals(rows)
+    withheld = "Details are shown after the due date."
+    return {"gradable": True, "score": round(earned / applicable, 6) if applicable else 0.0,
+            "message": summary(graded, rows),
+            "tests": [{"name": r.words, "description": r.key, "points": r.points,
+                       "max_points": r.max_points,
+                       "message": r.text if r.visibility == "visible" or r.status == "N/A"
+                       else withheld} for r in rows]}
+
+
+def junit(graded: Graded, weights: dict[str, Weight]) -> str:
+    """JUnit XML as `pytest --junitxml` writes it: a testcase per check (failure, skipped), or
+    one error for a submission the checker could not use; the seed as a property."""
+    rows = lines(graded, weights) if graded.report else []
+    suite = ET.Element("testsuite", name="check_attention", tests=str(max(len(rows), 1)),
+                       failures=str(sum(r.status == "FAIL" for r in rows)),
+                       errors=str(int(graded.report is None)),
+                       skipped=str(sum(r.status in ("SKIP", "N/A") for r in rows)),
+                       time=f"{graded.seconds:.2f}")
+    props = ET.SubElement(suite, "properties")
+    ET.SubElement(props, "property", name="seed", value=str(graded.seed))
+    ET.SubElement(props, "property", name="submission", value=graded.submission)
+    if graded.report is None:
+        case = ET.SubElement(suite, "testcase", classname=f"check_attention.{graded.name}",
+                             name="load")
+        ET.SubElement(case, "error", message=graded.reason).text = graded.reason
+    for r in rows:
+        case = ET.SubElement(suite, "testcase", classname=f"check_attention.{graded.name}",
+                             name=r.key)
+        if r.status == "FAIL":
+            ET.SubElement(case, "failure", message=r.detail).text = r.text
+        elif r.status in ("SKIP", "N/A"):
+            ET.SubElement(case, "skipped", message=r.text)
+    top = ET.Element("testsuites")
+    top.append(suite)
+    return ET.tostring(top, encoding="unicode", xml_declaration=True) + "\n"
+
+
+def capped(payload: dict, limit: int = MAX_RESULTS_BYTES) -> str:
+    """The results as JSON text of at most `limit` bytes: the longest texts are cut (halved, with
+    a note) until it fits. Each text is already cut at 2,000 characters (inert.py), so only an
+    instructor's odd weights table or a huge notebook's notes could need this."""
+    def text() -> str:
+        return json.dumps(payload, indent=2, ensure_ascii=False) + "\n"
+    out = text()
+    while len(out.encode()) > limit:
+        holders = [payload] + list(payload.get("tests", []))
+        key, holder = max(((k, h) for h in holders for k, v in h.items() if isinstance(v, str)),
+                          key=lambda kh: len(kh[1][kh[0]]))
+        value = holder[key]
+        if len(value) < 64:
+            payload["tests"] = payload.get("tests", [])[: len(payload.get("tests", [])) // 2]
+        else:
+            holder[key] = value[: len(value) // 2] + " [cut: the results file stays below 1 MB]"
+        out = text()
+    return out
+
+
+def render(graded: Graded, fmt: str, weights: dict[str, Weight]) -> str:
+    if fmt == "junit":
+        return junit(graded, weights)
+    return capped((gradescope if fmt == "gradescope" else prairielearn)(graded, weights))
+
+
+def failed_result(fmt: str, reason: str, seed: int, submission: str = "submission",
+                  name: str = "?") -> str:
+    """The file written before anything else, and when the grader itself fails."""
+    graded = Graded(submission, name, seed, reason=inert(reason), gradable=False)
+    return render(graded, fmt, load_weights(None))
+
+
+# ----------------------------------------------------------------------------- the command
+
+
+def results_path(opts: Options) -> Path:
+    """out=, else the place the platform reads, when the grader runs in the platform's layout."""
+    if opts.out:
+        return Path(opts.out)
+    if opts.format == "junit":
+        return Path("junit.xml")
+    place = PLACES[opts.format]
+    if not place.parents[1].is_dir():
+        raise UserError(f"format={opts.format} writes {place}, but {place.parents[1]} does not "
+                        f"exist here (not the platform's layout): give out=results.json")
+    return place
+
+
+def write(path: Path, text: str) -> None:
+    path.absolute().parent.mkdir(parents=True, exist_ok=True)
+    write_output(path, text, "out=", True)
+
+
+def run(submission: str, names: tuple[str, ...], opts: Options) -> int:
+    """Grade one submission into the platform's file; the file exists whatever happens after the
+    first write. Exit status: 0 when the results file holds a grade, 1 when it says why not."""
+    path = results_path(opts)
+    write(path, failed_result(opts.format, "the grader did not finish (killed, out of time or "
+                                           "out of memory?)", opts.seed))
+    try:
+        weights = load_weights(opts.weights)
+        if os.geteuid() == 0 and not os.environ.get(AS_USER_ENV):
+            text, graded_ok = as_unprivileged(submission, names, opts)
+        else:
+            graded = judge(Path(submission), names, opts)
+            print(graded.report.text if graded.report else f"not graded: {graded.reason}")
+            text, graded_ok = render(graded, opts.format, weights), graded.report is not None
+    except UserError as exc:  # the instructor's weights file, say
+        write(path, failed_result(opts.format, f"the grader is misconfigured: {exc}", opts.seed))
+        raise
+    except BaseException as exc:
+        write(path, failed_result(opts.format, f"the grader failed: {type(exc).__name__}: {exc}",
+                                  opts.seed))
+        raise
+    write(path, text)
+    print(f"wrote {path} (seed {opts.seed})", file=sys.stderr)
+    return 0 if graded_ok else 1
+
+
+def option_args(opts: Options, **override) -> list[str]:
+    """opts as the command's key=value arguments (those that differ from the defaults)."""
+    default, out = Options(), []
+    for f in fields(Options):
+        value = override.get(f.name, getattr(opts, f.name))
+        if value == getattr(default, f.name):
+            continue
+        text = ("null" if value is None else str(value).lower() if isinstance(value, bool)
+                else str(value))
+        out.append(f"{f.name}={text}")
+    return out
+
+
+def as_unprivileged(submission: str, names: tuple[str, ...], opts: Options,
+                    command: Optional[list] = None) -> tuple[str, bool]:
+    """Run this grading again as `nobody`, on a copy of the submission it owns, and return the
+    results it wrote (checked to be what this format writes) and whether they hold a grade. The
+    root process imports none of the submission; it only copies files and reads one back.
+    command: what runs as nobody (default: this interpreter, `-m check_attention`), given the
+    submission's copy, the names and the options."""
+    user = pwd.getpwnam(UNPRIVILEGED_USER)
+    with tempfile.TemporaryDirectory(prefix="check_attention-grading-") as work:
+        source, copy = Path(submission), Path(work) / "submission"
+        if source.is_dir():
+            shutil.copytree(source, copy, symlinks=True)
+        else:
+            copy.mkdir()
+            copy = copy / source.name
+            shutil.copy2(source, copy)
+        weights = None
+        if opts.weights:  # read here (as root), handed over as a copy
+            weights = Path(work) / "weights.txt"
+            shutil.copy2(opts.weights, weights)
+        out = Path(work) / ("results.xml" if opts.format == "junit" else "results.json")
+        for folder, dirs, files in os.walk(work):
+            for entry in [folder, *(os.path.join(folder, n) for n in dirs + files)]:
+                os.chown(entry, user.pw_uid, user.pw_gid, follow_symlinks=False)
+        env = dict(os.environ, HOME=work, **{AS_USER_ENV: "1"})
+        env["PYTHONPATH"] = os.pathsep.join(p for p in [str(PROJECT_ROOT),
+                                                        env.get("PYTHONPATH", "")] if p)
+        args = option_args(opts, out=str(out), weights=None if weights is None else str(weights))
+        proc = subprocess.Popen(
+            [*(command or [sys.executable, "-m", "check_attention"]), str(copy), *names, *args],
+            cwd=work,
+            env=env, user=user.pw_uid, group=user.pw_gid, extra_groups=[],
+            start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        try:
+            log, _ = proc.communicate(timeout=opts.timeout + 300)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            log, _ = proc.communicate()
+        sys.stdout.write(log.decode("utf-8", "replace")[-20_000:])  # instructors' log only
+        try:
+            if opts.format == "junit":
+                ET.fromstring(out.read_bytes())
+                return out.read_text(encoding="utf-8"), proc.returncode == 0
+            data = read_json(out, "results", MAX_RESULTS_BYTES)
+            return capped(data), proc.returncode == 0
+        except (OSError, ValueError, ET.ParseError) as exc:
+            return failed_result(opts.format, f"the grader's unprivileged run left no results "
+                                              f"(exit status {proc.returncode}): {exc}",
+                                 opts.seed), False
