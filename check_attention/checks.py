@@ -433,18 +433,21 @@ def _check_function(child, info: dict, opts: Options, report: Report) -> None:
                    f"heads and d_v != d_k")
     else:
         report.set("shape", "PASS", f"[{T}, d_v] for Q [{T}, {d_k}], V [{T}, {d_v}]: d_v != d_k")
-    # causality: change key and value j; queries before j must not move
+    # causality: change query, key and value j (a later query can leak too: a softmax over the
+    # queries); the outputs of the queries before j must not move
     base_q, base_k, base_v = probes[1]
     calls = []
     for j in range(T):
-        kk, vv = base_k.clone(), base_v.clone()
-        kk[..., j, :], vv[..., j, :] = rand(*lead, d_k, scale=2.0), rand(*lead, d_k, scale=2.0)
-        calls.append((base_q, kk, vv, masks[chosen]))
+        qq, kk, vv = base_q.clone(), base_k.clone(), base_v.clone()
+        for t in (qq, kk, vv):
+            t[..., j, :] = rand(*lead, d_k, scale=2.0)
+        calls.append((qq, kk, vv, masks[chosen]))
     got = ask(child, "call", calls=calls + [probes[1] + (masks[chosen],)])
     if all(o is not None and o.dim() >= 2 and o.size(-2) == T for o in got["outs"]):
         leaks = leak_matrix(got["outs"][T], got["outs"][:T], axis=-2)
         report.set("causal", "FAIL" if leaks.pairs() else "PASS", leaks.words() or
-                   f"each of the {T} keys and values changed in turn; no earlier output moved")
+                   f"each of the {T} queries, keys and values changed in turn; no earlier "
+                   f"output moved")
     else:
         report.set("causal", "SKIP", "the output is not [..., positions, d_v]")
 

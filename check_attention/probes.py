@@ -383,8 +383,9 @@ def check_module(child, info: dict, opts, report, found, D: int, captures: dict)
             levels.append((words, _leak(a.double(), b.double(), 1), _new_nonfinite(a, y)))
         report.set("large_scores", *_large_words(levels, "position"))
     # lengths past one tile
+    at = 4 + len(large)  # where the lengths' outputs start, then the moved positions'
     results = []
-    for n, xl, out, error in zip(lengths, longs, outs[4 + len(large):], errors[4 + len(large):]):
+    for n, xl, out, error in zip(lengths, longs, outs[at:], errors[at:]):
         if error is not None or out is None:
             results.append((n, error or "no output", -1, 0.0))
         elif ref is not None:
@@ -411,7 +412,6 @@ def check_module(child, info: dict, opts, report, found, D: int, captures: dict)
         results.sort(key=lambda r: r[0])
         cap_words += "; no reference reproduces the layer, so judged by consistency: each " \
                      "shorter output is the start of the longest"
-    at = 4 + len(large)  # where the lengths' outputs start, then the moved positions'
     long_leak = _long_leak(outs[at + len(lengths) - 1] if lengths else None,
                            outs[at + len(lengths):], moved, T)
     if long_leak and report.items.get("causal") and report.items["causal"].status == "PASS":
