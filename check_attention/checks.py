@@ -15,24 +15,31 @@ import contextlib
 import math
 import os
 import random
+import re
 import threading
+from pathlib import Path
 from typing import Optional
 
 import torch
 
 from model.attention import causal_pattern
 from model.config import MaskMode
-from check_attention import layouts, modern
+from check_attention import costs, layouts, modern
 from check_attention import probes as deeper
 from check_attention.compare import (INPUT_SCALES, PROBES, QKV_SCALES, TOLERANCE, Leaks,
                                              golden, leak_matrix, rel_err, same)
-from check_attention.diagnosis import closest_words, first_difference, match, report_match
+from check_attention.diagnosis import (closest_words, first_difference, match, report_match,
+                                       unlisted)
 from check_attention.options import MASKS, Options
 from check_attention.report import Report
 from check_attention.sandbox.runner import D_MODEL, N_HEAD
 from check_attention.sandbox.host import CheckError, Sandbox, SandboxError, ask, project_snapshot
 from check_attention.variants import (all_variants, attend_heads, divisor_words,
-                                              mistake_words, num, variant_attend_kwargs)
+                                              mistake_words, num, split_words, switch_of,
+                                              variant_attend_kwargs)
+
+# What a layer may call its sliding window (keys, its own included), read from its attributes.
+WINDOW = {"window", "window_size", "sliding_window", "attention_window", "attn_window"}
 
 
 def _rebuild(child, n_head: int, x) -> dict:
@@ -95,11 +102,13 @@ def _check(file: str, name: str, opts: Options, sandbox: Optional[Sandbox],
                        n_head=opts.n_head, block_size=max(opts.seq_len, deeper.LONGEST),
                        dtype=opts.dtype, device=opts.device, seed=opts.seed,
                        fingerprint=fingerprint)
+            info["file"] = os.path.abspath(file)
             report = Report(f"{file}:{name}")
             if info["kind"] == "function":
                 _check_function(child, info, opts, report)
             else:
                 _check_module(child, info, opts, report)
+            _quote_costs(report, costs.load())
         if before is not None:
             after = project_snapshot(sandbox.project_root)
             changed = sorted(set(before.items()) ^ set(after.items()))
@@ -140,7 +149,8 @@ def _check_module(child, info: dict, opts: Options, report: Report) -> None:
     xs = [rand(B, T, D, scale=s) for s in INPUT_SCALES]
     main = ask(child, "forward", xs=xs + [xs[0]], seeds=[0, 0, 0, 1], capture=[True] * 3 + [False])
     if main["errors"][0]:
-        raise CheckError(f"{info['how']} failed on x [{B}, {T}, {D}]: {main['errors'][0]}")
+        raise CheckError(f"{info['how']} failed on x [{B}, {T}, {D}]: {main['errors'][0]}"
+                         + _view_hint(main["errors"][0], info["file"], D, h or opts.n_head))
     ys = [y.double() if y is not None else None for y in main["ys"]]
     captures = main["captures"]
     report.header["layer"] = (f"{info['how']}, {info['dtype']} on {info['device']}, eval mode"
@@ -216,14 +226,15 @@ def _check_module(child, info: dict, opts: Options, report: Report) -> None:
     if maps:
         if not h and not any(m.layout == "per_head" for m in maps):
             report.header["heads"] = f"n_head not known: tried {', '.join(map(str, heads))}"
-        found = match(maps, xs, ys[:3], tol)
+        found = match(maps, xs, ys[:3], tol, window=_infer(info, WINDOW))
         if found:
             report_match(report, found, D, tol, info, captures[0])
             return deeper.check_module(child, info, opts, report, found, D, captures[0])
         why = "no variant of ours reproduces it"
     # rotary positions, grouped key/value heads, QK-norm (modern.py)
     modern_found = modern.judge(report, info, captures[0], xs, ys[:3], tol, D, h,
-                                classic=bool(maps)) if shape_ok else None
+                                classic=bool(maps), llama_weights=opts.llama_weights) \
+        if shape_ok else None
     if modern_found is not None:
         if not modern_found:
             _black_box_items(report, leaks, rows_sum_to_one, shape_ok,
@@ -233,11 +244,14 @@ def _check_module(child, info: dict, opts: Options, report: Report) -> None:
     if maps:
         difference = first_difference(maps, captures[:3], xs, ys[:3], tol, D)
         if difference:
-            m, words, verdicts = difference
+            m, words, verdicts, switches = difference
             report.header["layout"] = f"{m.words}; {m.h} heads, d_k = {D // m.h}"
             for item, (ok, detail) in verdicts.items():
                 report.set(item, "PASS" if ok else "FAIL", detail)
             report.set("equation", "FAIL", f"first difference: {words}")
+            report.diagnosis.append(f"following the layer's own q, k, v step by step, the "
+                                    f"first that differs from ours: {words}")
+            report.named(*switches)
         else:
             report.header["layout"] = f"{maps[0].words}? (no variant of ours reproduces it)"
             if maps[0].prior == 0:  # the names agree with this reading: the layer differs
@@ -247,6 +261,43 @@ def _check_module(child, info: dict, opts: Options, report: Report) -> None:
         report.header["layout"] = f"none recognised ({layouts.describe_linears(info)})"
     _black_box_items(report, leaks, rows_sum_to_one, shape_ok, why)
     deeper.check_module(child, info, opts, report, None, D, captures[0])
+
+
+def _quote_costs(report: Report, table: dict) -> None:
+    """A diagnosis line for each mistake the report names whose switch the studies measured
+    (costs.py; nothing when docs/pitfall_costs.json is not there)."""
+    for switch in report.mistakes:
+        words = costs.words(switch, table)
+        if words:
+            report.diagnosis.append(words)
+
+
+# `.view(B, n_head, T, d_k)`: heads before positions, the view's second argument a head count
+HEADS_FIRST = re.compile(r"\.view\(\s*[^,()]+,\s*[\w.]*(?:head|\bh\b)[\w.]*\s*,")
+
+
+def _view_hint(error: str, file: str, D: int, h: int) -> str:
+    """The fix, when the layer's forward raised torch's view error on a line that splits the
+    heads before the positions (nanoGPT's line without its transpose): after `.split` of the
+    fused projection q is a strided slice that .view cannot cut that way, and where it can (a
+    contiguous q, or .reshape) the result mixes positions and heads."""
+    where = re.search(r"\(([^()]+\.py), line (\d+)\)$", error)
+    if "view size is not compatible" not in error or not where:
+        return ""
+    try:
+        lines = Path(file).read_text(encoding="utf-8", errors="replace").splitlines()
+        line = lines[int(where.group(2)) - 1]
+    except (OSError, IndexError, ValueError):
+        return ""
+    if not HEADS_FIRST.search(line):
+        return ""
+    d_k = D // h if h and D % h == 0 else "d_k"
+    hint = (f"; hint: line {where.group(2)} puts the heads before the positions "
+            f"(`{line.strip()[:120]}`): a slice of the fused projection (after .split) cannot "
+            f"be viewed that way, and where .view or .reshape runs, {split_words(h, d_k)} "
+            f"(the mistake attention=split_heads_no_transpose reproduces)")
+    cost = costs.words("split_heads_no_transpose", costs.load())
+    return hint + (f"; {cost}" if cost else "")
 
 
 def _width(info: dict, opts: Options) -> int:
@@ -329,7 +380,8 @@ def _check_function(child, info: dict, opts: Options, report: Report) -> None:
                                f"tolerance {tol:.0e} relative")
     expected = [*lead, T, d_k]
     q, k, v = (torch.stack([p[i] for p in probes]) for i in range(3))
-    variants = [var for var in all_variants() if var.attn.out_proj]
+    variants = [var for var in all_variants() if var.attn.out_proj
+                and not var.attn.split_heads_no_transpose]  # its heads come split
     results = {}
     for c in usable:
         y = torch.stack([o.double() for o in outs[c]]) if all(
@@ -381,18 +433,21 @@ def _check_function(child, info: dict, opts: Options, report: Report) -> None:
                    f"heads and d_v != d_k")
     else:
         report.set("shape", "PASS", f"[{T}, d_v] for Q [{T}, {d_k}], V [{T}, {d_v}]: d_v != d_k")
-    # causality: change key and value j; queries before j must not move
+    # causality: change query, key and value j (a later query can leak too: a softmax over the
+    # queries); the outputs of the queries before j must not move
     base_q, base_k, base_v = probes[1]
     calls = []
     for j in range(T):
-        kk, vv = base_k.clone(), base_v.clone()
-        kk[..., j, :], vv[..., j, :] = rand(*lead, d_k, scale=2.0), rand(*lead, d_k, scale=2.0)
-        calls.append((base_q, kk, vv, masks[chosen]))
+        qq, kk, vv = base_q.clone(), base_k.clone(), base_v.clone()
+        for t in (qq, kk, vv):
+            t[..., j, :] = rand(*lead, d_k, scale=2.0)
+        calls.append((qq, kk, vv, masks[chosen]))
     got = ask(child, "call", calls=calls + [probes[1] + (masks[chosen],)])
     if all(o is not None and o.dim() >= 2 and o.size(-2) == T for o in got["outs"]):
         leaks = leak_matrix(got["outs"][T], got["outs"][:T], axis=-2)
         report.set("causal", "FAIL" if leaks.pairs() else "PASS", leaks.words() or
-                   f"each of the {T} keys and values changed in turn; no earlier output moved")
+                   f"each of the {T} queries, keys and values changed in turn; no earlier "
+                   f"output moved")
     else:
         report.set("causal", "SKIP", "the output is not [..., positions, d_v]")
 
@@ -403,7 +458,9 @@ def _check_function(child, info: dict, opts: Options, report: Report) -> None:
         words = mistake_words(var, d_k, h)
         fails = {i: w for i, w in words if i}
         passes = {"scale": f"divided by sqrt(d_k) = {num(math.sqrt(d_k))}, d_k = q.size(-1)",
-                  "before_softmax": "each row of weights sums to 1 over the visible keys",
+                  "before_softmax": "each row of weights sums to 1 over the visible keys"
+                  if not var.attn.softmax_over_queries else
+                  "the mask is added to the scores before the softmax",
                   "mask_value": "future keys get weight 0"}
         for item in ("scale", "before_softmax", "mask_value"):
             report.set(item, "FAIL" if item in fails else "PASS", fails.get(item, passes[item]))
@@ -413,7 +470,9 @@ def _check_function(child, info: dict, opts: Options, report: Report) -> None:
         else:
             report.set("equation", "FAIL", "; ".join(w for _, w in words))
             report.diagnosis.append(f"our scaled_dot_product_attention reproduces it as "
-                                    f"attention={var.name} (max relative difference {err:.1e})")
+                                    f"attention={var.name} ({unlisted(words)}max relative "
+                                    f"difference {err:.1e})")
+            report.named(*filter(None, map(switch_of, var.mistakes)))
     else:
         _function_fits(report, y, q, k, v, h, d_k, tol, best)
     if chosen == "add" and report.items["mask_value"].status == "PASS":
@@ -438,6 +497,7 @@ def _function_fits(report, y, q, k, v, h, d_k, tol, best) -> None:
         report.set("before_softmax", "PASS", "each row of weights sums to 1 over the visible keys")
         report.set("mask_value", "PASS", "future keys get weight 0")
         report.set("equation", "FAIL", words)
+        report.diagnosis.append(f"no variant of ours reproduces it; a fitted divisor does: {words}")
         return
     for mode in (MaskMode.add, MaskMode.fill):
         value, e = golden(lambda m, mode=mode: rel_err(y, attend_heads(
@@ -450,6 +510,8 @@ def _function_fits(report, y, q, k, v, h, d_k, tol, best) -> None:
             report.set("before_softmax", "PASS", "")
             report.set("mask_value", "FAIL", words)
             report.set("equation", "FAIL", words)
+            report.diagnosis.append(f"no variant of ours reproduces it; a fitted mask value "
+                                    f"does: {words}")
             return
     for item in ("scale", "before_softmax", "mask_value"):
         report.set(item, "SKIP", "not judged: no variant of ours reproduces it")

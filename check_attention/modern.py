@@ -30,10 +30,10 @@ import torch.nn as nn
 
 from model.attention import attention_layer
 from model.rotary import rotary_tables
-from check_attention import layouts
+from check_attention import costs, layouts
 from check_attention.compare import golden, rel_err
 from check_attention.report import Report
-from check_attention.variants import all_variants, mistake_words, num, pattern
+from check_attention.variants import all_variants, mistake_words, num, switch_of
 
 THETAS = (10000.0, 500000.0)      # Llama 2 / GPT-NeoX, and Llama 3
 THETA_NAMES = {"theta", "rope_theta", "base", "rope_base", "rotary_base", "rotary_emb_base"}
@@ -41,8 +41,17 @@ PITFALLS = {  # the second study's switches a layer called as layer(x) can show
     "rope_on_values": "values are rotated too (rotary positions applied to v as well as q and "
                       "k): the output then carries each key's absolute position",
     "gqa_repeat_mismatch": "query head i reads key/value head i % n_kv_head instead of "
-                           "i // (n_head / n_kv_head): each query head reads another group's keys",
+                           "i // (n_head / n_kv_head): each query head reads another group's keys"
+                           " (with weights trained in Llama's order, llama_weights=true)",
 }
+# Tiled key/value heads on weights the layer trains itself: a relabelling of the query heads
+# (the second study's gqa_repeat_mismatch arm trains as well as the correct one), so correct.
+TILED = ("the key/value heads are tiled (query head i reads key/value head i % n_kv_head, "
+         "torch's repeat), where Llama's repeat_interleave gives it head i // (n_head / "
+         "n_kv_head): a relabelling of the query heads, which a model trained from scratch "
+         "absorbs, so the layer is judged correct; its weights are not interchangeable with "
+         "Llama's (Llama's weights loaded into it, or its weights into Llama, read other "
+         "groups' keys): check it with llama_weights=true if it holds weights trained that way")
 
 
 @dataclass
@@ -187,7 +196,7 @@ def output(r: Reading, rotary: Rotary, variant, pitfalls: tuple, x: torch.Tensor
             weights[f"{role}_norm.weight"] = w
             if b is not None:
                 weights[f"{role}_norm.bias"] = b.double()
-    layer.causal = pattern(variant.pattern, T)
+    layer.causal = variant.visible(T)
     if seen is not None:
         attend = layer.attend
         layer.attend = lambda q, k, *rest: (seen.update(q=q, k=k), attend(q, k, *rest))[1]
@@ -208,7 +217,7 @@ def candidates(r: Reading, info: dict, max_mistakes: int = 2):
     switches = [()] + [(p,) for p in PITFALLS] + [tuple(PITFALLS)]
     out = []
     for variant in all_variants():
-        if variant.attn.out_proj != (r.wo is not None):
+        if variant.attn.out_proj != (r.wo is not None) or variant.third_study:
             continue
         for rot, sw in itertools.product(rotaries, switches):
             if ("rope_on_values" in sw and rot.layout is None) or \
@@ -269,8 +278,10 @@ def layout_words(f: Found, D: int) -> str:
     return f"{r.words}; {r.h} heads, d_k = {D // r.h}{kv}; {f.rotary.words()}{norm}"
 
 
-def report(rep: Report, f: Found, D: int, tol: float) -> None:
-    """The checklist's items from a match: the mistakes its variant and switches name."""
+def report(rep: Report, f: Found, D: int, tol: float, llama_weights: bool = False) -> None:
+    """The checklist's items from a match: the mistakes its variant and switches name. Tiled
+    key/value heads are a mistake only for weights trained with Llama's order (llama_weights);
+    otherwise a note says why they are not."""
     r, v = f.reading, f.variant
     d_k = D // r.h
     rep.header["layout"] = layout_words(f, D)
@@ -286,12 +297,19 @@ def report(rep: Report, f: Found, D: int, tol: float) -> None:
         f", {r.h_kv} key/value head{'s' * (r.h_kv > 1)}" if r.h_kv < r.h else "") + (
         ", QK-norm" if r.norm else "") + ("" if f.rotary.layout is None else
                                           f", {f.rotary.layout} rotary positions")
-    mistakes = [w for _, w in words] + [PITFALLS[p] for p in f.pitfalls]
+    tiled = "gqa_repeat_mismatch" in f.pitfalls and not llama_weights
+    pitfalls = [p for p in f.pitfalls if not (tiled and p == "gqa_repeat_mismatch")]
+    if tiled:
+        cost = costs.words("gqa_repeat_mismatch", costs.load())
+        rep.diagnosis.append(TILED + (f"; {cost}" if cost else ""))
+        ours += ", its key/value heads tiled"
+    mistakes = [w for _, w in words] + [PITFALLS[p] for p in pitfalls]
     if not mistakes:
         rep.set("equation", "PASS", f"{ours}: max relative difference {f.err:.1e}")
         return
     rep.set("equation", "FAIL", "; ".join(mistakes))
-    name = "+".join(([v.name] if v.mistakes else []) + list(f.pitfalls))
+    rep.named(*filter(None, map(switch_of, v.mistakes)), *pitfalls)
+    name = "+".join(([v.name] if v.mistakes else []) + pitfalls)
     rep.diagnosis.append(f"{ours} reproduces this layer as attention={name} (the second "
                          f"study's switches: scripts/llama_pitfalls.py; max relative difference "
                          f"{f.err:.1e}, tolerance {tol:.0e})" if f.pitfalls else
@@ -310,7 +328,7 @@ def no_match(rep: Report, closest: Found, D: int) -> None:
 
 
 def judge(rep: Report, info: dict, captures: dict, xs: list, ys: list, tol: float, D: int,
-          h: Optional[int], classic: bool):
+          h: Optional[int], classic: bool, llama_weights: bool = False):
     """Read the layer as a modern one and judge it. A Found: the match reported (the probes'
     reference, probes.py); False: a modern reading exists but nothing reproduces it (the
     equation line says so); None: no modern reading (or, with classic True, none that explains
@@ -320,7 +338,7 @@ def judge(rep: Report, info: dict, captures: dict, xs: list, ys: list, tol: floa
         return None
     best, closest = match(rs, info, xs, ys, tol)
     if best is not None:
-        report(rep, best, D, tol)
+        report(rep, best, D, tol, llama_weights)
         return best
     modern = any(r.h_kv < r.h or r.norm is not None for r in rs)
     if classic and not modern:

@@ -37,6 +37,9 @@ class Options:
     # a function's mask convention: keep (True = may attend), drop (True = masked), add (0 / -inf
     # added to the scores), or auto (found by trying all three)
     mask: str = "auto"
+    # the layer holds weights trained with Llama's key/value head order (query head i reads
+    # head i // (n_head / n_kv_head)): tiled grouped heads (i % n_kv_head) then fail
+    llama_weights: bool = False
     # seconds the layer's code may take in all before it is stopped (above 0, at most 86,400)
     timeout: float = 120.0
     # GiB of memory the layer's process may map beyond what the sandbox's host already holds
@@ -94,8 +97,9 @@ def check_options(opts: Options) -> Options:
         raise UserError(f"mask must be keep, drop, add or auto, got {opts.mask!r}")
     if not (isinstance(opts.device, str) and re.fullmatch(r"cpu|cuda(:\d+)?|mps", opts.device)):
         raise UserError(f"device must be cpu, cuda, cuda:N or mps, got {opts.device!r}")
-    if not isinstance(opts.overwrite, bool):
-        raise UserError(f"overwrite must be true or false, got {opts.overwrite!r}")
+    for key in ("overwrite", "llama_weights"):
+        if not isinstance(getattr(opts, key), bool):
+            raise UserError(f"{key} must be true or false, got {getattr(opts, key)!r}")
     if opts.format is not None and opts.format not in FORMATS:
         raise UserError(f"format must be one of {', '.join(FORMATS)}, got {opts.format!r}")
     if opts.weights is not None and opts.format is None:

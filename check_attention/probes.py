@@ -86,6 +86,33 @@ def _lengths_words(results: list, tol: float, cap_words: str) -> tuple[str, str]
     return "PASS", f"lengths {', '.join(str(n) for n, *_ in results)}{cap_words}"
 
 
+def _moved_positions(n: int, seen: int) -> list[int]:
+    """Positions of the longest probe to change one at a time for causality past the
+    checklist's `seen` positions: every 16th (the narrowest tiles' edges) and the last."""
+    return sorted({j for j in range(16, n, 16) if j >= seen} | ({n - 1} if n > seen else set()))
+
+
+def _long_leak(base, outs: list, moved: list[int], seen: int) -> Optional[str]:
+    """Words for the first position j of `moved` whose change moves an earlier output of the
+    longest probe (base), or None: causality at lengths the checklist's probe never reaches."""
+    if base is None or base.dim() < 2:
+        return None
+    scale = max(base.double().nan_to_num(0).abs().max().item(), 1e-30)
+    for j, y in zip(moved, outs):
+        if y is None or y.shape != base.shape:
+            continue
+        d = (y[:, :j].double() - base[:, :j].double()).abs()
+        d = d.masked_fill(torch.isnan(y[:, :j]) & torch.isnan(base[:, :j]), 0).nan_to_num(math.inf)
+        per = d.reshape(d.size(0), j, -1).amax(dim=(0, 2)) / scale  # [j]: each earlier position
+        bad = (per > LEAK).nonzero()
+        if len(bad):
+            i = int(bad[0])
+            return (f"at length {base.size(1)}, changing position {j} changes the output at "
+                    f"position {i} by up to {per[i].item():.3g} (relative): query {i} sees a "
+                    f"future key, past the {seen} positions of the check above")
+    return None
+
+
 def _grad_words(pairs: list) -> tuple[str, str]:
     """pairs: (name, layer grad or None or 'frozen', ref64, ref_low, floor) -> (status, detail)."""
     wrong, none, frozen = [], [], []
@@ -187,14 +214,14 @@ def _kept(changed: list) -> tuple[str, str]:
 def _equation(w, h: int, variant: Variant, x: torch.Tensor) -> torch.Tensor:
     """Our equation as `variant` computes it, differentiable and in x's dtype: x [B, T, D]."""
     dt = x.dtype
-    cut, _ = SPLITS["heads"]
+    cut, _ = SPLITS["mixed" if variant.attn.split_heads_no_transpose else "heads"]
     _, join = SPLITS["heads"]
     q, k, v = (cut(F.linear(x, wt.to(dt), None if b is None else b.to(dt)), h)
                for wt, b in ((w.wq, w.bq), (w.wk, w.bk), (w.wv, w.bv)))
     kw = variant_attend_kwargs(variant, w.wq.size(1) // h, h)
-    y, _ = scaled_dot_product_attention(q, k, v, pattern(variant.pattern, x.size(1)),
+    y, _ = scaled_dot_product_attention(q, k, v, variant.visible(x.size(1)),
                                         scale=kw["scale"], masked_softmax=masked_softmax(
-                                            kw["mask_mode"], kw["mask_value"]))
+                                            kw["mask_mode"], kw["mask_value"], kw["dim"]))
     y = join(y)
     if w.wo is not None:
         y = F.linear(y, w.wo.to(dt), None if w.bo is None else w.bo.to(dt))
@@ -311,7 +338,13 @@ def check_module(child, info: dict, opts, report, found, D: int, captures: dict)
         large += [base.to(dtype).double(), moved.to(dtype).double()]
     longest = rand(B, max(lengths, default=1), D)
     longs = [longest[:, :n].contiguous() for n in lengths]  # prefixes of one sequence
-    inputs = [x, x, x, other] + large + longs
+    moved = _moved_positions(longest.size(1), T)
+    leaks = []
+    for j in moved:  # the longest with position j changed: no output before j may move
+        xj = longest.clone()
+        xj[:, j] = rand(B, D, scale=4.0)
+        leaks.append(xj)
+    inputs = [x, x, x, other] + large + longs + leaks
     seeds = [0, 0, 1] + [0] * (len(inputs) - 3)
     got = ask(child, "probe", inputs=inputs, seeds=seeds, grad_outputs=[None] * len(inputs))
     outs, errors = got["outs"], got["errors"]
@@ -350,8 +383,9 @@ def check_module(child, info: dict, opts, report, found, D: int, captures: dict)
             levels.append((words, _leak(a.double(), b.double(), 1), _new_nonfinite(a, y)))
         report.set("large_scores", *_large_words(levels, "position"))
     # lengths past one tile
+    at = 4 + len(large)  # where the lengths' outputs start, then the moved positions'
     results = []
-    for n, xl, out, error in zip(lengths, longs, outs[4 + len(large):], errors[4 + len(large):]):
+    for n, xl, out, error in zip(lengths, longs, outs[at:], errors[at:]):
         if error is not None or out is None:
             results.append((n, error or "no output", -1, 0.0))
         elif ref is not None:
@@ -370,7 +404,6 @@ def check_module(child, info: dict, opts, report, found, D: int, captures: dict)
         report.set("lengths", "SKIP", "not judged: no reference reproduces the layer, and its "
                                       "outputs are not causal or not repeatable")
     elif ref is None:  # no reference: each shorter output must be the start of the longest
-        at = 4 + len(large)
         okay = [(n, o.double()) for n, o, e in zip(lengths, outs[at:], errors[at:])
                 if e is None and o is not None]
         results = [r for r in results if r[1] is not None] + [
@@ -379,8 +412,15 @@ def check_module(child, info: dict, opts, report, found, D: int, captures: dict)
         results.sort(key=lambda r: r[0])
         cap_words += "; no reference reproduces the layer, so judged by consistency: each " \
                      "shorter output is the start of the longest"
+    long_leak = _long_leak(outs[at + len(lengths) - 1] if lengths else None,
+                           outs[at + len(lengths):], moved, T)
+    if long_leak and report.items.get("causal") and report.items["causal"].status == "PASS":
+        report.set("causal", "FAIL", long_leak)
+        report.diagnosis.append(f"a causal leak that only long sequences show: {long_leak}")
     if "lengths" not in report.items:
-        report.set("lengths", *_lengths_words(results, tol, cap_words))
+        status, detail = _lengths_words(results, tol, cap_words)
+        report.set("lengths", status, detail + ("; the future leaks (see Causality)"
+                                                if long_leak and status == "FAIL" else ""))
     # backward
     if ref is None:
         report.set("backward", "SKIP", "not judged: no reference reproduces the forward pass")
@@ -408,7 +448,7 @@ def check_module(child, info: dict, opts, report, found, D: int, captures: dict)
 
 def _max_score(w, h: int, variant: Variant, x: torch.Tensor) -> float:
     """The largest |score| (after scaling) over visible pairs, from the reference's weights."""
-    cut, _ = SPLITS["heads"]
+    cut, _ = SPLITS["mixed" if variant.attn.split_heads_no_transpose else "heads"]
     q = cut(F.linear(x.double(), w.wq, w.bq), h)
     k = cut(F.linear(x.double(), w.wk, w.bk), h)
     s = (q @ k.transpose(-2, -1)) * variant.scale(w.wq.size(1) // h, h)
@@ -422,7 +462,7 @@ def _sdpa(q, k, v, visible, var: Variant, d_k: int, h: int):
     kw = variant_attend_kwargs(var, d_k, h)
     y, _ = scaled_dot_product_attention(q, k, v, visible, scale=kw["scale"],
                                         masked_softmax=masked_softmax(kw["mask_mode"],
-                                                                      kw["mask_value"]))
+                                                                      kw["mask_value"], kw["dim"]))
     return y
 
 

@@ -46,6 +46,13 @@ class Report:
     items: dict = field(default_factory=dict)
     diagnosis: list = field(default_factory=list)
     error: Optional[str] = None  # why the file or object could not be used (then no items)
+    # the studies' switches (conf/attention/NAME.yaml) that reproduce the mistakes it names, in
+    # the order named: their measured costs follow the diagnosis (costs.py)
+    mistakes: list = field(default_factory=list)
+
+    def named(self, *switches: str) -> None:
+        """Record that the report names the mistakes these switches reproduce."""
+        self.mistakes += [s for s in switches if s not in self.mistakes]
 
     def set(self, key: str, status: str, detail: str = "") -> None:
         self.items[key] = Item(status, detail)

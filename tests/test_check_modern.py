@@ -89,10 +89,13 @@ def test_the_probes_judge_modern_layers_against_the_modern_reference(sandbox):
 
 @pytest.mark.slow
 def test_the_second_studys_mistakes_are_named(sandbox):
-    for name, switch, words in (
-            ("RopeOnValues", "rope_on_values", "values are rotated too"),
-            ("TiledGroups", "gqa_repeat_mismatch", "reads another group's keys")):
-        report = run(sandbox, f"llama_rope_gqa.py:{name}")
+    for name, switch, words, options in (
+            ("RopeOnValues", "rope_on_values", "values are rotated too", {}),
+            # tiled heads are a mistake for weights trained in Llama's order only (without
+            # llama_weights they pass with a note: tests/test_check_attention_causes.py)
+            ("TiledGroups", "gqa_repeat_mismatch", "reads another group's keys",
+             {"llama_weights": True})):
+        report = run(sandbox, f"llama_rope_gqa.py:{name}", **options)
         assert failing(report) == {"equation"}, text(report)
         assert words in report.items["equation"].detail
         assert any(f"attention={switch} " in d for d in report.diagnosis), report.diagnosis

@@ -63,3 +63,9 @@ def builds_its_own_mask(q, k, v):
 
 def forgets_the_mask(q, k, v):
     return torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.size(-1)), dim=-1) @ v
+
+
+def softmax_over_queries(q, k, v, mask):
+    """The softmax's axis is the queries' (dim=-2), not the keys'."""
+    scores = (q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))).masked_fill(~mask, float("-inf"))
+    return torch.softmax(scores, dim=-2) @ v

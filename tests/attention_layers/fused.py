@@ -15,7 +15,8 @@ class CausalSelfAttention(nn.Module):
     scale = "d_k"          # d_k, d_model, none, d_k_no_sqrt
     mask = "-inf"          # -inf, -1e9, zero, fill_zero, after_softmax, no_diagonal, one_future, -5
     out_proj = True
-    split = "heads"        # heads, or mixed: view(B, h, T, d_k) without the transpose
+    split = "heads"        # heads; mixed: reshape(B, h, T, d_k), no transpose; view: the same
+    softmax_dim = -1       # -2: softmax over the queries
 
     def __init__(self, config):
         super().__init__()
@@ -31,6 +32,8 @@ class CausalSelfAttention(nn.Module):
     def heads(self, t, B, T, C):
         if self.split == "mixed":
             return t.reshape(B, self.n_head, T, C // self.n_head)
+        if self.split == "view":  # the literal nanoGPT line without its transpose, after split
+            return t.view(B, self.n_head, T, C // self.n_head)
         return t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
 
     def forward(self, x):
@@ -55,7 +58,7 @@ class CausalSelfAttention(nn.Module):
             att = att + torch.zeros_like(att)  # an additive mask whose value is 0
         elif self.mask == "fill_zero":
             att = att.masked_fill(future, 0.0)
-        att = F.softmax(att, dim=-1)
+        att = F.softmax(att, dim=self.softmax_dim)
         if self.mask == "after_softmax":
             att = att.masked_fill(future, 0.0)
         att = self.attn_dropout(att)
@@ -112,6 +115,14 @@ class SmallMask(CausalSelfAttention):
 
 class MixedHeads(CausalSelfAttention):
     split = "mixed"
+
+
+class ViewHeads(CausalSelfAttention):
+    split = "view"
+
+
+class SoftmaxOverQueries(CausalSelfAttention):
+    softmax_dim = -2
 
 
 class NoScaleNoOutProj(CausalSelfAttention):

@@ -12,9 +12,11 @@ class MultiHeadSelfAttention(nn.Module):
     divide_by = "d_k"      # d_k, d_model, none
     mask = "-inf"  # -inf, finfo_min, zero, fill_zero, after_softmax, no_diagonal, one_future
     project = True
+    window_of, window_slip = None, 0   # a sliding window of that many keys; 1: one key more
 
     def __init__(self, d_model: int, num_heads: int):
         super().__init__()
+        self.window = self.window_of
         self.d_model, self.num_heads = d_model, num_heads
         self.d_head = d_model // num_heads
         self.q_proj = nn.Linear(d_model, d_model, bias=False)
@@ -37,6 +39,8 @@ class MultiHeadSelfAttention(nn.Module):
         i = torch.arange(n, device=x.device)
         offset = {"no_diagonal": -1, "one_future": 1}.get(self.mask, 0)
         allowed = i[None, :] <= i[:, None] + offset  # [n, n]
+        if self.window is not None:  # a sliding window: the last `window` keys, its own included
+            allowed = allowed & (i[None, :] > i[:, None] - self.window - self.window_slip)
         if self.mask == "finfo_min":
             scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
         elif self.mask == "zero":
@@ -88,3 +92,12 @@ class MaskOneFuture(MultiHeadSelfAttention):
 
 class FinfoMinMask(MultiHeadSelfAttention):
     mask = "finfo_min"
+
+
+class SlidingWindow(MultiHeadSelfAttention):
+    window_of = 4
+
+
+class WindowOffByOne(MultiHeadSelfAttention):
+    """window = 4 keys, but j >= i - 4 where j > i - 4 belongs: 5 keys."""
+    window_of, window_slip = 4, 1
