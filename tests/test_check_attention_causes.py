@@ -39,7 +39,7 @@ def cost_lines(report) -> list[str]:
     ("fused.py:MixedHeads", "split_heads_no_transpose",
      "heads are split by reshaping to (B, 4, T, 16), which mixes positions and heads",
      "causal validation loss +0.4123 nats per token, SE 0.0100 (41 SE), 4 paired seeds (the "
-     "bookkeeping study, regime split: 2 layers"),
+     "bookkeeping study, regime serve: 2 layers"),
     ("fused.py:SoftmaxOverQueries", "softmax_over_queries",
      "softmax runs over the queries (dim=-2) instead of the keys", "+1.2345 nats per token"),
     ("functions.py:softmax_over_queries", "softmax_over_queries",
@@ -59,7 +59,7 @@ def test_each_mistake_is_named_by_its_switch_with_its_measured_cost(sandbox, mea
     [line] = cost_lines(report)
     assert line.startswith(f"measured cost of attention={switch}: "), line
     assert quoted in line, line
-    regime = {"scale_d_model": "heads", "window_off_by_one": "window"}.get(switch, "split")
+    regime = {"scale_d_model": "heads", "window_off_by_one": "window"}.get(switch, "serve")
     assert f"python train.py +arm={regime}-{switch}" in line
     if switch in ("split_heads_no_transpose", "softmax_over_queries"):
         assert "causal" in failing(report)  # both leak the future
@@ -144,7 +144,7 @@ def test_the_costs_file_is_read_as_the_study_writes_it(tmp_path):
     do: the fixture's format is the writer's."""
     sys.path.insert(0, str(REPO_ROOT))
     from scripts.summarize_ablations import Effect, cost, merge_costs
-    entry = {"study": "bookkeeping", "regime": "split", "setting": "2 layers",
+    entry = {"study": "bookkeeping", "regime": "serve", "setting": "2 layers",
              "shows_in": "causal", "causal": cost(Effect(0.5, 0.01, 0.48, 0.52, 4, True))}
     written = merge_costs(tmp_path / "none.json", {"study": "bookkeeping", "sweep": "runs/x",
                                                    "costs": {"softmax_over_queries": [entry]}})
