@@ -583,14 +583,15 @@ class Launch:
 
     def run(self, train: Callable[[Job], Optional[dict]], interrupted: str) -> None:
         """Train each job (train), every mistake one `error:` line, undoing what a failed new
-        run made (HYDRA_FULL_ERROR=1 shows the traceback); exits with the status. A sweep that
-        stops before all its runs finished says how to continue it."""
+        run made (HYDRA_FULL_ERROR=1 shows the traceback); exits with the status. A sweep stopped
+        by a signal before all its runs finished says how to continue it (after a mistake, the
+        `error:` line stays the last word: continuing would meet it again)."""
         remember_command([sys.argv[0], *self.argv])  # the lock's holder, as the user typed it
         code = run_cli(lambda: self._train_all(train), undo=self.undo,
                        trace=os.environ.get("HYDRA_FULL_ERROR") == "1", interrupted=interrupted)
         release_locks()
         d = self.sweep_dir
-        if code and d is not None and (d.path / SWEEP_RECORD).is_file():
+        if code > 128 and d is not None and (d.path / SWEEP_RECORD).is_file():
             print(f"the sweep stopped before all its runs finished; continue it (its unfinished "
                   f"runs only) with:\n  python train.py resume={d.path}", file=sys.stderr)
         exit_with(code)

@@ -104,7 +104,7 @@ def test_an_arm_failing_late_leaves_nothing_and_keeps_the_arms_before_it(env, tm
     arms = sorted(p for p in sweep.iterdir() if p.is_dir())
     assert len(arms) == 1 and latest_checkpoint(arms[0]) is not None, arms
     assert sorted(p.name for p in sweep.iterdir()) == sorted([".lock", "multirun.yaml",
-                                                              arms[0].name])
+                                                              "sweep.json", arms[0].name])
 
 
 def test_a_sweep_of_one_value_with_a_configured_subdir_is_named_as_configured(env, tmp_path):
