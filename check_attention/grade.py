@@ -147,6 +147,9 @@ def _start_worker(opts: Options) -> None:
     from check_attention.sandbox.host import close_all
 
     def stop(signum, frame):
+        # The pool sends SIGTERM again to every worker once one has ended (it counts the pool
+        # broken); a second stop inside this one would exit before the sandbox's directory goes.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         close_all()
         os._exit(128 + signum)
     signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -186,6 +186,7 @@ def _host(root: str, user_cwd: str, how: str, ctl: int) -> None:
     current = [0]  # the child being served, if any
 
     def stop(*_):  # the checker ends us (SIGTERM): the child and all it started go first
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once: a repeat must not cut it short
         if current[0]:
             _end_all(current[0])
         os._exit(0)
