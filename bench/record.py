@@ -39,7 +39,7 @@ from typing import Optional
 from omegaconf import MISSING
 
 from safeio.cli import UserError, hydra_string, parse_key_values, run_cli
-from safeio.files import MIB, read_json
+from safeio.files import MIB, read_json, why_not_creatable
 
 USAGE = ("usage: python -m bench.record name=NAME [train=\"OVERRIDES\"] [seeds=1,2] "
          "[current=records/NAME]")
@@ -236,13 +236,9 @@ class Plan:
 
 def _check_folder(path: Path, key: str) -> None:
     """out= and runs= are directories, or can be made."""
-    existing = path
-    while not os.path.lexists(existing) and existing != existing.parent:
-        existing = existing.parent
-    if not existing.is_dir():
-        raise UserError(f"{key}={path}: {existing} is not a directory")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise UserError(f"{key}={path}: {existing} is not writable")
+    why = why_not_creatable(path)
+    if why:
+        raise UserError(f"{key}={path}: {why}")
 
 
 def plan_record(args: RecordArgs) -> Plan:

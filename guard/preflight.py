@@ -46,7 +46,7 @@ from safeio.cli import (UserError, exit_with, first_line, hydra_string, one_line
                         python_command, run_cli)
 from safeio.corpus import load_tokenizer
 from safeio.files import (MAX_CONFIG_BYTES, dump_run_config, literal, parse_run_config,
-                          read_json)
+                          read_json, why_not_creatable)
 from safeio.key_help import closest, key_help, type_words
 from guard.limits import (check_config, check_fused_kernel, check_text, check_training_fits,
                           parse_device)
@@ -813,13 +813,9 @@ def check_new_run_dir(path: Path, output_subdir: Optional[str], unique: bool = F
         if inner != path and path not in inner.parents:
             raise UserError(f"hydra.output_subdir={output_subdir} leads out of the run directory "
                             f"{path}")
-    existing = path.parent if unique else path  # unique: a name of its own, beside path
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    if not existing.is_dir():
-        raise UserError(f"cannot create the run directory {path}: {existing} is not a directory")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise UserError(f"cannot create the run directory {path}: {existing} is not writable")
+    why = why_not_creatable(path.parent if unique else path)  # unique: a new name beside path
+    if why:
+        raise UserError(f"cannot create the run directory {path}: {why}")
 
 
 def check_sweep_dir(path: Path) -> None:

@@ -86,6 +86,20 @@ def read_bytes(path: Path, what: str, limit: int) -> bytes:
         os.close(fd)
 
 
+def why_not_creatable(path: Path) -> Optional[str]:
+    """Why the directory `path` could not be made (or used, where it exists), or None: its
+    nearest existing ancestor (a dangling link counts as existing) must be a directory we may
+    write into."""
+    existing = path
+    while not os.path.lexists(existing) and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"{existing} is not a directory"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"{existing} is not writable"
+    return None
+
+
 def check_output_file(path: Path, what: str) -> None:
     """A file about to be written (created or replaced) must not be something else already:
     writing to a FIFO blocks until someone reads it, to a device writes into the device, and

@@ -14,7 +14,7 @@ import torch
 
 from data.batches import RandomWindows
 from safeio.cli import FileRefused, StateMismatch, UserError
-from safeio.files import load_run_config, read_bytes
+from safeio.files import load_run_config, read_bytes, why_not_creatable
 from guard.limits import (CHOICES, MAX_WORKERS, SAMPLE, TRAIN, check_attention, check_model,
                           non_negative, positive)
 from model.config import AttentionConfig, ModelConfig
@@ -262,3 +262,14 @@ def test_a_refusal_states_the_bound_it_enforces(row, value, words):
     that said 0 was allowed ("between 0 and 1,024")."""
     assert row.problem(value) == words
     assert row.problem(1) is None
+
+
+def test_a_folder_is_creatable_only_under_a_directory_and_never_through_a_link(tmp_path):
+    """One check for every folder the project makes (a run directory, bench.record's out= and
+    runs=): the nearest existing ancestor must be a directory, and a dangling link counts as
+    existing (a folder is never made through a link)."""
+    assert why_not_creatable(tmp_path / "a" / "b") is None
+    (tmp_path / "file").write_text("x")
+    assert why_not_creatable(tmp_path / "file" / "run") == f"{tmp_path / 'file'} is not a directory"
+    (tmp_path / "link").symlink_to(tmp_path / "nowhere")
+    assert why_not_creatable(tmp_path / "link" / "run") == f"{tmp_path / 'link'} is not a directory"
