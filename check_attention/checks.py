@@ -123,9 +123,9 @@ def _causality(t: Target, rand, report: Report) -> tuple:
     """Change each position j of the first call's input in turn (a query, key and value at once
     for a function: a later query can leak too, through a softmax over the queries); no output
     before j may move. A module's output for that input is known from its first call, a
-    function's is asked again. A module also gets one token repeated at every position: its outputs are
-    identical at every position exactly when each row of weights sums to 1, which judges the
-    mask from the outputs alone where no variant reproduces the layer.
+    function's is asked again. A module also gets one token repeated at every position: its
+    outputs are identical at every position exactly when each row of weights sums to 1, which
+    judges the mask from the outputs alone where no variant reproduces the layer.
     Returns (the leaks or None, whether the rows sum to 1)."""
     B, T, base, y0 = t.opts.batch, t.T, t.base, t.base_out
     swaps = [t.changed(base, j, rand, t.causal_scale) for j in range(T)]
