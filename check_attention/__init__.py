@@ -8,9 +8,11 @@ tests:
 
 sandbox/ runs the file in a child that it shuts in, and checks what the child sends back;
 layouts.py, variants.py and diagnosis.py map its weights onto our layer and name the mistake;
-checks.py runs the checklist; compare.py and report.py judge and print; costs.py quotes what each
-mistake it names measurably costs (docs/pitfall_costs.json, the studies' own file); inert.py
-makes every text a submission chose (names, messages) inert before it is shown or written.
+checks.py runs the checklist and probes.py the deeper probes, each written once over target.py's
+interface to a module or a function; compare.py and report.py judge and print; costs.py quotes
+what each mistake it names measurably costs (docs/pitfall_costs.json, the studies' own file);
+inert.py makes every text a submission chose (names, messages) inert before it is shown or
+written.
 
 May import: safeio, model. (The checker judges against the project's own equation and pitfall
 table; sandbox/ imports nothing of the project.)

@@ -15,44 +15,26 @@ import contextlib
 import math
 import os
 import random
-import re
 import threading
-from pathlib import Path
 from typing import Optional
 
 import torch
 
-from model.attention import causal_pattern
 from model.config import MaskMode
 from check_attention import costs, layouts, modern
 from check_attention import probes as deeper
-from check_attention.compare import (INPUT_SCALES, PROBES, QKV_SCALES, TOLERANCE, Leaks,
-                                             golden, leak_matrix, rel_err, same)
+from check_attention.compare import PROBES, Leaks, golden, leak_matrix, rel_err
 from check_attention.diagnosis import (closest_words, first_difference, match, report_match,
                                        unlisted)
-from check_attention.options import MASKS, Options
+from check_attention.options import Options
 from check_attention.report import Report
-from check_attention.sandbox.runner import D_MODEL, N_HEAD
 from check_attention.sandbox.host import CheckError, Sandbox, SandboxError, ask, project_snapshot
-from check_attention.variants import (all_variants, attend_heads, divisor_words,
-                                              mistake_words, num, split_words, switch_of,
-                                              variant_attend_kwargs)
+from check_attention.target import FunctionTarget, ModuleTarget, Target, infer
+from check_attention.target import view_hint as _view_hint  # noqa: F401 (its tests' name)
+from check_attention.variants import attend_heads, divisor_words, mistake_words, num, switch_of
 
 # What a layer may call its sliding window (keys, its own included), read from its attributes.
 WINDOW = {"window", "window_size", "sliding_window", "attention_window", "attn_window"}
-
-
-def _rebuild(child, n_head: int, x) -> dict:
-    """{'shape': [...]} of the layer built with n_head heads, or {'error': why it could not be}."""
-    try:
-        return child.ask("rebuild", n_head=n_head, x=x)
-    except SandboxError as exc:
-        raise CheckError(str(exc)) from None
-
-
-def head_choices(D: int, h: int) -> list[int]:
-    return sorted({c for c in (1, 2, h, 2 * h, 8) if c <= D and D % c == 0})
-
 
 # ----------------------------------------------------------------------------- entry point
 
@@ -104,10 +86,8 @@ def _check(file: str, name: str, opts: Options, sandbox: Optional[Sandbox],
                        fingerprint=fingerprint)
             info["file"] = os.path.abspath(file)
             report = Report(f"{file}:{name}")
-            if info["kind"] == "function":
-                _check_function(child, info, opts, report)
-            else:
-                _check_module(child, info, opts, report)
+            _checklist((FunctionTarget if info["kind"] == "function" else ModuleTarget)(
+                child, info, opts), report)
             _quote_costs(report, costs.load())
         if before is not None:
             after = project_snapshot(sandbox.project_root)
@@ -124,123 +104,76 @@ def _check(file: str, name: str, opts: Options, sandbox: Optional[Sandbox],
             sandbox.close()
 
 
-# ----------------------------------------------------------------------------- a module
+# ----------------------------------------------------------------------------- the checklist
 
 
-def _infer(info: dict, names: set) -> Optional[int]:
-    for key, value in info["attrs"].items():
-        if key in names and isinstance(value, int) and value > 0:
-            return value
-    return None
+def _checklist(t: Target, report: Report) -> None:
+    """The checklist, the same for a module and a function: call it on seeded inputs, check the
+    output's shape, then causality, then find which of our variants reproduces it (a module's
+    weights are mapped onto ours first), then the deeper probes (probes.py)."""
+    rand = t.randn()
+    t.first_call(rand, report)
+    shape_ok = t.check_shape(rand, report)
+    leaks, rows_sum_to_one = _causality(t, rand, report)
+    judge = _judge_module if t.kind == "module" else _judge_function
+    deeper.run(t, report, judge(t, report, leaks, rows_sum_to_one, shape_ok))
 
 
-def _check_module(child, info: dict, opts: Options, report: Report) -> None:
-    consumed = set(info["consumed"])
-    dtype = getattr(torch, info["dtype"])
-    tol = TOLERANCE.get(dtype, 5e-2)
-    D = opts.d_model if "d_model" in consumed else (_infer(info, D_MODEL) or _width(info, opts))
-    h = opts.n_head if "n_head" in consumed else _infer(info, N_HEAD)
-    B, T = opts.batch, opts.seq_len
-    gen = torch.Generator().manual_seed(opts.seed)
-
-    def rand(*shape, scale=1.0):  # seeded, and rounded to the layer's dtype once
-        return (torch.randn(*shape, generator=gen, dtype=torch.float64) * scale).to(dtype).double()
-
-    xs = [rand(B, T, D, scale=s) for s in INPUT_SCALES]
-    main = ask(child, "forward", xs=xs + [xs[0]], seeds=[0, 0, 0, 1], capture=[True] * 3 + [False])
-    if main["errors"][0]:
-        raise CheckError(f"{info['how']} failed on x [{B}, {T}, {D}]: {main['errors'][0]}"
-                         + _view_hint(main["errors"][0], info["file"], D, h or opts.n_head))
-    ys = [y.double() if y is not None else None for y in main["ys"]]
-    captures = main["captures"]
-    report.header["layer"] = (f"{info['how']}, {info['dtype']} on {info['device']}, eval mode"
-                              + ("" if "d_model" in consumed else
-                                 f"; d_model = {D} read from the layer"))
-    report.header["probes"] = (f"x [{B}, {T}, {D}] ~ N(0, 1) times "
-                               f"{', '.join(f'{s:g}' for s in INPUT_SCALES)}, seed {opts.seed}; "
-                               f"tolerance {tol:.0e} relative ({info['dtype']})")
-
-    # -- black box: shape, determinism, causality, rows summing to 1
-    y0 = ys[0]
-    shape_ok = list(y0.shape) == [B, T, D]
-    if not shape_ok:
-        report.set("shape", "FAIL", f"x [{B}, {T}, {D}] gives {list(y0.shape)}, "
-                   f"not [{B}, {T}, {D}]")
-    elif "n_head" in consumed:
-        shapes, broken = {}, []
-        for hh in head_choices(D, opts.n_head):
-            got = _rebuild(child, hh, xs[0]) if hh != opts.n_head else {"shape": list(y0.shape)}
-            shapes[hh] = got.get("shape")
-            if "error" in got:
-                broken.append(f"n_head={hh}: {got['error']}")
-        bad = {hh: s for hh, s in shapes.items() if s is not None and s != [B, T, D]}
-        if bad:
-            report.set("shape", "FAIL", "; ".join(f"n_head={hh} gives {s}"
-                                                  for hh, s in bad.items()) + f", not [{B}, {T}, {D}]")
-        elif len([s for s in shapes.values() if s]) < 2:
-            report.set("shape", "SKIP", f"could not build it with another head count "
-                       f"({broken[0]}" + (f"; {len(broken) - 1} more" if len(broken) > 1 else "")
-                       + ")")
-        else:
-            report.set("shape", "PASS", f"[{B}, {T}, {D}] for n_head = "
-                       + ", ".join(str(hh) for hh, s in shapes.items() if s))
-    else:
-        report.set("shape", "SKIP", f"[{B}, {T}, {D}] here, but the layer was not built with "
-                   f"n_head, so other head counts could not be tried")
-
-    nan_positions = [t for t in range(y0.size(1)) if y0[:, t].isnan().any()] \
-        if y0.dim() >= 2 else []
-    if nan_positions:
-        report.diagnosis.append(f"the output is NaN at position{'s' * (len(nan_positions) > 1)} "
-                                f"{', '.join(map(str, nan_positions))} (a query that sees no key "
-                                f"at all takes the softmax of only -inf)")
-    if ys[3] is not None and not same(ys[3], y0):
-        report.diagnosis.append("the output changes from one call to the next in eval mode "
-                                "(dropout that ignores self.training?): comparisons are unreliable")
-    swaps = []
-    for j in range(T):
-        x = xs[0].clone()
-        x[:, j] = rand(B, D, scale=4.0)
-        swaps.append(x)
-    token = rand(B, 1, D).expand(B, T, D).contiguous()
-    probe = ask(child, "forward", xs=swaps + [token], seeds=[0] * (T + 1),
-                capture=[False] * (T + 1))
+def _causality(t: Target, rand, report: Report) -> tuple:
+    """Change each position j of the first call's input in turn (a query, key and value at once
+    for a function: a later query can leak too, through a softmax over the queries); no output
+    before j may move. A module's output for that input is known from its first call, a
+    function's is asked again. A module also gets one token repeated at every position: its
+    outputs are identical at every position exactly when each row of weights sums to 1, which
+    judges the mask from the outputs alone where no variant reproduces the layer.
+    Returns (the leaks or None, whether the rows sum to 1)."""
+    B, T, base, y0 = t.opts.batch, t.T, t.base, t.base_out
+    swaps = [t.changed(base, j, rand, t.causal_scale) for j in range(T)]
+    # the token: x [B, 1, D] repeated to [B, T, D]
+    token = [tuple(a.expand(*a.shape[:-2], T, a.size(-1)).contiguous()
+                   for a in t.draw(rand, B, 1))] if t.rows_probe else []
+    outs = t.call(swaps + token + ([base] if y0 is None else []))
+    y0 = outs[-1] if y0 is None else y0
     leaks = None
-    if y0.dim() >= 2 and y0.size(1) == T and all(y is not None for y in probe["ys"][:T]):
-        leaks = leak_matrix(y0, probe["ys"][:T], axis=1)
-        if leaks.pairs():
-            report.set("causal", "FAIL", leaks.words())
-        else:
-            report.set("causal", "PASS", f"each of the {T} positions changed in turn; no earlier "
-                       f"output moved")
+    if all(o is not None and o.dim() >= 2 and o.size(t.axis) == T for o in outs[:T] + [y0]):
+        leaks = leak_matrix(y0, outs[:T], axis=t.axis)
+        report.set("causal", "FAIL" if leaks.pairs() else "PASS", leaks.words() or
+                   f"each of the {T} {t.changed_words} changed in turn; no earlier output moved")
     else:
-        report.set("causal", "SKIP", "the output is not [batch, positions, ...]")
-    yt = probe["ys"][T]
-    rows_sum_to_one = yt is not None and yt.dim() >= 2 and yt.size(1) == T and \
-        rel_err(yt, yt[:, :1].expand_as(yt)) <= tol
+        report.set("causal", "SKIP", f"the output is not {t.positions_words}")
+    yt = outs[T] if token else None
+    rows_sum_to_one = yt is not None and yt.dim() >= 2 and yt.size(t.axis) == T and \
+        rel_err(yt, yt.narrow(t.axis, 0, 1).expand_as(yt)) <= t.tol
+    return leaks, rows_sum_to_one
 
-    # -- white box: map the weights, find the variant
+
+def _judge_module(t: Target, report: Report, leaks: Optional[Leaks], rows_sum_to_one: bool,
+                  shape_ok: bool) -> Optional[deeper.Reference]:
+    """Map the module's weights onto ours and find the variant that reproduces it (the classic
+    layouts, then modern.py's rotary, grouped and QK-norm readings); where none does, follow
+    its own q, k, v to the first step that differs, and judge the rest from the outputs alone.
+    Returns the probes' Reference for what reproduced it, or None."""
+    D, h, tol, info, xs, ys, captures = t.D, t.h, t.tol, t.info, t.xs, t.ys, t.captures
     heads = [h] if h else [c for c in range(1, D + 1) if D % c == 0]
     maps = layouts.mappings(info, captures[0], D, heads) if shape_ok else []
     why = "no layout fits"
     if maps:
         if not h and not any(m.layout == "per_head" for m in maps):
             report.header["heads"] = f"n_head not known: tried {', '.join(map(str, heads))}"
-        found = match(maps, xs, ys[:3], tol, window=_infer(info, WINDOW))
+        found = match(maps, xs, ys[:3], tol, window=infer(info, WINDOW))
         if found:
             report_match(report, found, D, tol, info, captures[0])
-            return deeper.check_module(child, info, opts, report, found, D, captures[0])
+            return deeper.reference(found, info, captures[0], D)
         why = "no variant of ours reproduces it"
     # rotary positions, grouped key/value heads, QK-norm (modern.py)
     modern_found = modern.judge(report, info, captures[0], xs, ys[:3], tol, D, h,
-                                classic=bool(maps), llama_weights=opts.llama_weights) \
+                                classic=bool(maps), llama_weights=t.opts.llama_weights) \
         if shape_ok else None
     if modern_found is not None:
         if not modern_found:
             _black_box_items(report, leaks, rows_sum_to_one, shape_ok,
                              "no variant of ours reproduces it")
-        return deeper.check_module(child, info, opts, report, modern_found or None, D,
-                                   captures[0])
+        return deeper.reference(modern_found or None, info, captures[0], D)
     if maps:
         difference = first_difference(maps, captures[:3], xs, ys[:3], tol, D)
         if difference:
@@ -260,7 +193,45 @@ def _check_module(child, info: dict, opts: Options, report: Report) -> None:
     else:
         report.header["layout"] = f"none recognised ({layouts.describe_linears(info)})"
     _black_box_items(report, leaks, rows_sum_to_one, shape_ok, why)
-    deeper.check_module(child, info, opts, report, None, D, captures[0])
+    return None
+
+
+def _judge_function(t: Target, report: Report, *black_box) -> Optional[deeper.Reference]:
+    """Judge the scale, the mask and the equation from the variant of ours that reproduces the
+    function best, or else from a fitted divisor or mask value (the black box's verdicts are not
+    needed: our variants cover every function the checker can follow).
+    Returns the probes' Reference for that variant, or None."""
+    d_k, h, tol, best = t.d_k, t.h, t.tol, t.best
+    report.set("w_o", "N/A", "a scaled dot-product function has no W_O; check the layer that "
+                             "calls it")
+    var = best[1] if best is not None and best[2] <= tol else None
+    if var is not None:
+        err = best[2]
+        words = mistake_words(var, d_k, h)
+        fails = {i: w for i, w in words if i}
+        passes = {"scale": f"divided by sqrt(d_k) = {num(math.sqrt(d_k))}, d_k = q.size(-1)",
+                  "before_softmax": "each row of weights sums to 1 over the visible keys"
+                  if not var.attn.softmax_over_queries else
+                  "the mask is added to the scores before the softmax",
+                  "mask_value": "future keys get weight 0"}
+        for item in ("scale", "before_softmax", "mask_value"):
+            report.set(item, "FAIL" if item in fails else "PASS", fails.get(item, passes[item]))
+        if not var.mistakes:
+            report.set("equation", "PASS", f"our scaled_dot_product_attention: max relative "
+                                           f"difference {err:.1e}")
+        else:
+            report.set("equation", "FAIL", "; ".join(w for _, w in words))
+            report.diagnosis.append(f"our scaled_dot_product_attention reproduces it as "
+                                    f"attention={var.name} ({unlisted(words)}max relative "
+                                    f"difference {err:.1e})")
+            report.named(*filter(None, map(switch_of, var.mistakes)))
+    else:
+        q, k, v = (torch.stack([p[i] for p in t.probes]) for i in range(3))
+        _function_fits(report, t.y, q, k, v, h, d_k, tol, best)
+    if t.convention == "add" and report.items["mask_value"].status == "PASS":
+        report.set("mask_value", "N/A", "an additive mask's value is the caller's choice; this "
+                                        "check passed -inf")
+    return var and deeper.function_reference(var, d_k, h)
 
 
 def _quote_costs(report: Report, table: dict) -> None:
@@ -270,40 +241,6 @@ def _quote_costs(report: Report, table: dict) -> None:
         words = costs.words(switch, table)
         if words:
             report.diagnosis.append(words)
-
-
-# `.view(B, n_head, T, d_k)`: heads before positions, the view's second argument a head count
-HEADS_FIRST = re.compile(r"\.view\(\s*[^,()]+,\s*[\w.]*(?:head|\bh\b)[\w.]*\s*,")
-
-
-def _view_hint(error: str, file: str, D: int, h: int) -> str:
-    """The fix, when the layer's forward raised torch's view error on a line that splits the
-    heads before the positions (nanoGPT's line without its transpose): after `.split` of the
-    fused projection q is a strided slice that .view cannot cut that way, and where it can (a
-    contiguous q, or .reshape) the result mixes positions and heads."""
-    where = re.search(r"\(([^()]+\.py), line (\d+)\)$", error)
-    if "view size is not compatible" not in error or not where:
-        return ""
-    try:
-        lines = Path(file).read_text(encoding="utf-8", errors="replace").splitlines()
-        line = lines[int(where.group(2)) - 1]
-    except (OSError, IndexError, ValueError):
-        return ""
-    if not HEADS_FIRST.search(line):
-        return ""
-    d_k = D // h if h and D % h == 0 else "d_k"
-    hint = (f"; hint: line {where.group(2)} puts the heads before the positions "
-            f"(`{line.strip()[:120]}`): a slice of the fused projection (after .split) cannot "
-            f"be viewed that way, and where .view or .reshape runs, {split_words(h, d_k)} "
-            f"(the mistake attention=split_heads_no_transpose reproduces)")
-    cost = costs.words("split_heads_no_transpose", costs.load())
-    return hint + (f"; {cost}" if cost else "")
-
-
-def _width(info: dict, opts: Options) -> int:
-    """The width the layer's projections read: the most common input size of its Linears."""
-    sizes = [p.size(1) for n, p in info["params"].items() if p.dim() == 2 and n.endswith("weight")]
-    return max(set(sizes), key=sizes.count) if sizes else opts.d_model
 
 
 def _black_box_items(report: Report, leaks: Optional[Leaks], rows_sum_to_one: bool,
@@ -329,156 +266,6 @@ def _black_box_items(report: Report, leaks: Optional[Leaks], rows_sum_to_one: bo
     for item, (status, detail) in verdicts.items():
         if item not in report.items:
             report.set(item, status, detail)
-
-
-# ----------------------------------------------------------------------------- a function
-
-
-def _check_function(child, info: dict, opts: Options, report: Report) -> None:
-    h, D, B, T = opts.n_head, opts.d_model, opts.batch, opts.seq_len
-    if D % h:
-        raise CheckError(f"d_model ({D}) must be divisible by n_head ({h})")
-    d_k = D // h
-    dtype = getattr(torch, opts.dtype or "float32")
-    tol = TOLERANCE.get(dtype, 5e-2)
-    gen = torch.Generator().manual_seed(opts.seed)
-
-    def rand(*shape, scale=1.0):
-        return (torch.randn(*shape, generator=gen, dtype=torch.float64) * scale).to(dtype).double()
-
-    keep = causal_pattern(T, T)
-    masks = {"keep": keep, "drop": ~keep,
-             "add": torch.zeros(T, T, dtype=torch.float64).masked_fill(~keep, float("-inf"))}
-    if not info["takes_mask"]:
-        conventions = ["keep"]  # f(q, k, v) must mask the future itself
-    else:
-        conventions = list(MASKS) if opts.mask == "auto" else [opts.mask]
-    # [B, h, n, d_k] first; a function that takes none of those, on the sheet's own 2-D shapes:
-    # Q [n, d_k], K [n, d_k], V [n, d_v]
-    first_error = None
-    for lead in ((B, h), ()):
-        probes = [tuple(rand(*lead, T, d_k, scale=s) for _ in range(3)) for s in QKV_SCALES]
-        calls = [(*p, masks[c]) for c in conventions for p in probes]
-        answer = ask(child, "call", calls=calls)
-        outs = {c: answer["outs"][i * 3:(i + 1) * 3] for i, c in enumerate(conventions)}
-        errors = {c: next((e for e in answer["errors"][i * 3:(i + 1) * 3] if e), None)
-                  for i, c in enumerate(conventions)}
-        usable = [c for c in conventions if errors[c] is None]
-        if usable:
-            break
-        first_error = first_error or errors[conventions[0]]
-    else:
-        raise CheckError(f"calling {info['how']} on q, k, v [{B}, {h}, {T}, {d_k}] (and on "
-                         f"[{T}, {d_k}]) with a [{T}, {T}] mask failed: {first_error}")
-    dims = ", ".join(map(str, (*lead, T, d_k)))
-    report.kind = "function"
-    report.header["layer"] = f"the function {info['how']}, {str(dtype).replace('torch.', '')}" \
-        + ("" if lead else "; it takes the sheet's 2-D shapes, Q [n, d_k], K, V [n, d], not "
-                           "[batch, heads, n, d_k]")
-    report.header["probes"] = (f"q, k, v [{dims}] ~ N(0, 1) times "
-                               f"{', '.join(f'{s:g}' for s in QKV_SCALES)}, seed {opts.seed}; "
-                               f"tolerance {tol:.0e} relative")
-    expected = [*lead, T, d_k]
-    q, k, v = (torch.stack([p[i] for p in probes]) for i in range(3))
-    variants = [var for var in all_variants() if var.attn.out_proj
-                and not var.attn.split_heads_no_transpose]  # its heads come split
-    results = {}
-    for c in usable:
-        y = torch.stack([o.double() for o in outs[c]]) if all(
-            list(o.shape) == expected for o in outs[c]) else None
-        best = None
-        for var in variants if y is not None else []:
-            ref = attend_heads(q, k, v, var.pattern, **variant_attend_kwargs(var, d_k, h))
-            err = rel_err(y, ref, skip_first=var.pattern == "mask_no_diagonal",
-                          probes=PROBES)
-            key = (err > tol, len(var.mistakes), err)
-            if best is None or key < best[0]:
-                best = (key, var, err)
-        results[c] = (y, best)
-    matched = [c for c in usable if results[c][1] and results[c][1][2] <= tol]
-    chosen = min(matched or usable, key=lambda c: (results[c][1][0] if results[c][1] else
-                                                   (True, 9, math.inf)))
-    y, best = results[chosen]
-    if not info["takes_mask"]:
-        report.header["mask"] = "none given: the function takes q, k, v only, so it must mask " \
-                                "the future itself"
-    elif opts.mask == "auto":
-        if len({tuple(torch.cat([o.double().flatten() for o in outs[c]]).tolist())
-                for c in usable}) == 1 and len(usable) > 1:
-            report.header["mask"] = "the output is the same whatever mask it is given"
-        else:
-            report.header["mask"] = f"{MASKS[chosen]} (found by trying all three conventions)"
-    else:
-        report.header["mask"] = f"{MASKS[chosen]} (mask={chosen})"
-
-    # shape for several head counts, with d_v != d_k
-    shapes, wrong = [], []
-    d_v = next(d for d in (d_k // 2, d_k + 1, d_k + 3) if d > 0 and d not in (d_k, T))
-    for hh in head_choices(D, h) if lead else [None]:
-        lead_h = (B, hh) if lead else ()
-        call = (rand(*lead_h, T, d_k), rand(*lead_h, T, d_k), rand(*lead_h, T, d_v),
-                masks[chosen])
-        got = ask(child, "call", calls=[call])
-        out = got["outs"][0]
-        shapes.append(hh)
-        if out is None or list(out.shape) != [*lead_h, T, d_v]:
-            wrong.append((f"{hh} heads, d_v = {d_v}: " if lead else f"d_v = {d_v}: ")
-                         + (got["errors"][0] if out is None else f"{list(out.shape)}"))
-    if wrong:
-        report.set("shape", "FAIL", (f"{wrong[0]}, not [{B}, heads, {T}, {d_v}]" if lead else
-                                     f"{wrong[0]}, not [{T}, {d_v}]")
-                   + (f" (and {len(wrong) - 1} more head counts)" if len(wrong) > 1 else ""))
-    elif lead:
-        report.set("shape", "PASS", f"[{B}, heads, {T}, d_v] for {', '.join(map(str, shapes))} "
-                   f"heads and d_v != d_k")
-    else:
-        report.set("shape", "PASS", f"[{T}, d_v] for Q [{T}, {d_k}], V [{T}, {d_v}]: d_v != d_k")
-    # causality: change query, key and value j (a later query can leak too: a softmax over the
-    # queries); the outputs of the queries before j must not move
-    base_q, base_k, base_v = probes[1]
-    calls = []
-    for j in range(T):
-        qq, kk, vv = base_q.clone(), base_k.clone(), base_v.clone()
-        for t in (qq, kk, vv):
-            t[..., j, :] = rand(*lead, d_k, scale=2.0)
-        calls.append((qq, kk, vv, masks[chosen]))
-    got = ask(child, "call", calls=calls + [probes[1] + (masks[chosen],)])
-    if all(o is not None and o.dim() >= 2 and o.size(-2) == T for o in got["outs"]):
-        leaks = leak_matrix(got["outs"][T], got["outs"][:T], axis=-2)
-        report.set("causal", "FAIL" if leaks.pairs() else "PASS", leaks.words() or
-                   f"each of the {T} queries, keys and values changed in turn; no earlier "
-                   f"output moved")
-    else:
-        report.set("causal", "SKIP", "the output is not [..., positions, d_v]")
-
-    report.set("w_o", "N/A", "a scaled dot-product function has no W_O; check the layer that "
-                             "calls it")
-    if best is not None and best[2] <= tol:
-        var, err = best[1], best[2]
-        words = mistake_words(var, d_k, h)
-        fails = {i: w for i, w in words if i}
-        passes = {"scale": f"divided by sqrt(d_k) = {num(math.sqrt(d_k))}, d_k = q.size(-1)",
-                  "before_softmax": "each row of weights sums to 1 over the visible keys"
-                  if not var.attn.softmax_over_queries else
-                  "the mask is added to the scores before the softmax",
-                  "mask_value": "future keys get weight 0"}
-        for item in ("scale", "before_softmax", "mask_value"):
-            report.set(item, "FAIL" if item in fails else "PASS", fails.get(item, passes[item]))
-        if not var.mistakes:
-            report.set("equation", "PASS", f"our scaled_dot_product_attention: max relative "
-                                           f"difference {err:.1e}")
-        else:
-            report.set("equation", "FAIL", "; ".join(w for _, w in words))
-            report.diagnosis.append(f"our scaled_dot_product_attention reproduces it as "
-                                    f"attention={var.name} ({unlisted(words)}max relative "
-                                    f"difference {err:.1e})")
-            report.named(*filter(None, map(switch_of, var.mistakes)))
-    else:
-        _function_fits(report, y, q, k, v, h, d_k, tol, best)
-    if chosen == "add" and report.items["mask_value"].status == "PASS":
-        report.set("mask_value", "N/A", "an additive mask's value is the caller's choice; this "
-                                        "check passed -inf")
-    deeper.check_function(child, info, opts, report, chosen, best, batched=bool(lead))
 
 
 def _function_fits(report, y, q, k, v, h, d_k, tol, best) -> None:

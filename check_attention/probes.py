@@ -21,9 +21,8 @@ import torch.nn.functional as F
 from model.attention import causal_pattern, scaled_dot_product_attention
 from model.pitfalls import masked_softmax
 from check_attention import layouts, modern
-from check_attention.compare import LEAK, TOLERANCE, rel_err, same
+from check_attention.compare import LEAK, rel_err, same
 from check_attention.options import MAX_PROBE_BYTES
-from check_attention.sandbox.host import ask
 from check_attention.variants import (SPLITS, Variant, module_output, pattern,
                                               variant_attend_kwargs)
 
@@ -35,12 +34,6 @@ UNEQUAL = ((1, 9), (5, 12))              # (n_q, n_k): one decoded token, a chun
 # The gradient tolerance's floor, added to twice the reference's own error in the dtype.
 GRAD_FLOOR = {torch.float64: 1e-10, torch.float32: 1e-5, torch.float16: 3e-4,
               torch.bfloat16: 2e-3}
-
-
-def _randn(gen, dtype):
-    def rand(*shape, scale=1.0):  # seeded, and rounded to the layer's dtype once
-        return (torch.randn(*shape, generator=gen, dtype=torch.float64) * scale).to(dtype).double()
-    return rand
 
 
 def _lengths(cap: Optional[int], h: int, D: int, B: int) -> list[int]:
@@ -230,16 +223,18 @@ def _equation(w, h: int, variant: Variant, x: torch.Tensor) -> torch.Tensor:
 
 @dataclass
 class Reference:
-    """The reading of a module's weights that reproduced its forward pass, as the probes use it,
-    whichever found it: the classic layouts (a diagnosis.Match) or modern.py (a modern.Found:
-    rotary positions, grouped key/value heads, QK-norm)."""
+    """What reproduced the forward pass, as the probes use it: for a module, the reading of its
+    weights that did, whichever found it (the classic layouts: a diagnosis.Match, or modern.py:
+    a modern.Found, with rotary positions, grouped key/value heads, QK-norm); for a function,
+    the variant of ours that did."""
 
     h: int                   # query heads
     pattern: str             # the matched variant's mask pattern
-    output: Callable         # x [B, T, D] -> y, float64
+    output: Callable         # (*input) -> y, float64: x [B, T, D], or q, k, v [..., n, d_k]
     max_score: Callable      # x -> the largest |score| (after scaling) over visible pairs
-    rebuild: Callable        # {name: float64 leaf} -> (x, dtype) -> y, differentiable in the
-    #                          leaves; None when the same reading cannot be made of them
+    grads: Callable          # (input, grad_output, dtype) -> {name: [in float64, in dtype]}, by
+    #                          autograd on the equation; None where it cannot be rebuilt
+    attend: Optional[Callable] = None  # a function's: (q, k, v, visible [n_q, n_k]) -> y
 
 
 def reference(found, info: dict, captures: dict, D: int) -> Optional[Reference]:
@@ -256,7 +251,7 @@ def reference(found, info: dict, captures: dict, D: int) -> Optional[Reference]:
                      and _same_weights(n.weights, m.weights)), None)
         return same and (lambda x, dtype: _equation(same.weights, m.h, v, x.to(dtype)))
     return Reference(m.h, v.pattern, lambda x: module_output(m.weights, m.h, v, x),
-                     lambda x: _max_score(m.weights, m.h, v, x), rebuild)
+                     lambda x: _max_score(m.weights, m.h, v, x), _grads_by(info, rebuild))
 
 
 def _modern(f, info: dict, captures: dict, D: int) -> Reference:
@@ -277,29 +272,32 @@ def _modern(f, info: dict, captures: dict, D: int) -> Reference:
         k = seen["k"].repeat_interleave(h // r.h_kv, dim=1)
         s = (seen["q"] @ k.transpose(-2, -1)) * f.variant.scale(D // h, h)
         return s.masked_fill(~causal_pattern(x.size(1), x.size(1)), 0).abs().max().item()
-    return Reference(h, f.variant.pattern, output, max_score, rebuild)
+    return Reference(h, f.variant.pattern, output, max_score, _grads_by(info, rebuild))
 
 
-def _module_grads(info: dict, ref: Reference, x: torch.Tensor, g: torch.Tensor, dtype
-                  ) -> Optional[dict]:
-    """{name: (ref64, ref in dtype)} for dx and every parameter the reference reads, by autograd
-    through the same reading of the layer's weights on float64 leaves; None when that reading
-    cannot be rebuilt."""
-    refs = {}
-    for low in (False, True):
-        leaves = {n: p.double().clone().requires_grad_() for n, p in info["params"].items()}
-        equation = ref.rebuild(leaves)
-        if equation is None:
-            return None
-        xl = x.clone().requires_grad_()
-        y = equation(xl, dtype if low else torch.float64)
-        names = ["x"] + list(leaves)
-        tensors = [xl] + list(leaves.values())
-        grads = torch.autograd.grad(y, tensors, grad_outputs=g.to(y.dtype), allow_unused=True)
-        for n, gr in zip(names, grads):
-            if gr is not None:
-                refs.setdefault(n, [None, None])[int(low)] = gr.detach().double()
-    return refs
+def _grads_by(info: dict, rebuild: Callable) -> Callable:
+    """A module's Reference.grads: {name: [ref64, ref in dtype]} for dx and every parameter the
+    reference reads, by autograd through the same reading of the layer's weights on float64
+    leaves (rebuild: {name: float64 leaf} -> (x, dtype) -> y, differentiable in the leaves, or
+    None where the same reading cannot be made of them); None when it cannot be rebuilt."""
+    def grads(inp: tuple, g: torch.Tensor, dtype) -> Optional[dict]:
+        refs = {}
+        for low in (False, True):
+            leaves = {n: p.double().clone().requires_grad_() for n, p in info["params"].items()}
+            equation = rebuild(leaves)
+            if equation is None:
+                return None
+            xl = inp[0].clone().requires_grad_()
+            y = equation(xl, dtype if low else torch.float64)
+            names = ["x"] + list(leaves)
+            tensors = [xl] + list(leaves.values())
+            grads = torch.autograd.grad(y, tensors, grad_outputs=g.to(y.dtype),
+                                        allow_unused=True)
+            for n, gr in zip(names, grads):
+                if gr is not None:
+                    refs.setdefault(n, [None, None])[int(low)] = gr.detach().double()
+        return refs
+    return grads
 
 
 def _same_weights(a, b) -> bool:
@@ -311,90 +309,87 @@ def _same_weights(a, b) -> bool:
         for f in fields)
 
 
-def check_module(child, info: dict, opts, report, found, D: int, captures: dict) -> None:
-    """The probes for an nn.Module, after the checklist; `found`: the diagnosis's Match or
-    modern.py's Found (or None)."""
-    ref = reference(found, info, captures, D)
-    dtype = getattr(torch, info["dtype"])
-    tol = TOLERANCE.get(dtype, 5e-2)
-    B, T = max(opts.batch, 2), opts.seq_len
-    rand = _randn(torch.Generator().manual_seed(opts.seed + 1), dtype)
-    h = ref.h if ref else (opts.n_head if "n_head" in info["consumed"] else 1)
-    cap = min(ask(child, "context")["sizes"] or [None], key=lambda s: s or math.inf)
-    lengths = _lengths(cap, max(h, 1), D, B)
-    x = rand(B, T, D)
-    other = x.clone()
-    other[0] = rand(T, D)
-    if ref is not None:
-        s1 = ref.max_score(x)
-        sigmas = [math.sqrt(t / s1) for t in SCORE_TARGETS] if s1 > 0 else list(BLIND_SCALES)
-    else:
-        sigmas = list(BLIND_SCALES)
+def run(t, report, ref: Optional[Reference]) -> None:
+    """The probes, after the checklist, for a module or a function (t: target.Target); ref: the
+    reading that reproduced its forward pass (None: none did). One batch of seeded calls holds
+    them all: the same input three times (seeds 0, 0, 1), sample 0 changed, the last position
+    changed at each large scale, prefixes of one long input, and (as the kind has them) the
+    long input with one position changed at a time or unequal query and key lengths."""
+    B, T, tol = max(t.opts.batch, 2), t.T, t.tol
+    rand = t.randn(1)
+    cap = t.context()
+    lengths = _lengths(cap, max(t.probe_heads(ref), 1), t.D, B)
+    x = t.draw(rand, B, T)  # each [*lead, T, width]
+    other = tuple(a.clone() for a in x)
+    for a in other if t.lead(B) else ():
+        a[0] = rand(*a.shape[1:])  # sample 0 changed
+    sigmas = t.sigmas(ref, x, SCORE_TARGETS, BLIND_SCALES)
     large = []
     for s in sigmas:
-        base = x * s
-        moved = base.clone()
-        moved[:, -1] = rand(B, D, scale=s)
-        large += [base.to(dtype).double(), moved.to(dtype).double()]
-    longest = rand(B, max(lengths, default=1), D)
-    longs = [longest[:, :n].contiguous() for n in lengths]  # prefixes of one sequence
-    moved = _moved_positions(longest.size(1), T)
-    leaks = []
-    for j in moved:  # the longest with position j changed: no output before j may move
-        xj = longest.clone()
-        xj[:, j] = rand(B, D, scale=4.0)
-        leaks.append(xj)
-    inputs = [x, x, x, other] + large + longs + leaks
-    seeds = [0, 0, 1] + [0] * (len(inputs) - 3)
-    got = ask(child, "probe", inputs=inputs, seeds=seeds, grad_outputs=[None] * len(inputs))
+        base = tuple(a * s for a in x)
+        large += [base, t.changed(base, -1, rand, s, t.large_moves)]
+    longest = t.draw(rand, B, max(lengths, default=1))
+    longs = [tuple(a[..., :n, :].contiguous() for a in longest) for n in lengths]  # prefixes
+    moved = _moved_positions(longest[0].size(-2), T) if t.long_leaks else []
+    leaks = [t.changed(longest, j, rand, 4.0) for j in moved]  # no output before j may move
+    unequal = [(rand(*t.lead(B), nq, t.d_k), rand(*t.lead(B), nk, t.d_k),
+                rand(*t.lead(B), nk, t.d_k)) for nq, nk in UNEQUAL] if "unequal" in \
+        t.probe_items else []
+    inputs = [x, x, x, other] + large + longs + leaks + unequal
+    got = t.probe(inputs, [0, 0, 1] + [0] * (len(inputs) - 3))
     outs, errors = got["outs"], got["errors"]
-    report.set("deterministic", *_determinism(outs, errors, info.get("dropouts", 0)))
+    report.set("deterministic", *_determinism(outs, errors, t.info.get("dropouts", 0)))
     report.set("input_kept", *_kept(got["changed"]))
     y = outs[0].double() if outs[0] is not None else None
-    shaped = y is not None and list(y.shape) == [B, T, D]
-    if outs[3] is None or y is None or outs[3].shape != y.shape:
+    if not t.lead(B):
+        report.set("batch", "N/A", "it takes one sequence, q, k, v [n, d], no batch")
+    elif y is None or outs[3] is None or outs[3].shape != y.shape:
         report.set("batch", "SKIP", f"not judged: {errors[3] or 'the output changes shape'}")
     else:
-        moved_by = rel_err(outs[3][1:], y[1:]) if B > 1 else 0.0
+        moved_by = rel_err(outs[3][1:], y[1:])
         report.set("batch", "FAIL" if moved_by > LEAK else "PASS",
                    f"changing sample 0 moves the other samples' outputs by up to {moved_by:.2g} "
                    f"(relative): samples attend to each other (batch mixing)" if moved_by > LEAK
                    else "changing sample 0 leaves the other samples' outputs bit for bit")
-    if not shaped:
-        for item in ("lengths", "large_scores", "backward"):
-            report.set(item, "SKIP", "not judged: the output's shape is not the input's")
+    if y is None or list(y.shape) != t.out_shape(B, T):
+        for item in t.probe_items:
+            report.set(item, "SKIP", f"not judged: the output's shape is not {t.shape_words}")
         return
     # large scores: the last position changed at each scale; earlier outputs must not move
     if report.items.get("causal") and report.items["causal"].status == "FAIL":
         report.set("large_scores", "N/A", "the future already leaks at ordinary scales (see "
                                           "Causality)")
-    elif dtype == torch.float16:
+    elif t.dtype == torch.float16:
         report.set("large_scores", "N/A", "float16 scores cannot exceed 65,504, where -1e4 is "
                                           "the usual mask value")
     else:
         levels = []
         for i, s in enumerate(sigmas):
             a, b = outs[4 + 2 * i], outs[5 + 2 * i]
-            if a is None or b is None:
-                levels.append((f"x times {s:.3g}", None, 0))
-                continue
-            words = (f"scores up to {ref.max_score(x * s):.0e} (x times {s:.3g})"
-                     if ref is not None else f"x times {s:.3g}")
-            levels.append((words, _leak(a.double(), b.double(), 1), _new_nonfinite(a, y)))
-        report.set("large_scores", *_large_words(levels, "position"))
+            words = t.scale_words(None if a is None or b is None else ref, x,
+                                  SCORE_TARGETS[i], s)
+            levels.append((words, None if a is None or b is None else
+                           _leak(a.double(), b.double(), t.axis),
+                           0 if a is None else _new_nonfinite(a, y)))
+        report.set("large_scores", *_large_words(levels, t.large_words))
+    if ref is None and not t.blind:
+        for item in ("lengths", "backward", "unequal"):
+            report.set(item, "SKIP", "not judged: no variant of ours reproduces the forward pass")
+        return
     # lengths past one tile
     at = 4 + len(large)  # where the lengths' outputs start, then the moved positions'
     results = []
-    for n, xl, out, error in zip(lengths, longs, outs[at:], errors[at:]):
+    for n, inp, out, error in zip(lengths, longs, outs[at:], errors[at:]):
         if error is not None or out is None:
             results.append((n, error or "no output", -1, 0.0))
         elif ref is not None:
-            right = ref.output(xl)
-            if ref.pattern == "mask_no_diagonal":
-                out, right = out[:, 1:], right[:, 1:]
-            p, worst = _first_bad(out, right, tol, 1) if out.shape == right.shape else \
+            right = ref.output(*inp)
+            skip = ref.pattern == "mask_no_diagonal"
+            if skip:
+                out, right = out[..., 1:, :], right[..., 1:, :]
+            p, worst = _first_bad(out, right, tol, t.axis) if out.shape == right.shape else \
                 (0, math.inf)
-            results.append((n, None, p + (p >= 0 and ref.pattern == "mask_no_diagonal"), worst))
+            results.append((n, None, p + (p >= 0 and skip), worst))
         else:
             results.append((n, None, -1, 0.0))
     cap_words = f" (the layer's context is {cap})" if cap and cap < LONGEST else ""
@@ -413,7 +408,7 @@ def check_module(child, info: dict, opts, report, found, D: int, captures: dict)
         cap_words += "; no reference reproduces the layer, so judged by consistency: each " \
                      "shorter output is the start of the longest"
     long_leak = _long_leak(outs[at + len(lengths) - 1] if lengths else None,
-                           outs[at + len(lengths):], moved, T)
+                           outs[at + len(lengths):at + len(lengths) + len(moved)], moved, T)
     if long_leak and report.items.get("causal") and report.items["causal"].status == "PASS":
         report.set("causal", "FAIL", long_leak)
         report.diagnosis.append(f"a causal leak that only long sequences show: {long_leak}")
@@ -421,7 +416,10 @@ def check_module(child, info: dict, opts, report, found, D: int, captures: dict)
         status, detail = _lengths_words(results, tol, cap_words)
         report.set("lengths", status, detail + ("; the future leaks (see Causality)"
                                                 if long_leak and status == "FAIL" else ""))
-    # backward
+    if unequal:
+        report.set("unequal", *_unequal(t, ref, outs[at + len(lengths):],
+                                        errors[at + len(lengths):], unequal))
+    # backward: the gradients against autograd on our equation
     if ref is None:
         report.set("backward", "SKIP", "not judged: no reference reproduces the forward pass")
         return
@@ -429,20 +427,19 @@ def check_module(child, info: dict, opts, report, found, D: int, captures: dict)
         report.set("backward", "SKIP", "not judged: the output has NaN (a query that sees no "
                                        "key), which reaches every gradient")
         return
-    g = rand(B, T, D)
-    refs = _module_grads(info, ref, x, g, dtype) or {}
-    back = ask(child, "probe", inputs=[x], seeds=[0], grad_outputs=[g])
+    g = rand(*t.out_shape(B, T))
+    back = t.probe([x], [0], [g])
     if back["errors"][0] is not None:
         report.set("backward", "FAIL", f"backward raises: {back['errors'][0]}")
         return
-    grads = back["grads"][0]
-    pairs = []
-    for n, (r64, rlow) in refs.items():
-        key = n if n == "x" else "param:" + n
-        mine = grads.get(key) if key in grads else ("frozen" if n != "x" else None)
+    grads, pairs = back["grads"][0], []
+    for n, (r64, rlow) in (ref.grads(x, g, t.dtype) or {}).items():
+        # an input's gradient is reported under its name, a parameter's as param:NAME (none
+        # for one that does not require grad)
+        name, mine = ("d" + n, grads.get(n)) if n in t.inputs else \
+            (n + ".grad", grads.get("param:" + n, "frozen"))
         mine = mine.double() if isinstance(mine, torch.Tensor) else mine
-        pairs.append(("dx" if n == "x" else n + ".grad", mine, r64, rlow,
-                      GRAD_FLOOR.get(dtype, 2e-3)))
+        pairs.append((name, mine, r64, rlow, GRAD_FLOOR.get(t.dtype, 2e-3)))
     report.set("backward", *_grad_words(pairs))
 
 
@@ -466,143 +463,44 @@ def _sdpa(q, k, v, visible, var: Variant, d_k: int, h: int):
     return y
 
 
-def _as_mask(visible: torch.Tensor, convention: str) -> torch.Tensor:
-    if convention == "keep":
-        return visible
-    if convention == "drop":
-        return ~visible
-    return torch.zeros(visible.shape, dtype=torch.float64).masked_fill(~visible, float("-inf"))
+def function_reference(var: Variant, d_k: int, h: int) -> Reference:
+    """The probes' Reference for a function that `var` reproduces."""
+    def attend(q, k, v, visible):
+        return _sdpa(q, k, v, visible, var, d_k, h)
+
+    def grads(inp: tuple, g: torch.Tensor, dtype) -> dict:  # dq, dk, dv
+        refs = {}
+        for low in (False, True):
+            leaves = [t.clone().requires_grad_() for t in inp]
+            ins = [t.to(dtype) for t in leaves] if low else leaves
+            out = attend(*ins, pattern(var.pattern, inp[0].size(-2)))
+            for n, gr in zip("qkv", torch.autograd.grad(out, leaves,
+                                                        grad_outputs=g.to(out.dtype))):
+                refs.setdefault(n, [None, None])[int(low)] = gr.double()
+        return refs
+    return Reference(h, var.pattern, lambda q, k, v: attend(q, k, v, pattern(var.pattern,
+                                                                               q.size(-2))),
+                     None, grads, attend)
 
 
-def check_function(child, info: dict, opts, report, convention: str, best,
-                   batched: bool = True) -> None:
-    """The probes for f(q, k, v, mask), after the checklist; best: (key, variant, err).
-    batched: q, k, v [B, h, n, d_k]; else the sheet's [n, d_k] (one sequence, no batch)."""
-    h, D = opts.n_head, opts.d_model
-    d_k = D // h
-    dtype = getattr(torch, opts.dtype or "float32")
-    tol = TOLERANCE.get(dtype, 5e-2)
-    B, T = max(opts.batch, 2), opts.seq_len
-    lead = (B, h) if batched else ()
-    rand = _randn(torch.Generator().manual_seed(opts.seed + 1), dtype)
-    var = best[1] if best is not None and best[2] <= tol else None
-    mask = _as_mask(causal_pattern(T, T), convention)
-    qkv = tuple(rand(*lead, T, d_k) for _ in range(3))
-    other = tuple(t.clone() for t in qkv)
-    for t in other if batched else ():
-        t[0] = rand(h, T, d_k)
-    lengths = _lengths(None, h, D, B)
-    q1, k1 = qkv[0], qkv[1]
-    s1 = ((q1 @ k1.transpose(-2, -1)) / math.sqrt(d_k)).abs().max().item()
-    sigmas = [math.sqrt(t / s1) for t in SCORE_TARGETS]
-    large = []
-    for s in sigmas:
-        q, k, v = (t * s for t in qkv)
-        k2, v2 = k.clone(), v.clone()
-        k2[..., -1, :], v2[..., -1, :] = rand(*lead, d_k, scale=s), rand(*lead, d_k, scale=s)
-        large += [(q, k, v, mask), (q, k2, v2, mask)]
-    longest = [rand(*lead, max(lengths, default=1), d_k) for _ in range(3)]
-    longs = [tuple(t[..., :n, :].contiguous() for t in longest) for n in lengths]
-    unequal = [(rand(*lead, nq, d_k), rand(*lead, nk, d_k), rand(*lead, nk, d_k))
-               for nq, nk in UNEQUAL]
-    inputs = ([(*qkv, mask)] * 3 + [(*other, mask)] + large
-              + [(*t, _as_mask(causal_pattern(n, n), convention)) for n, t in zip(lengths, longs)]
-              + [(*t, _as_mask(causal_pattern(nq, nk), convention))
-                 for (nq, nk), t in zip(UNEQUAL, unequal)])
-    seeds = [0, 0, 1] + [0] * (len(inputs) - 3)
-    got = ask(child, "probe", inputs=inputs, seeds=seeds, grad_outputs=[None] * len(inputs))
-    outs, errors = got["outs"], got["errors"]
-    report.set("deterministic", *_determinism(outs, errors, 0))
-    report.set("input_kept", *_kept(got["changed"]))
-    y = outs[0]
-    if not batched:
-        report.set("batch", "N/A", "it takes one sequence, q, k, v [n, d], no batch")
-    elif y is None or outs[3] is None or outs[3].shape != y.shape:
-        report.set("batch", "SKIP", f"not judged: {errors[3] or 'the output changes shape'}")
-    else:
-        moved_by = rel_err(outs[3][1:], y[1:])
-        report.set("batch", "FAIL" if moved_by > LEAK else "PASS",
-                   f"changing sample 0 moves the other samples' outputs by up to {moved_by:.2g} "
-                   f"(relative): samples attend to each other (batch mixing)" if moved_by > LEAK
-                   else "changing sample 0 leaves the other samples' outputs bit for bit")
-    at = 4 + len(large)
-    if y is None or list(y.shape) != [*lead, T, d_k]:
-        for item in ("lengths", "large_scores", "backward", "unequal"):
-            report.set(item, "SKIP", "not judged: the output's shape is not [..., n, d_v]")
-        return
-    if report.items.get("causal") and report.items["causal"].status == "FAIL":
-        report.set("large_scores", "N/A", "the future already leaks at ordinary scales (see "
-                                          "Causality)")
-    elif dtype == torch.float16:
-        report.set("large_scores", "N/A", "float16 scores cannot exceed 65,504, where -1e4 is "
-                                          "the usual mask value")
-    else:
-        levels = []
-        for i, s in enumerate(sigmas):
-            a, b = outs[4 + 2 * i], outs[5 + 2 * i]
-            words = f"scores up to {SCORE_TARGETS[i]:.0e} (q, k times {s:.3g})"
-            levels.append((words, None if a is None or b is None else
-                           _leak(a.double(), b.double(), -2),
-                           0 if a is None else _new_nonfinite(a, y)))
-        report.set("large_scores", *_large_words(levels, "key and value"))
-    if var is None:
-        for item in ("lengths", "backward", "unequal"):
-            report.set(item, "SKIP", "not judged: no variant of ours reproduces the forward pass")
-        return
-    results = []
-    for n, t, out, error in zip(lengths, longs, outs[at:], errors[at:]):
-        if error is not None or out is None:
-            results.append((n, error or "no output", -1, 0.0))
-            continue
-        ref = _sdpa(*t, pattern(var.pattern, n), var, d_k, h)
-        skip = var.pattern == "mask_no_diagonal"
-        a, r = (out[..., 1:, :], ref[..., 1:, :]) if skip else (out, ref)
-        p, worst = _first_bad(a, r, tol, -2) if a.shape == r.shape else (0, math.inf)
-        results.append((n, None, p + (p >= 0 and skip), worst))
-    report.set("lengths", *_lengths_words(results, tol, ""))
-    report.set("unequal", *_unequal(info, outs[at + len(lengths):], errors[at + len(lengths):],
-                                    unequal, var, d_k, h, tol))
-    # backward: dq, dk, dv against autograd on our equation
-    if y.isnan().any():
-        report.set("backward", "SKIP", "not judged: the output has NaN (a query that sees no "
-                                       "key), which reaches every gradient")
-        return
-    g = rand(*lead, T, d_k)
-    back = ask(child, "probe", inputs=[(*qkv, mask)], seeds=[0], grad_outputs=[g])
-    if back["errors"][0] is not None:
-        report.set("backward", "FAIL", f"backward raises: {back['errors'][0]}")
-        return
-    refs = {}
-    for low in (False, True):
-        leaves = [t.clone().requires_grad_() for t in qkv]
-        ins = [t.to(dtype) for t in leaves] if low else leaves
-        out = _sdpa(*ins, pattern(var.pattern, T), var, d_k, h)
-        for n, gr in zip("qkv", torch.autograd.grad(out, leaves, grad_outputs=g.to(out.dtype))):
-            refs.setdefault(n, [None, None])[int(low)] = gr.double()
-    layer = back["grads"][0]
-    report.set("backward", *_grad_words([
-        ("d" + n, None if layer.get(n) is None else layer[n].double(), r64, rlow,
-         GRAD_FLOOR.get(dtype, 2e-3)) for n, (r64, rlow) in refs.items()]))
-
-
-def _unequal(info, outs, errors, inputs, var: Variant, d_k: int, h: int, tol: float):
+def _unequal(t, ref: Reference, outs, errors, inputs):
     """n_q != n_k with a bottom-right aligned mask (query i sees keys 0 .. n_k - n_q + i)."""
-    if var.pattern != "causal":
+    if ref.pattern != "causal":
         return "SKIP", "not judged: the matched variant's mask is not the causal one"
     for (nq, nk), (q, k, v), out, error in zip(UNEQUAL, inputs, outs, errors):
         if error is not None or out is None:
-            if not info["takes_mask"]:
+            if not t.info["takes_mask"]:
                 return "N/A", (f"it takes no mask and builds a square one itself (n_q = {nq}, "
                                f"n_k = {nk} raises: {error})")
             return "FAIL", f"n_q = {nq}, n_k = {nk} with a [{nq}, {nk}] mask raises: {error}"
-        right = _sdpa(q, k, v, causal_pattern(nq, nk), var, d_k, h)
+        right = ref.attend(q, k, v, causal_pattern(nq, nk))
         if out.shape != right.shape:
             return "FAIL", f"n_q = {nq}, n_k = {nk} gives {list(out.shape)}, not " \
                            f"{list(right.shape)}"
-        if rel_err(out, right) <= tol:
+        if rel_err(out, right) <= t.tol:
             continue
-        top_left = _sdpa(q, k, v, torch.ones(nq, nk, dtype=torch.bool).tril(), var, d_k, h)
-        if rel_err(out, top_left) <= tol:
+        top_left = ref.attend(q, k, v, torch.ones(nq, nk, dtype=torch.bool).tril())
+        if rel_err(out, top_left) <= t.tol:
             return "FAIL", (f"n_q = {nq}, n_k = {nk}: the mask is aligned top-left (query i "
                             f"sees keys 0..i, torch's is_causal convention), not bottom-right: "
                             f"with a KV cache the new queries miss the latest keys")

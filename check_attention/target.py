@@ -1,0 +1,406 @@
+"""The object under check, as the checklist (checks.py) and the probes (probes.py) see it: a
+module called on x [batch, positions, d_model], or a scaled dot-product function called on
+q, k, v [batch, heads, positions, d_k] (or the sheet's [positions, d_k]) and a mask.
+
+Both checklists are written once over this interface. An input is a tuple of tensors, each
+[*lead, positions, width] (a module's is (x,), a function's (q, k, v)), so that drawing a seeded
+input, changing one position or cutting a prefix is the same code for both kinds. What differs
+is said here once per kind: how the sandbox is asked, the shape the output should have, which
+tensors a probe changes, and the words a report uses for them.
+"""
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from model.attention import causal_pattern
+from check_attention import costs
+from check_attention.compare import INPUT_SCALES, PROBES, QKV_SCALES, TOLERANCE, rel_err, same
+from check_attention.options import MASKS, Options
+from check_attention.sandbox.host import CheckError, SandboxError, ask
+from check_attention.sandbox.runner import D_MODEL, N_HEAD
+from check_attention.variants import (all_variants, attend_heads, split_words,
+                                      variant_attend_kwargs)
+
+
+def head_choices(D: int, h: int) -> list[int]:
+    return sorted({c for c in (1, 2, h, 2 * h, 8) if c <= D and D % c == 0})
+
+
+def as_mask(visible: torch.Tensor, convention: str) -> torch.Tensor:
+    """visible [n_q, n_k] (True = may attend) as a mask in a function's convention."""
+    if convention == "keep":
+        return visible
+    if convention == "drop":
+        return ~visible
+    return torch.zeros(visible.shape, dtype=torch.float64).masked_fill(~visible, float("-inf"))
+
+
+class Target:
+    """What both checklists need of the object: seeded inputs, calls in the sandbox, shapes and
+    words. Each kind sets the fields below and has first_call (the checklist's first inputs at
+    several scales: headers, and `base`, the input causality starts from, with `base_out`, its
+    output if known), check_shape, call (the checklist's plain calls), wire (an input as the
+    sandbox takes it), lead, out_shape, and the probes' context, probe_heads, sigmas and
+    scale_words."""
+
+    kind: str
+    inputs: tuple            # the input tensors' names, as the sandbox reports their gradients
+    axis: int                # the output's positions axis
+    changed_words: str       # what the causality probe changes, position by position
+    positions_words: str     # the output's layout, for a causality probe that cannot read it
+    shape_words: str         # the output's layout, for probes that need the right shape
+    large_moves: tuple       # which input tensors the large-score probe changes at the end
+    large_words: str         # what that probe changes, in words
+    causal_scale: float      # the scale a changed position is drawn at
+    rows_probe: bool         # the checklist judges rows summing to 1 from a repeated token
+    long_leaks: bool         # the probes change positions of the longest input one at a time
+    blind: bool              # the probes judge lengths by consistency where nothing reproduces it
+    probe_items: tuple       # the probes that need the output's shape right
+
+    def __init__(self, child, info: dict, opts: Options, dtype: torch.dtype):
+        self.child, self.info, self.opts = child, info, opts
+        self.dtype, self.tol, self.T = dtype, TOLERANCE.get(dtype, 5e-2), opts.seq_len
+
+    def randn(self, offset: int = 0):
+        """A seeded normal draw, rounded to the layer's dtype once (the checklist's inputs at
+        offset 0, the probes' at 1), returned in float64."""
+        gen = torch.Generator().manual_seed(self.opts.seed + offset)
+
+        def rand(*shape, scale=1.0):
+            return (torch.randn(*shape, generator=gen, dtype=torch.float64)
+                    * scale).to(self.dtype).double()
+        return rand
+
+    def draw(self, rand, B: int, n: int) -> tuple:
+        """A fresh input: each tensor [*lead, n, width]."""
+        return tuple(rand(*self.lead(B), n, w) for w in self.widths)
+
+    @staticmethod
+    def changed(inp: tuple, j: int, rand, scale: float, which=None) -> tuple:
+        """A copy of inp with position j redrawn (at scale) in the tensors `which` (all)."""
+        out = tuple(t.clone() for t in inp)
+        for t in out if which is None else [out[i] for i in which]:
+            t[..., j, :] = rand(*t.shape[:-2], t.size(-1), scale=scale)  # [*lead, width]
+        return out
+
+    def probe(self, inputs: list, seeds: list, grad_outputs: Optional[list] = None) -> dict:
+        """probes.py's request: seeded calls; with grad_outputs, the gradients."""
+        return ask(self.child, "probe", inputs=[self.wire(i) for i in inputs], seeds=seeds,
+                   grad_outputs=grad_outputs or [None] * len(inputs))
+
+
+class ModuleTarget(Target):
+    kind, inputs, axis = "module", ("x",), 1
+    changed_words, positions_words = "positions", "[batch, positions, ...]"
+    shape_words = "the input's"
+    large_moves, large_words = (0,), "position"
+    causal_scale, rows_probe, long_leaks, blind = 4.0, True, True, True
+    probe_items = ("lengths", "large_scores", "backward")
+
+    def __init__(self, child, info: dict, opts: Options):
+        super().__init__(child, info, opts, getattr(torch, info["dtype"]))
+        consumed = set(info["consumed"])
+        self.D = opts.d_model if "d_model" in consumed else (
+            infer(info, D_MODEL) or _width(info, opts))
+        self.h = opts.n_head if "n_head" in consumed else infer(info, N_HEAD)
+        self.widths = (self.D,)
+
+    def lead(self, B: int) -> tuple:
+        return (B,)
+
+    def wire(self, inp: tuple):
+        return inp[0]
+
+    def out_shape(self, B: int, n: int) -> list:
+        return [B, n, self.D]
+
+    def call(self, inputs: list) -> list:
+        """The outputs of forward on each x (None where it raised), seed 0, no capture."""
+        return ask(self.child, "forward", xs=[self.wire(i) for i in inputs],
+                   seeds=[0] * len(inputs), capture=[False] * len(inputs))["ys"]
+
+    def first_call(self, rand, report) -> tuple:
+        """Run forward on x [B, T, D] at each of INPUT_SCALES (capturing its Linears' inputs and
+        outputs), and once more on the first under another seed. Keeps xs, ys (float64) and the
+        captures; the causality probe starts from the first x and its output."""
+        B, T, D, info = self.opts.batch, self.T, self.D, self.info
+        xs = [rand(B, T, D, scale=s) for s in INPUT_SCALES]
+        main = ask(self.child, "forward", xs=xs + [xs[0]], seeds=[0, 0, 0, 1],
+                   capture=[True] * 3 + [False])
+        if main["errors"][0]:
+            raise CheckError(f"{info['how']} failed on x [{B}, {T}, {D}]: {main['errors'][0]}"
+                             + view_hint(main["errors"][0], info["file"], D,
+                                         self.h or self.opts.n_head))
+        ys = [y.double() if y is not None else None for y in main["ys"]]
+        report.header["layer"] = (f"{info['how']}, {info['dtype']} on {info['device']}, eval mode"
+                                  + ("" if "d_model" in info["consumed"] else
+                                     f"; d_model = {D} read from the layer"))
+        report.header["probes"] = (f"x [{B}, {T}, {D}] ~ N(0, 1) times "
+                                   f"{', '.join(f'{s:g}' for s in INPUT_SCALES)}, seed "
+                                   f"{self.opts.seed}; tolerance {self.tol:.0e} relative "
+                                   f"({info['dtype']})")
+        y0 = ys[0]
+        nan_positions = [t for t in range(y0.size(1)) if y0[:, t].isnan().any()] \
+            if y0.dim() >= 2 else []
+        if nan_positions:
+            report.diagnosis.append(f"the output is NaN at position"
+                                    f"{'s' * (len(nan_positions) > 1)} "
+                                    f"{', '.join(map(str, nan_positions))} (a query that sees no "
+                                    f"key at all takes the softmax of only -inf)")
+        if ys[3] is not None and not same(ys[3], y0):
+            report.diagnosis.append("the output changes from one call to the next in eval mode "
+                                    "(dropout that ignores self.training?): comparisons are "
+                                    "unreliable")
+        self.xs, self.ys, self.captures = xs, ys, main["captures"]
+        self.base, self.base_out = (xs[0],), y0
+
+    def check_shape(self, rand, report) -> bool:
+        """The output [B, T, D], and again built with other head counts where it takes n_head.
+        Returns whether the first output has the input's shape."""
+        B, T, D, n_head, y0 = self.opts.batch, self.T, self.D, self.opts.n_head, self.base_out
+        if list(y0.shape) != [B, T, D]:
+            report.set("shape", "FAIL", f"x [{B}, {T}, {D}] gives {list(y0.shape)}, "
+                       f"not [{B}, {T}, {D}]")
+            return False
+        if "n_head" not in self.info["consumed"]:
+            report.set("shape", "SKIP", f"[{B}, {T}, {D}] here, but the layer was not built "
+                       f"with n_head, so other head counts could not be tried")
+            return True
+        shapes, broken = {}, []
+        for hh in head_choices(D, n_head):
+            got = self._rebuild(hh, self.xs[0]) if hh != n_head else {"shape": list(y0.shape)}
+            shapes[hh] = got.get("shape")
+            if "error" in got:
+                broken.append(f"n_head={hh}: {got['error']}")
+        bad = {hh: s for hh, s in shapes.items() if s is not None and s != [B, T, D]}
+        if bad:
+            report.set("shape", "FAIL", "; ".join(f"n_head={hh} gives {s}" for hh, s in
+                                                  bad.items()) + f", not [{B}, {T}, {D}]")
+        elif len([s for s in shapes.values() if s]) < 2:
+            report.set("shape", "SKIP", f"could not build it with another head count "
+                       f"({broken[0]}" + (f"; {len(broken) - 1} more" if len(broken) > 1 else "")
+                       + ")")
+        else:
+            report.set("shape", "PASS", f"[{B}, {T}, {D}] for n_head = "
+                       + ", ".join(str(hh) for hh, s in shapes.items() if s))
+        return True
+
+    def _rebuild(self, n_head: int, x) -> dict:
+        """{'shape': [...]} of the layer built with n_head heads, or {'error': why not}."""
+        try:
+            return self.child.ask("rebuild", n_head=n_head, x=x)
+        except SandboxError as exc:
+            raise CheckError(str(exc)) from None
+
+    def context(self) -> Optional[int]:
+        """The shortest context length the layer registers (block_size, a [T, T] buffer)."""
+        return min(ask(self.child, "context")["sizes"] or [None], key=lambda s: s or math.inf)
+
+    def probe_heads(self, ref) -> int:
+        return ref.h if ref else (self.opts.n_head if "n_head" in self.info["consumed"] else 1)
+
+    def sigmas(self, ref, inp: tuple, targets, blind) -> list:
+        """x's scales that bring the largest score to each target (blind: the scores unread)."""
+        s1 = ref.max_score(inp[0]) if ref is not None else 0
+        return [math.sqrt(t / s1) for t in targets] if s1 > 0 else list(blind)
+
+    def scale_words(self, ref, inp: tuple, target: float, s: float) -> str:
+        return (f"scores up to {ref.max_score(inp[0] * s):.0e} (x times {s:.3g})"
+                if ref is not None else f"x times {s:.3g}")
+
+
+class FunctionTarget(Target):
+    kind, inputs, axis = "function", ("q", "k", "v"), -2
+    changed_words, positions_words = "queries, keys and values", "[..., positions, d_v]"
+    shape_words = "[..., n, d_v]"
+    large_moves, large_words = (1, 2), "key and value"
+    causal_scale, rows_probe, long_leaks, blind = 2.0, False, False, False
+    probe_items = ("lengths", "large_scores", "backward", "unequal")
+
+    def __init__(self, child, info: dict, opts: Options):
+        super().__init__(child, info, opts, getattr(torch, opts.dtype or "float32"))
+        self.h, self.D = opts.n_head, opts.d_model
+        if self.D % self.h:
+            raise CheckError(f"d_model ({self.D}) must be divisible by n_head ({self.h})")
+        self.d_k = self.D // self.h
+        self.widths = (self.d_k,) * 3
+        self.batched, self.convention = True, "keep"  # until the first call finds them
+
+    def lead(self, B: int) -> tuple:
+        return (B, self.h) if self.batched else ()
+
+    def mask(self, n_q: int, n_k: int) -> torch.Tensor:
+        """The causal mask [n_q, n_k] (bottom-right aligned) in the function's convention."""
+        return as_mask(causal_pattern(n_q, n_k), self.convention)
+
+    def wire(self, inp: tuple):
+        return (*inp, self.mask(inp[0].size(-2), inp[1].size(-2)))
+
+    def out_shape(self, B: int, n: int) -> list:
+        return [*self.lead(B), n, self.d_k]
+
+    def call(self, inputs: list) -> list:
+        return ask(self.child, "call", calls=[self.wire(i) for i in inputs])["outs"]
+
+    def context(self) -> Optional[int]:
+        return None
+
+    def probe_heads(self, ref) -> int:
+        return self.h
+
+    def sigmas(self, ref, inp: tuple, targets, blind) -> list:
+        """q and k's scales that bring the largest score q k^T / sqrt(d_k) to each target."""
+        q, k = inp[0], inp[1]
+        s1 = ((q @ k.transpose(-2, -1)) / math.sqrt(self.d_k)).abs().max().item()
+        return [math.sqrt(t / s1) for t in targets]
+
+    def scale_words(self, ref, inp: tuple, target: float, s: float) -> str:
+        return f"scores up to {target:.0e} (q, k times {s:.3g})"
+
+    def first_call(self, rand, report) -> None:
+        """Call the function on q, k, v [B, h, n, d_k] (else on the sheet's 2-D Q [n, d_k],
+        K [n, d_k], V [n, d_v]) at each scale, under each mask convention it may take, and keep
+        the lead shape and the convention our variants reproduce best. Keeps probes (the inputs
+        per scale), y (the outputs stacked, or None) and best ((key, variant, err) or None); the
+        causality probe starts from the second scale's input."""
+        B, T, h, d_k = self.opts.batch, self.T, self.h, self.d_k
+        if not self.info["takes_mask"]:
+            conventions = ["keep"]  # f(q, k, v) must mask the future itself
+        else:
+            conventions = list(MASKS) if self.opts.mask == "auto" else [self.opts.mask]
+        first_error = None
+        for lead in ((B, h), ()):
+            probes = [tuple(rand(*lead, T, d_k, scale=s) for _ in range(3)) for s in QKV_SCALES]
+            calls = [(*p, as_mask(causal_pattern(T, T), c)) for c in conventions for p in probes]
+            answer = ask(self.child, "call", calls=calls)
+            outs = {c: answer["outs"][i * 3:(i + 1) * 3] for i, c in enumerate(conventions)}
+            errors = {c: next((e for e in answer["errors"][i * 3:(i + 1) * 3] if e), None)
+                      for i, c in enumerate(conventions)}
+            usable = [c for c in conventions if errors[c] is None]
+            if usable:
+                break
+            first_error = first_error or errors[conventions[0]]
+        else:
+            raise CheckError(f"calling {self.info['how']} on q, k, v [{B}, {h}, {T}, {d_k}] "
+                             f"(and on [{T}, {d_k}]) with a [{T}, {T}] mask failed: "
+                             f"{first_error}")
+        self.batched = bool(lead)
+        dims = ", ".join(map(str, (*lead, T, d_k)))
+        report.kind = "function"
+        report.header["layer"] = (
+            f"the function {self.info['how']}, {str(self.dtype).replace('torch.', '')}"
+            + ("" if lead else "; it takes the sheet's 2-D shapes, Q [n, d_k], K, V [n, d], "
+                               "not [batch, heads, n, d_k]"))
+        report.header["probes"] = (f"q, k, v [{dims}] ~ N(0, 1) times "
+                                   f"{', '.join(f'{s:g}' for s in QKV_SCALES)}, seed "
+                                   f"{self.opts.seed}; tolerance {self.tol:.0e} relative")
+        results = {c: self._closest(probes, outs[c], [*lead, T, d_k]) for c in usable}
+        matched = [c for c in usable if results[c][1] and results[c][1][2] <= self.tol]
+        self.convention = min(matched or usable, key=lambda c: (
+            results[c][1][0] if results[c][1] else (True, 9, math.inf)))
+        if not self.info["takes_mask"]:
+            report.header["mask"] = "none given: the function takes q, k, v only, so it must " \
+                                    "mask the future itself"
+        elif self.opts.mask == "auto":
+            if len({tuple(torch.cat([o.double().flatten() for o in outs[c]]).tolist())
+                    for c in usable}) == 1 and len(usable) > 1:
+                report.header["mask"] = "the output is the same whatever mask it is given"
+            else:
+                report.header["mask"] = (f"{MASKS[self.convention]} (found by trying all three "
+                                         f"conventions)")
+        else:
+            report.header["mask"] = f"{MASKS[self.convention]} (mask={self.convention})"
+        self.probes, (self.y, self.best) = probes, results[self.convention]
+        self.base, self.base_out = probes[1], None
+
+    def _closest(self, probes: list, outs: list, expected: list) -> tuple:
+        """(y: the outputs stacked, or None if one is misshapen; best: (key, variant, err) of
+        the variant of ours closest to them, fewest mistakes first, or None)."""
+        q, k, v = (torch.stack([p[i] for p in probes]) for i in range(3))
+        y = torch.stack([o.double() for o in outs]) if all(
+            list(o.shape) == expected for o in outs) else None
+        best = None
+        for var in all_variants() if y is not None else []:
+            if not var.attn.out_proj or var.attn.split_heads_no_transpose:
+                continue  # its heads come split, and it has no W_O
+            ref = attend_heads(q, k, v, var.pattern,
+                               **variant_attend_kwargs(var, self.d_k, self.h))
+            err = rel_err(y, ref, skip_first=var.pattern == "mask_no_diagonal", probes=PROBES)
+            key = (err > self.tol, len(var.mistakes), err)
+            if best is None or key < best[0]:
+                best = (key, var, err)
+        return y, best
+
+    def check_shape(self, rand, report) -> bool:
+        """The output [..., n, d_v] for several head counts, with d_v != d_k."""
+        B, T, d_k, lead = self.opts.batch, self.T, self.d_k, self.batched
+        shapes, wrong = [], []
+        d_v = next(d for d in (d_k // 2, d_k + 1, d_k + 3) if d > 0 and d not in (d_k, T))
+        for hh in head_choices(self.D, self.h) if lead else [None]:
+            lead_h = (B, hh) if lead else ()
+            call = (rand(*lead_h, T, d_k), rand(*lead_h, T, d_k), rand(*lead_h, T, d_v),
+                    self.mask(T, T))
+            got = ask(self.child, "call", calls=[call])
+            out = got["outs"][0]
+            shapes.append(hh)
+            if out is None or list(out.shape) != [*lead_h, T, d_v]:
+                wrong.append((f"{hh} heads, d_v = {d_v}: " if lead else f"d_v = {d_v}: ")
+                             + (got["errors"][0] if out is None else f"{list(out.shape)}"))
+        if wrong:
+            report.set("shape", "FAIL", (f"{wrong[0]}, not [{B}, heads, {T}, {d_v}]" if lead
+                                         else f"{wrong[0]}, not [{T}, {d_v}]")
+                       + (f" (and {len(wrong) - 1} more head counts)" if len(wrong) > 1 else ""))
+        elif lead:
+            report.set("shape", "PASS", f"[{B}, heads, {T}, d_v] for {', '.join(map(str, shapes))}"
+                       f" heads and d_v != d_k")
+        else:
+            report.set("shape", "PASS", f"[{T}, d_v] for Q [{T}, {d_k}], V [{T}, {d_v}]: "
+                       f"d_v != d_k")
+        return not wrong
+
+
+# `.view(B, n_head, T, d_k)`: heads before positions, the view's second argument a head count
+HEADS_FIRST = re.compile(r"\.view\(\s*[^,()]+,\s*[\w.]*(?:head|\bh\b)[\w.]*\s*,")
+
+
+def view_hint(error: str, file: str, D: int, h: int) -> str:
+    """The fix, when the layer's forward raised torch's view error on a line that splits the
+    heads before the positions (nanoGPT's line without its transpose): after `.split` of the
+    fused projection q is a strided slice that .view cannot cut that way, and where it can (a
+    contiguous q, or .reshape) the result mixes positions and heads."""
+    where = re.search(r"\(([^()]+\.py), line (\d+)\)$", error)
+    if "view size is not compatible" not in error or not where:
+        return ""
+    try:
+        lines = Path(file).read_text(encoding="utf-8", errors="replace").splitlines()
+        line = lines[int(where.group(2)) - 1]
+    except (OSError, IndexError, ValueError):
+        return ""
+    if not HEADS_FIRST.search(line):
+        return ""
+    d_k = D // h if h and D % h == 0 else "d_k"
+    hint = (f"; hint: line {where.group(2)} puts the heads before the positions "
+            f"(`{line.strip()[:120]}`): a slice of the fused projection (after .split) cannot "
+            f"be viewed that way, and where .view or .reshape runs, {split_words(h, d_k)} "
+            f"(the mistake attention=split_heads_no_transpose reproduces)")
+    cost = costs.words("split_heads_no_transpose", costs.load())
+    return hint + (f"; {cost}" if cost else "")
+
+
+def infer(info: dict, names: set) -> Optional[int]:
+    """A positive int attribute of the layer under one of these names (its width, its heads)."""
+    for key, value in info["attrs"].items():
+        if key in names and isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def _width(info: dict, opts: Options) -> int:
+    """The width the layer's projections read: the most common input size of its Linears."""
+    sizes = [p.size(1) for n, p in info["params"].items() if p.dim() == 2 and n.endswith("weight")]
+    return max(set(sizes), key=sizes.count) if sizes else opts.d_model
