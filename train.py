@@ -73,6 +73,7 @@ class Run:
     writer: object                  # SummaryWriter on rank 0, NullWriter elsewhere
     progress: Progress
     ddp: Optional[DDP] = None       # the DDP wrapper, when there are several processes
+    compiled: bool = False          # step_model is torch.compile's
     saved_at: Optional[int] = None  # step of the newest checkpoint on disk
     metrics: dict = field(default_factory=dict)  # of the latest evaluation
     last_train_loss: float = math.nan
@@ -224,7 +225,8 @@ def build_run(cfg: Config, run_dir: Path, resuming: bool, world: World) -> Optio
     ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None) \
         if world.distributed else None
     step_model = ddp or model
-    if t.compile if t.compile is not None else device.type == "cuda":
+    compiled = t.compile if t.compile is not None else device.type == "cuda"
+    if compiled:
         step_model = torch.compile(step_model, mode=t.compile_mode)
     # On resume, purge from step + 1: what was logged at the checkpoint's own step is part of it
     # (kept), anything later came from the interrupted process and is logged again. A fresh run
@@ -237,7 +239,7 @@ def build_run(cfg: Config, run_dir: Path, resuming: bool, world: World) -> Optio
     if not resuming:
         write_config(writer, cfg)
     run = Run(cfg, run_dir, world, corpus, model, step_model, optimizer, sampler, eval_batches,
-              choice.autocast(device), writer, progress, ddp=ddp,
+              choice.autocast(device), writer, progress, ddp=ddp, compiled=compiled,
               saved_at=progress.step if resuming else None)
     if world.is_main:
         log.info(f"model: {model.num_params() / 1e6:.2f}M parameters, vocab {corpus.vocab_size}, "
@@ -306,8 +308,10 @@ def optimizer_step(run: Run, stop: Optional[StopFlag] = None) -> Optional[StepRe
         sync = contextlib.nullcontext() if last or run.ddp is None else run.ddp.no_sync()
         with sync:
             # a new step for torch.compile's CUDA graphs (compile_mode=reduce-overhead): the
-            # previous step's outputs may be overwritten; a no-op otherwise
-            torch.compiler.cudagraph_mark_step_begin()
+            # previous step's outputs may be overwritten. Not called uncompiled, where it is a
+            # no-op that imports torch's compiler stack (2.5 s of a worker's start on a CPU)
+            if run.compiled:
+                torch.compiler.cudagraph_mark_step_begin()
             with run.amp:
                 _, loss = run.step_model(x, y)
             (loss / len(micro_batches)).backward()

@@ -413,7 +413,7 @@ GB = 1e9
 FP32 = 4
 
 
-@dataclass
+@dataclass(frozen=True)
 class Sizes:
     """What a model holds, counted on the meta device."""
 
@@ -423,12 +423,20 @@ class Sizes:
     buffer_bytes: int      # the causal masks
 
 
+# The sizes counted so far in this process, by the configs they were counted for: a sweep's
+# arms that differ only by seed (a study's 8 seeds of each arm) are counted once.
+_counted: dict[str, Sizes] = {}
+
+
 def model_sizes(m: ModelConfig, vocab_size: int, attn: AttentionConfig = AttentionConfig(),
                 optim: OptimConfig = OptimConfig()) -> Sizes:
     """The sizes of GPT(m, vocab_size, attn) with optim's optimizers. Every block is alike, so
     models of one and two blocks are built and the difference is scaled to n_layer."""
-    one, two = (_sizes(replace(m, n_layer=n), vocab_size, attn, optim) for n in (1, 2))
-    return Sizes(*(a + (m.n_layer - 1) * (b - a) for a, b in zip(one, two)))
+    key = repr((m, vocab_size, attn, optim))  # the configs' every field (they are not hashable)
+    if key not in _counted:
+        one, two = (_sizes(replace(m, n_layer=n), vocab_size, attn, optim) for n in (1, 2))
+        _counted[key] = Sizes(*(a + (m.n_layer - 1) * (b - a) for a, b in zip(one, two)))
+    return _counted[key]
 
 
 def _sizes(m: ModelConfig, vocab_size: int, attn: AttentionConfig, optim: OptimConfig) -> tuple:

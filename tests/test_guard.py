@@ -73,6 +73,21 @@ def test_bad_attention_values_raise_one_clear_sentence(bad, match):
 # ----------------------------------------------------------------------------- memory estimate
 
 
+def test_a_sweeps_seeds_of_one_model_are_counted_once(monkeypatch):
+    """model_sizes builds the meta models once per distinct config: a study's 8 seeds of an
+    arm share them; any field that differs (here the width) is counted anew."""
+    import guard.limits as limits
+
+    built = []
+    count = limits._sizes
+    monkeypatch.setattr(limits, "_sizes", lambda *a: built.append(a[0].n_embd) or count(*a))
+    monkeypatch.setattr(limits, "_counted", {})
+    first = limits.model_sizes(ModelConfig(n_embd=48), 500)
+    assert limits.model_sizes(ModelConfig(n_embd=48), 500) == first and built == [48, 48]
+    wider = limits.model_sizes(ModelConfig(n_embd=64), 500)
+    assert built == [48, 48, 64, 64] and wider.params > first.params
+
+
 @pytest.mark.parametrize("shape", [dict(), dict(n_layer=12, n_head=12, n_embd=768, block_size=1024)])
 def test_memory_estimate_counts_the_kv_cache_of_the_key_value_heads(shape):
     """model_sizes (built on meta) counts the parameters and the KV cache the model has: the

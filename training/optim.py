@@ -65,11 +65,13 @@ def make_optimizer(model: torch.nn.Module, cfg: OptimConfig,
     groups = [{"params": [p for p in rest if p.dim() >= 2], "weight_decay": cfg.weight_decay},
               {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0}]
     # On CUDA and MPS, the fused kernel updates every parameter in a few launches instead of
-    # several per tensor (MPS has no foreach kernels, so its default is one tensor at a time);
-    # elsewhere PyTorch's default (foreach) implementation.
+    # several per tensor (MPS has no foreach kernels, so its default is one tensor at a time).
+    # Elsewhere (a CPU) the foreach implementation, which PyTorch's default keeps for CUDA: each
+    # update one call over all the tensors instead of a Python loop, the same numbers to the bit
+    # (tests/test_optim.py); the CPU's fused kernel rounds differently.
     fused = named[0][1].device.type in ("cuda", "mps")
     adamw = torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
-                              fused=True if fused else None)
+                              fused=True if fused else None, foreach=None if fused else True)
     if not hidden:
         return Optimizers(adamw)
     hidden_group = {"params": hidden, "lr_scale": cfg.muon_lr_scale}
