@@ -24,14 +24,14 @@ from model.config import MaskMode
 from check_attention import costs, layouts, modern
 from check_attention import probes as deeper
 from check_attention.compare import PROBES, Leaks, golden, leak_matrix, rel_err
-from check_attention.diagnosis import (closest_words, first_difference, match, report_match,
-                                       unlisted)
+from check_attention.diagnosis import (closest_words, first_difference, match,
+                                       report_equation, report_match)
 from check_attention.options import Options
 from check_attention.report import Report
 from check_attention.sandbox.host import CheckError, Sandbox, SandboxError, ask, project_snapshot
 from check_attention.target import FunctionTarget, ModuleTarget, Target, infer
 from check_attention.target import view_hint as _view_hint  # noqa: F401 (its tests' name)
-from check_attention.variants import attend_heads, divisor_words, mistake_words, num, switch_of
+from check_attention.variants import attend_heads, divisor_words, mistake_words, num
 
 # What a layer may call its sliding window (keys, its own included), read from its attributes.
 WINDOW = {"window", "window_size", "sliding_window", "attention_window", "attn_window"}
@@ -216,15 +216,8 @@ def _judge_function(t: Target, report: Report, *black_box) -> Optional[deeper.Re
                   "mask_value": "future keys get weight 0"}
         for item in ("scale", "before_softmax", "mask_value"):
             report.set(item, "FAIL" if item in fails else "PASS", fails.get(item, passes[item]))
-        if not var.mistakes:
-            report.set("equation", "PASS", f"our scaled_dot_product_attention: max relative "
-                                           f"difference {err:.1e}")
-        else:
-            report.set("equation", "FAIL", "; ".join(w for _, w in words))
-            report.diagnosis.append(f"our scaled_dot_product_attention reproduces it as "
-                                    f"attention={var.name} ({unlisted(words)}max relative "
-                                    f"difference {err:.1e})")
-            report.named(*filter(None, map(switch_of, var.mistakes)))
+        report_equation(report, var, words, "our scaled_dot_product_attention", "it",
+                        f"max relative difference {err:.1e}", f"max relative difference {err:.1e}")
     else:
         q, k, v = (torch.stack([p[i] for p in t.probes]) for i in range(3))
         _function_fits(report, t.y, q, k, v, h, d_k, tol, best)

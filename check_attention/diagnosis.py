@@ -95,15 +95,23 @@ def report_match(report: Report, found: Match, D: int, tol: float, info: dict,
                                      f"our variant {found.unresolved[item]}")
         else:
             report.set(item, "PASS", passes[item])
-    ours = "our CausalSelfAttention with the layer's weights"
-    if not v.mistakes:
-        report.set("equation", "PASS", f"{ours}: max relative difference {found.err:.1e}")
-    else:
-        report.set("equation", "FAIL", "; ".join(w for _, w in words))
-        report.diagnosis.append(f"{ours} reproduces this layer as attention={v.name} ("
-                                f"{unlisted(words)}max relative difference {found.err:.1e}, "
-                                f"tolerance {tol:.0e})")
-        report.named(*filter(None, map(switch_of, v.mistakes)))
+    report_equation(report, v, words, "our CausalSelfAttention with the layer's weights",
+                    "this layer", f"max relative difference {found.err:.1e}, tolerance {tol:.0e}",
+                    f"max relative difference {found.err:.1e}")
+
+
+def report_equation(report, variant, words: list, ours: str, what: str, fit: str,
+                    exact: str) -> None:
+    """The equation item once a variant of ours reproduces the target (a layer or a function):
+    PASS for the correct variant, else FAIL with the mistakes' words, the diagnosis naming the
+    variant (`fit`: how closely) and the switches that reproduce it."""
+    if not variant.mistakes:
+        report.set("equation", "PASS", f"{ours}: {exact}")
+        return
+    report.set("equation", "FAIL", "; ".join(w for _, w in words))
+    report.diagnosis.append(f"{ours} reproduces {what} as attention={variant.name} "
+                            f"({unlisted(words)}{fit})")
+    report.named(*filter(None, map(switch_of, variant.mistakes)))
 
 
 def unlisted(words: list) -> str:
