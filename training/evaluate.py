@@ -17,6 +17,12 @@ from training.device import float64_home
 from training.runtime import World, all_sum
 
 
+# The most tokens a teacher-forced decode feeds at once when it joins evaluation batches
+# (`merged_batches`): the pitfall studies' 20 batches of 1,024 go as 8, 8 and 4 (most of the
+# gain, docs/ablations.md), the default's 4 of 2,048 as one; a larger batch goes alone, as before.
+MERGED_TOKENS = 8_192
+
+
 @torch.no_grad()
 def mean_loss(model, batches: list, amp, world: World = World()) -> float:
     """Mean cross-entropy (nats per token) over a fixed list of (x, y) batches.
@@ -81,13 +87,15 @@ def cached_loss(model, batches: list, amp, world: World = World(),
 
 @torch.no_grad()
 def decoded_losses(model, batches: list, amp, how: CachedEval = CachedEval.tokens,
-                   world: World = World(), static: Optional[bool] = None) -> tuple[float, float]:
+                   world: World = World(), static: Optional[bool] = None,
+                   merge_tokens: int = MERGED_TOKENS) -> tuple[float, float]:
     """(through the cache, by the forward pass): the mean cross-entropy of the same tokens of
     the (x, y) batches, fed `how` through the generation path, teacher forced (CachedEval), and
     scored by the forward pass as in training. For a correct layer the two agree to rounding
     whatever `how` is; a pitfall of padding, cache reuse or a windowed cache moves the first
     alone. Only the tokens the way of feeding scores count in both (the real tokens of the
-    served batch's rows)."""
+    served batch's rows). Fed one token at a time, consecutive batches go through together
+    (`merged_batches`, up to merge_tokens tokens; 0: one by one)."""
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
@@ -96,7 +104,8 @@ def decoded_losses(model, batches: list, amp, how: CachedEval = CachedEval.token
         static = device.type == "cuda" and model.attn_cfg.is_causal()
     totals = torch.zeros(2, device=home, dtype=torch.float64)  # (cached, forward) NLL sums
     count = 0
-    for x, y in batches[world.rank::world.size]:
+    mine = batches[world.rank::world.size]
+    for x, y in merged_batches(mine, merge_tokens) if how == CachedEval.tokens else mine:
         x, y = x.to(device), y.to(device)  # [B, T]
         with amp:
             cached, scored = FEEDS[CachedEval(how)](model, x, static)  # [B, T, V], [B, T]
@@ -108,6 +117,28 @@ def decoded_losses(model, batches: list, amp, how: CachedEval = CachedEval.token
     model.train(was_training)
     cached, forward, count = all_sum([*totals.tolist(), float(count)], world)  # one host sync
     return cached / count, forward / count
+
+
+def merged_batches(batches: list, merge_tokens: int) -> list:
+    """Consecutive (x, y) batches of one shape joined into batches of at most merge_tokens
+    tokens (a batch already that large stays as it is).
+
+    Why: decoding one token at a time, a batch of a few dozen short rows is a few hundred tiny
+    kernels per token, so the time goes to launching them, not to arithmetic; and the rows of a
+    teacher-forced decode are independent, so feeding several batches as one computes the same
+    losses to float rounding (tests/test_evaluate.py) in well under half the time
+    (docs/ablations.md, the studies' time). Not for the served feed, whose left pads depend on a
+    row's place in its batch."""
+    groups: list[list] = []
+    for x, y in batches:
+        last = groups[-1] if groups else None
+        if last and last[0][0].shape == x.shape and \
+                (len(last) + 1) * x.numel() <= merge_tokens:
+            last.append((x, y))
+        else:
+            groups.append([(x, y)])
+    return [(torch.cat([x for x, _ in g]), torch.cat([y for _, y in g])) if len(g) > 1 else g[0]
+            for g in groups]
 
 
 def _one_at_a_time(model, x: torch.Tensor, static: bool):
