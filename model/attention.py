@@ -8,14 +8,15 @@ softmax, so each row renormalises over the past alone. Nothing here calls
 `torch.nn.MultiheadAttention` or `F.scaled_dot_product_attention`; the tests use them as oracles.
 
 The file reads from the top: the equation (`scaled_dot_product_attention`), then the layer
-(`CausalSelfAttention`: project, split into heads, attend, concatenate, W_O), then the KV cache.
-Two neighbours keep their own concerns out of this reading path:
+(`CausalSelfAttention`: project, split into heads, attend, concatenate, W_O). Three neighbours
+keep their own concerns out of this reading path:
 
   - model/fast_paths.py: the faster code that computes the same numbers (one mask shared by the
     batch in a fused matmul, query blocks on a CPU, our Triton kernel on a GPU), chosen once per
-    layer when it is built or moved (`select_fast_path`), each tested equal to the equation;
+    layer when it is built or moved (`FastPathChoice`), each tested equal to the equation;
   - model/pitfalls.py: the classic mistakes, each replacing the one step of this layer it
-    breaks, so that their effect on training is measured with the same code everywhere else.
+    breaks, so that their effect on training is measured with the same code everywhere else;
+  - model/decoding.py: the KV cache, which keeps its own books (positions, visible keys, reset).
 """
 from __future__ import annotations
 
@@ -26,8 +27,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from model import fast_paths
 from model.config import AttentionConfig
+from model.fast_paths import FastPathChoice
 from model.pitfalls import PitfallSteps, replaces_a_step
 from model.rotary import apply_rotary
 
@@ -123,7 +124,7 @@ def visible_keys(slots: torch.Tensor, m: int, window: Optional[int] = None,
 # ============================================================================= the layer
 
 
-class CausalSelfAttention(nn.Module):
+class CausalSelfAttention(FastPathChoice, nn.Module):
     """Multi-head self-attention in which position t sees positions 0..t only.
 
     x [B, T, d_model] -> [B, T, d_model]. The architecture comes from the arguments: n_kv_head
@@ -147,10 +148,9 @@ class CausalSelfAttention(nn.Module):
         self.n_head, self.n_kv_head, self.window = n_head, n_kv_head, window
         self.head_dim = d_k = n_embd // n_head
         self.dropout = dropout if attn_dropout is None else attn_dropout  # on the weights
-        # Whether impl=auto may use our kernel here: set by trust_fused_attention once the
-        # kernel's self-check passed on the run's device (never by default).
-        self.fused_trusted = False
-        self.attn = attn  # the variant
+        if replaces_a_step(attn) and not isinstance(self, PitfallSteps):
+            raise ValueError(f"{attn.name!r} replaces a step of this layer: use attention_layer()")
+        self.attn = attn  # the variant (its fast path chosen once: model/fast_paths.py)
         # W_Q (n_head heads), W_K and W_V (n_kv_head heads each) in one matmul; its rows are
         # [W_Q | W_K | W_V], each head's d_k rows in turn (qkv_rows gives the three sizes).
         self.qkv_rows = (n_head * d_k, n_kv_head * d_k, n_kv_head * d_k)
@@ -164,19 +164,18 @@ class CausalSelfAttention(nn.Module):
         self.resid_dropout = nn.Dropout(dropout)  # on the layer's output
         # The causal pattern (a band, with a window) is a property of the task: built once,
         # shared by heads and batch.
-        self.register_buffer("causal", self.pattern(torch.arange(block_size), block_size),
-                             persistent=False)
+        self.register_buffer("causal", visible_keys(torch.arange(block_size), block_size,
+                                                    self.window_size()), persistent=False)
         self.select_fast_path()
 
-    def forward(self, x: torch.Tensor, cache: Optional["KVCache"] = None, layer: int = 0,
-                return_weights: bool = False,
+    def forward(self, x: torch.Tensor, cache=None, layer: int = 0, return_weights: bool = False,
                 rotary: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
                 mask: Optional[torch.Tensor] = None):
-        """x [B, T, d_model] -> (y [B, T, d_model], weights [B, h, T, m] or None). rotary: the
-        (cos, sin) tables of the T positions, [T, d_k] or one per row [B, 1, T, d_k]
-        (model/rotary.py), or None. mask: the keys the queries may see after a cache
-        (`cache_pattern`: [T, m] or [B, 1, T, m], which GPT.forward builds once per pass, as
-        the rotary tables), or None: the layer's causal pattern, right-aligned."""
+        """x [B, T, d_model] -> (y [B, T, d_model], weights [B, h, T, m] or None). cache: a
+        KVCache (model/decoding.py) or None. rotary: the (cos, sin) tables of the T positions,
+        [T, d_k] or [B, 1, T, d_k] (model/rotary.py), or None. mask: the keys the queries may
+        see after a cache (`KVCache.visible`: [T, m] or [B, 1, T, m], asked once per pass by
+        GPT.forward), or None: the layer's causal pattern, right-aligned."""
         B, T, C = x.shape
 
         # per-head projections: [B, T, d_model] -> q [B, h, T, d_k], k, v [B, h_kv, T, d_k]
@@ -237,65 +236,8 @@ class CausalSelfAttention(nn.Module):
         """w: the keys a query sees in its sliding window, its own included (None: all)."""
         return self.window
 
-    def pattern(self, slots: torch.Tensor, m: int,
-                pad: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """The keys the queries in `slots` may see (`visible_keys`, with this layer's window)."""
-        return visible_keys(slots, m, self.window_size(), pad)
-
-    def cache_pattern(self, cache: "KVCache", T: int) -> Optional[torch.Tensor]:
-        """The keys T new queries may see after `cache`: None where the layer's own causal
-        pattern is it (a growing cache of unpadded rows), else [T, m] (a static cache: its
-        unfilled slots hidden) or [B, 1, T, m] (a left-padded batch: each row's pads hidden)."""
-        if cache.pad is None and not cache.static:
-            return None
-        return self.pattern(cache.slots(T), cache.key_slots(T), cache.pad)
-
-    def first_position(self, cache: "KVCache") -> torch.Tensor:
-        """The position of the first new token after a cache: the count it holds (on the
-        device, so that a captured decode step replays it), less each row's left pad in a
-        padded batch ([B, 1]: every row's first real token at position 0)."""
-        return cache.position if cache.pad is None else cache.position - cache.pad[:, None]
-
-    def new_sequence(self, cache: "KVCache") -> None:
-        """Before a new sequence is decoded: the cache emptied of the last one's keys."""
-        cache.reset()
-
     def make_out_proj(self, n_embd: int, bias: bool) -> nn.Module:
         return nn.Linear(n_embd, n_embd, bias=bias)
-
-    # ------------------------------------------------------------ chosen once, not per call
-
-    @property
-    def attn(self) -> AttentionConfig:
-        return self._attn
-
-    @attn.setter
-    def attn(self, attn: AttentionConfig) -> None:
-        """A new variant (GPT.attention_variant swaps a trained pitfall for its causal variant):
-        the fast path is chosen again for it. Only a PitfallAttention runs a pitfall's steps."""
-        if replaces_a_step(attn) and not isinstance(self, PitfallSteps):
-            raise ValueError(f"attention {attn.name!r} replaces a step of the correct layer: "
-                             f"build the layer with attention_layer()")
-        self._attn = attn
-        if "qkv" in self._modules:
-            self.select_fast_path()
-
-    def select_fast_path(self, device=None) -> None:
-        """Choose which code computes `attend` on `device` (default: where the weights are).
-        Called when the layer is built, moved (`.to()`), switched between train and eval (the
-        kernel has no dropout), given another variant, or when its kernel is trusted."""
-        device = self.qkv.weight.device if device is None else torch.device(device)
-        self.fast_path = fast_paths.choose(self, device)
-
-    def _apply(self, fn, recurse=True):
-        result = super()._apply(fn, recurse)
-        self.select_fast_path()
-        return result
-
-    def train(self, mode: bool = True):
-        result = super().train(mode)
-        self.select_fast_path()
-        return result
 
 
 class PitfallAttention(PitfallSteps, CausalSelfAttention):
@@ -310,76 +252,3 @@ def attention_layer(n_embd: int, n_head: int, block_size: int, attn: AttentionCo
     CausalSelfAttention's (n_kv_head, qk_norm, gate, ...)."""
     layer = PitfallAttention if replaces_a_step(attn) else CausalSelfAttention
     return layer(n_embd, n_head, block_size, attn, **options)
-
-
-# ============================================================================= the KV cache
-
-
-class KVCache:
-    """Keys and values of the positions already seen, preallocated up to the context length.
-
-    One cache holds every layer: k, v are [n_layer, B, h_kv, max_len, d_k], with the model's
-    key/value heads only (grouped-query attention stores n_head / n_kv_head times less).
-    Writing into a fixed buffer (instead of concatenating) keeps each generation step O(T) with
-    no reallocation. A batch of prompts of different lengths is left-padded to one length:
-    `pad` [B] counts each row's pad tokens, so that its first real token is at slot pad[b]
-    (the layer then hides the pad keys and counts each row's positions from there).
-
-    Growing (the default): each forward pass writes its n new positions after the `length`
-    filled ones and attends over that prefix, so shapes grow by one every token. Static
-    (`static=True`): the write position is a device tensor, every step attends over the whole
-    buffer with the unfilled tail masked out, and the shapes never change, so a one-token decode
-    step can be recorded once as a CUDA graph and replayed (model/decoding.py). The masked tail
-    gets weight exactly 0, so both give the same tokens.
-    """
-
-    def __init__(self, n_layer: int, batch: int, kv_heads: int, max_len: int, head_dim: int,
-                 device=None, dtype=torch.float32, static: bool = False):
-        shape = (n_layer, batch, kv_heads, max_len, head_dim)
-        self.k = torch.zeros(shape, device=device, dtype=dtype)
-        self.v = torch.zeros(shape, device=device, dtype=dtype)
-        self.max_len, self.static = max_len, static
-        self.length = 0  # positions filled, shared by all layers (on the host)
-        self.position = torch.zeros((), dtype=torch.long, device=device)  # the same, on the device
-        self.pad: Optional[torch.Tensor] = None  # [B] left-pad tokens of each row, or None
-
-    @property
-    def nbytes(self) -> int:
-        """Memory held by the keys and values."""
-        return self.k.nbytes + self.v.nbytes
-
-    def append(self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor):
-        """Store [B, h_kv, n, d_k] new keys/values for `layer`. Returns the keys and values to
-        attend over, [B, h_kv, m, d_k]: the filled prefix (growing), or the whole buffer
-        (static: the layer's `cache_pattern` hides the unfilled slots)."""
-        n = k_new.size(2)
-        if self.length + n > self.max_len:
-            raise ValueError(f"KV cache holds {self.max_len} positions, asked for {self.length + n}")
-        if not self.static:
-            start, end = self.length, self.length + n
-            self.k[layer, :, :, start:end] = k_new
-            self.v[layer, :, :, start:end] = v_new
-            return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
-        new = self.slots(n)  # [n] the slots written, read from the device
-        self.k[layer].index_copy_(2, new, k_new.to(self.k.dtype))
-        self.v[layer].index_copy_(2, new, v_new.to(self.v.dtype))
-        return self.k[layer], self.v[layer]
-
-    def slots(self, n: int) -> torch.Tensor:
-        """[n] the slots the next n tokens are written to (on the device)."""
-        return self.position + torch.arange(n, device=self.position.device)
-
-    def key_slots(self, n: int) -> int:
-        """The keys n new queries attend over: the filled prefix (growing) or the buffer."""
-        return self.max_len if self.static else self.length + n
-
-    def advance(self, n: int) -> None:
-        """Called once per forward pass, after every layer has appended its n positions."""
-        self.length += n
-        self.position += n  # in place: a captured decode step replays this too
-
-    def reset(self) -> None:
-        """Empty the cache, keeping its buffers (a captured decode step stays valid)."""
-        self.length = 0
-        self.position.zero_()
-        self.pad = None

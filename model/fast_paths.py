@@ -5,8 +5,9 @@ section computes the MLP's ReLU^2 (model/gpt.py), `relu_squared`.
 
 Each path is a function (layer, q, k, v, mask) -> y [B, h, T, d_k], with q [B, h, T, d_k],
 k, v [B, h_kv, m, d_k] and mask None (the layer's causal pattern, right-aligned) or a boolean
-pattern after a KV cache: [T, m] (a static cache's) or [B, 1, T, m] (a left-padded batch's). `choose` picks one when the layer is built, moved, set to
-train or eval, or given another variant (CausalSelfAttention.select_fast_path), never per call:
+pattern after a KV cache: [T, m] (a static cache's) or [B, 1, T, m] (a left-padded batch's).
+`choose` picks one when the layer is built, moved, set to train or eval, or given another
+variant (`FastPathChoice`, the layer's mixin), never per call:
 
     1. `one_pass`: the whole batch shares one [T, m] pattern, so the mask is added inside the
        score matmul (one fused `baddbmm`), and grouped heads share their keys without copies;
@@ -54,6 +55,37 @@ def choose(layer, device: torch.device):
         return _blocks(attn.query_block, attn.query_block) if attn.query_block else one_pass
     # by device: rows per block measured on a CPU (docs/model.md), none on a GPU
     return _blocks(CPU_QUERY_BLOCK, 2 * CPU_QUERY_BLOCK) if device.type == "cpu" else one_pass
+
+
+class FastPathChoice:
+    """The attention layer's `fast_path`, chosen again whenever what `choose` reads changes: the
+    layer built, moved (`.to()`), set to train or eval (the kernel has no dropout), given another
+    variant (GPT.attention_variant), or its kernel trusted (`trust_fused_attention`)."""
+
+    fused_trusted = False  # may impl=auto use our kernel here? (set once its check passed)
+
+    @property
+    def attn(self) -> AttentionConfig:  # the variant (model/config.py)
+        return self._attn
+
+    @attn.setter
+    def attn(self, attn: AttentionConfig) -> None:
+        self._attn = attn
+        if "qkv" in self._modules:  # (not while the layer is being built)
+            self.select_fast_path()
+
+    def select_fast_path(self) -> None:
+        self.fast_path = choose(self, self.qkv.weight.device)
+
+    def _apply(self, fn, recurse=True):
+        result = super()._apply(fn, recurse)
+        self.select_fast_path()
+        return result
+
+    def train(self, mode: bool = True):
+        result = super().train(mode)
+        self.select_fast_path()
+        return result
 
 
 # One object per choice, so that choosing again (train / eval) gives torch.compile's guards
@@ -202,7 +234,7 @@ def trust_fused_attention(model: torch.nn.Module, device, dtype: torch.dtype):
     the verdict (model/fused_attention.py's KernelCheck), or None when no layer would use the
     kernel there (not a CUDA device, impl=reference, a pitfall variant). Call it after the model
     is on its device and before torch.compile traces it."""
-    layers = [m for m in model.modules() if hasattr(m, "fused_trusted")]  # attention layers
+    layers = [m for m in model.modules() if isinstance(m, FastPathChoice)]  # attention layers
     if not layers or torch.device(device).type != "cuda":
         return None
     first = layers[0]

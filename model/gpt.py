@@ -15,11 +15,12 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from model.attention import KVCache, attention_layer
+from model.attention import attention_layer
 from model.config import AttentionConfig, MLPKind, ModelConfig, Norm, Positions
-from model.decoding import Decoder
+from model.decoding import Decoder, KVCache, PitfallCache
 from model.fast_paths import relu_squared
 from model.loss import choose_loss
+from model.pitfalls import replaces_a_step
 from model.rotary import rotary_tables
 from model.sampling import sample_next
 
@@ -102,7 +103,7 @@ class GPT(nn.Module):
         if cfg.tie_embeddings:
             self.lm_head.weight = self.tok_emb.weight  # tied: one matrix reads and writes tokens
         self.reset_parameters()
-        self.select_fast_path()
+        self.loss = choose_loss(self.tok_emb.weight.device, vocab_size)  # (model/loss.py)
 
     def reset_parameters(self) -> None:
         """GPT-2 init: weights N(0, init_std), biases 0, norms' gains 1 (and biases 0); the
@@ -143,16 +144,12 @@ class GPT(nn.Module):
                 cache: Optional[KVCache] = None, return_weights: bool = False):
         """Returns (logits, loss); loss is None without targets. With return_weights, a third
         item lists each layer's attention weights [B, h, T, m]."""
-        B, T = idx.shape
-        start = cache.length if cache is not None else 0
+        T, start = idx.size(1), 0 if cache is None else cache.length
         if start + T > self.cfg.block_size:
             raise ValueError(f"sequence of {start + T} tokens exceeds block_size {self.cfg.block_size}")
-        pos = torch.arange(T, device=idx.device)  # [T] positions
-        mask = None  # the keys the queries see: None, the layers' causal pattern
-        if cache is not None:  # after the cached tokens, per row in a padded batch ([B, T]; a
-            attn = self.blocks[0].attn  # pad's position, negative, is clamped: never seen)
-            pos = (pos + attn.first_position(cache)).clamp_min(0)
-            mask = attn.cache_pattern(cache, T)  # once for all layers: [T, m] or [B, 1, T, m]
+        pos, mask = torch.arange(T, device=idx.device), None  # [T]; None: the causal pattern
+        if cache is not None:  # after the cached tokens ([B, T] in a padded batch), and the keys
+            pos, mask = cache.positions(T), cache.visible(T)  # they may see, for every layer
         x = self.tok_emb(idx)  # [B, T, d_model]
         rotary = None
         if self.rope:  # the (cos, sin) tables of these positions, [1 or B, 1, T, d_k], shared
@@ -174,17 +171,8 @@ class GPT(nn.Module):
             logits, loss = self.loss(x, self.lm_head.weight, targets)
         return (logits, loss, all_weights) if return_weights else (logits, loss)
 
-    def select_fast_path(self, device=None) -> None:
-        """Choose, for `device` (default: where the weights are), the code that computes the
-        loss (model/loss.py) and each layer's attention (model/fast_paths.py): the same numbers
-        by the fastest code there. Done when the model is built or moved (`.to()`)."""
-        device = self.tok_emb.weight.device if device is None else torch.device(device)
-        self.loss = choose_loss(device, self.vocab_size)
-        for block in self.blocks:
-            block.attn.select_fast_path(device)
-
     def _apply(self, fn, recurse=True):
-        result = super()._apply(fn, recurse)  # the layers choose their own paths again
+        result = super()._apply(fn, recurse)  # moved: each layer chooses its path again
         self.loss = choose_loss(self.tok_emb.weight.device, self.vocab_size)
         return result
 
@@ -201,9 +189,11 @@ class GPT(nn.Module):
                 block.attn.attn = old
 
     def new_cache(self, batch: int, device=None, dtype=None, static: bool = False) -> KVCache:
-        p = self.tok_emb.weight
-        return KVCache(self.cfg.n_layer, batch, self.cfg.kv_heads, self.cfg.block_size,
-                       self.cfg.head_dim, device or p.device, dtype or p.dtype, static=static)
+        """An empty KV cache of `batch` rows (model/decoding.py): a PitfallCache for a pitfall."""
+        p, c = self.tok_emb.weight, self.cfg
+        cache = PitfallCache if replaces_a_step(self.attn_cfg) else KVCache
+        return cache(c.n_layer, batch, c.kv_heads, c.block_size, c.head_dim, device or p.device,
+                     dtype or p.dtype, static=static, window=c.window, attn=self.attn_cfg)
 
     @torch.no_grad()
     def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,

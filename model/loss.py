@@ -4,7 +4,7 @@
     d loss / d z = (softmax(z) - onehot(y)) / tokens
 
 `cross_entropy` computes exactly that: `F.cross_entropy(F.linear(x, W))`. On a CPU the model
-uses `row_block_cross_entropy` instead (GPT.select_fast_path chooses once, with `choose_loss`),
+uses `row_block_cross_entropy` instead (GPT chooses once, built or moved, with `choose_loss`),
 for speed only: at the default size the head is a 4,096-way softmax for every token, and the
 plain version writes and reads the [tokens, vocab] logits several times over (the copy to
 float32, the log-softmax, its zero-filled gradient, the log-softmax's backward, the copy back to

@@ -1,11 +1,13 @@
-"""The classic attention mistakes, each as the one step of the correct layer that it replaces.
+"""The classic attention mistakes, each as the one step of the correct code that it replaces.
 
 `conf/attention/*.yaml` names them; each is a diff on `AttentionConfig` (model/config.py). For
 one, `attention_layer` (model/attention.py) builds a `PitfallAttention`: the methods of
 `PitfallSteps` below in place of the correct layer's steps, and every other line the correct
-layer's own, so that a pitfall's effect on training is measured with the very same code.
+layer's own, so that a pitfall's effect on training is measured with the very same code; and
+GPT.new_cache builds a `PitfallCache` (model/decoding.py) the same way, from `PitfallCacheSteps`:
+the mistakes of the KV cache's bookkeeping, which training never runs.
 
-    the step                 the correct layer (model/attention.py)      the pitfalls
+    the layer's step         the correct layer (model/attention.py)      the pitfalls
     split_heads              view(B, T, h, d_k).transpose(1, 2)          split_heads_no_transpose
     scale                    1 / sqrt(d_k)                               scale: d_model, none
     masked_softmax           softmax(scores + M) over the keys,          mask_mode, mask_value,
@@ -15,14 +17,17 @@ layer's own, so that a pitfall's effect on training is measured with the very sa
                                                                          rotary_interleaved
     visible                  the causal pattern, right-aligned           upper_left_mask
     window_size              w keys, the query's own included            window_off_by_one
-    pattern                  no pad key                                  pad_keys_visible
-    cache_pattern            each query's own window after a cache       window_cache_trim
     attend (kv heads)        query head i reads kv head i // g           gqa_repeat_mismatch
-    first_position           after the cached tokens, from each row's    cache_positions_restart,
+
+    the cache's step         the correct cache (model/decoding.py)       the pitfalls
+    positions                after the cached tokens, from each row's    cache_positions_restart,
                              first real token                            left_pad_positions
+    window_size              the layer's: w keys                         window_off_by_one
+    pattern                  no pad key                                  pad_keys_visible
+    visible                  each query's own window                     window_cache_trim
     new_sequence             the cache emptied                           cache_not_reset
 
-The steps read the layer's config at each call, so GPT.attention_variant can swap a trained
+The layer's steps read its config at each call, so GPT.attention_variant can swap a trained
 pitfall for its causal variant (train.py's causal evaluation).
 """
 from __future__ import annotations
@@ -70,7 +75,7 @@ def masked_softmax(mode: MaskMode, value: float, dim: int = -1) -> Callable:
 
 
 def replaces_a_step(attn: AttentionConfig) -> bool:
-    """True when `attn` is not the correct layer: some step above is a pitfall's. (fill with
+    """True when `attn` is not the correct attention: some step above is a pitfall's. (fill with
     -inf is the correct mask, written another way; impl, query_block, qk_init_std and the name
     do not change what a layer computes.)"""
     return not attn.is_correct() or Scale(attn.scale) is not Scale.d_k or not attn.out_proj
@@ -121,20 +126,7 @@ class PitfallSteps:
     def window_size(self):
         # j >= s - w where j > s - w belongs: w + 1 keys
         off_by_one = self.attn.window_off_by_one and self.window is not None
-        return self.window + 1 if off_by_one else super().window_size()
-
-    def pattern(self, slots, m, pad=None):
-        # pad keys visible: the pattern of an unpadded batch
-        return super().pattern(slots, m, None if self.attn.pad_keys_visible else pad)
-
-    def cache_pattern(self, cache, T):
-        if not (self.attn.window_cache_trim and self.window is not None):
-            return super().cache_pattern(cache, T)
-        # the cache keeps the last w keys before the chunk attends: the window of the chunk's
-        # last query for all of them (one token at a time, the same as each query's own)
-        slots, m = cache.slots(T), cache.key_slots(T)
-        kept = torch.arange(m, device=slots.device) > slots[-1] - self.window  # [m]
-        return self.pattern(slots, m, cache.pad) & kept
+        return self.window + 1 if off_by_one else self.window
 
     def attend(self, q, k, v, mask, return_weights=False):
         h, h_kv = self.n_head, k.size(1)
@@ -144,14 +136,37 @@ class PitfallSteps:
             k, v = k.repeat(1, h // h_kv, 1, 1), v.repeat(1, h // h_kv, 1, 1)  # [B, h, m, d_k]
         return super().attend(q, k, v, mask, return_weights)
 
-    def first_position(self, cache):
-        # restart: the new tokens' positions start at 0, ignoring the cached tokens before them
-        if self.attn.cache_positions_restart:
-            return 0
-        # left pads counted as positions: row b's tokens sit pad[b] positions late
-        return cache.position if self.attn.left_pad_positions else super().first_position(cache)
 
-    def new_sequence(self, cache):
+class PitfallCacheSteps:
+    """The steps of KVCache that the pitfalls replace (the second table above), read from the
+    variant the cache was built for; each falls back to the correct step when its switch is off."""
+
+    window_size = PitfallSteps.window_size  # the layer's own step: its w + 1 keys here too
+
+    def positions(self, T):
+        new = torch.arange(T, device=self.position.device)  # [T]
+        if self.attn.cache_positions_restart:  # from 0, ignoring the cached tokens before them
+            return new
+        if self.attn.left_pad_positions:  # pads counted: row b's tokens sit pad[b] positions late
+            return new + self.position
+        return super().positions(T)
+
+    def pattern(self, slots, m, pad):
+        # pad keys visible: the pattern of an unpadded batch
+        return super().pattern(slots, m, None if self.attn.pad_keys_visible else pad)
+
+    def visible(self, T):
+        if not (self.attn.window_cache_trim and self.window is not None):
+            return super().visible(T)
+        # the cache keeps the last w keys before the chunk attends: the window of the chunk's
+        # last query for all of them (one token at a time, the same as each query's own)
+        slots, m = self.slots(T), self.key_slots(T)
+        kept = torch.arange(m, device=slots.device) > slots[-1] - self.window  # [m]
+        return self.pattern(slots, m, self.pad) & kept
+
+    def new_sequence(self, pad=None):
         # not reset: the next sequence is appended after the last one's keys, and sees them
-        if not self.attn.cache_not_reset:
-            super().new_sequence(cache)
+        if self.attn.cache_not_reset:
+            self.pad = pad
+        else:
+            super().new_sequence(pad)

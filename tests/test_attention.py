@@ -8,8 +8,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from model.attention import (CausalSelfAttention, KVCache, attention_layer, causal_pattern,
+from model.attention import (CausalSelfAttention, attention_layer, causal_pattern,
                              scaled_dot_product_attention)
+from model.decoding import KVCache
 from model import fast_paths
 from model.config import AttentionConfig, MaskMode, Scale
 from model.pitfalls import masked_softmax

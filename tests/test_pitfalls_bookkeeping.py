@@ -203,17 +203,19 @@ def test_a_window_of_w_sees_w_keys_against_sdpa_with_a_band(variant, w):
     assert layer(x)[0].sub(y).abs().max() < ATOL  # the fast path computes the same
 
 
+@pytest.mark.parametrize("static", [False, True], ids=["growing", "static"])
 @pytest.mark.parametrize("variant", ["correct", "window_off_by_one", "window_cache_trim"])
-def test_a_windowed_cache_one_token_at_a_time_and_in_chunks(variant):
+def test_a_windowed_cache_one_token_at_a_time_and_in_chunks(variant, static):
     """Past the window (w = 4, 16 tokens): the cached logits equal the forward pass's for the
-    correct layer and the off-by-one (whose forward pass has the same wrong window), token by
-    token and in chunks; the trimmed cache is right one token at a time, wrong in chunks."""
+    correct layer and the off-by-one (whose forward pass has the same wrong window: the static
+    cache's pattern is the cache's own, and must be as wrong as the layer's), token by token and
+    in chunks; the trimmed cache is right one token at a time, wrong in chunks."""
     model = model_of(variant, "rope_gqa", window=4)
     idx = tokens()
     with torch.no_grad():
         full = model(idx)[0]
         for size in (1, 4, 3):
-            cache = model.new_cache(2)
+            cache = model.new_cache(2, static=static)
             cached = torch.cat([model(piece, cache=cache)[0] for piece in idx.split(size, 1)], 1)
             error = (cached - full).abs().max().item()
             if variant == "window_cache_trim" and size > 1:

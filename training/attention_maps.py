@@ -168,8 +168,7 @@ def _served_weights(model, x: torch.Tensor) -> list[torch.Tensor]:
     n, half = fed.size(1), x.size(1) // 2
     cache = model.new_cache(1)
     first = model(fed[:, :half], cache=cache, return_weights=True)[2]  # [1, h, half, half]
-    model.blocks[0].attn.new_sequence(cache)  # Decoder.restart: the correct layer empties it
-    cache.pad = torch.tensor([pad], device=x.device)
+    cache.new_sequence(torch.tensor([pad], device=x.device))  # as Decoder.restart does
     offset = half - cache.length  # the column of slot 0: half after a reset, 0 if kept
     steps = [model(fed[:, t:t + 1], cache=cache, return_weights=True)[2] for t in range(half, n)]
     return [torch.cat([F.pad(first[layer], (0, n - half))] +
