@@ -80,43 +80,22 @@ class AttentionConfig:
     # our `fused` Triton kernel (model/fused_attention.py), or `auto`: fused on CUDA when Triton
     # is there, reference elsewhere. The pitfall variants always run the reference code.
     impl: AttentionImpl = AttentionImpl.auto
-    # --- the pitfalls of rotary positions, grouped heads and the KV cache (docs/ablations.md,
-    # the second study). Each is false in the correct layer; each true one is a mistake.
-    # Rotary positions applied to v as well as to q and k: the output then carries each key's
-    # absolute position, and attention is no longer a function of relative positions alone.
-    rope_on_values: bool = False
-    # With a KV cache, the new tokens' positions start at 0 instead of after the cached ones:
-    # the rotation (or learned position) of a decoded token ignores the tokens before it.
-    cache_positions_restart: bool = False
-    # The causal pattern aligned top-left when the queries are fewer than the keys (as the
-    # is_causal of torch's SDPA is): with a cache, a single new query sees only the first key.
-    upper_left_mask: bool = False
-    # Grouped-query heads mapped by tiling where interleaving belongs: query head i reads key/
-    # value head i % n_kv_head instead of i // (n_head / n_kv_head) (weights from elsewhere).
-    gqa_repeat_mismatch: bool = False
-    # Rotary pairs laid out interleaved, (2j, 2j + 1), where the weights expect rotate-half,
-    # (j, j + d_k / 2): the GPT-J / original-Llama layout applied to transformers' Llama weights.
-    rotary_interleaved: bool = False
-    # --- the pitfalls of the head split, the softmax axis, padding, windows and cache reuse (the
-    # third study). The first two are mistakes of the equation, and leak the future.
-    # Heads split by x.view(B, h, T, d_k) where x.view(B, T, h, d_k).transpose(1, 2) belongs: a
-    # head's rows are then slices of several positions, some of them later ones.
-    split_heads_no_transpose: bool = False
-    # Softmax over the queries (dim=-2) instead of the keys: each key's column sums to 1, and a
-    # query's weights depend on the scores of the queries after it.
-    softmax_over_queries: bool = False
-    # In a left-padded batch, positions counted from the batch's first slot instead of each
-    # row's first real token: a row's tokens sit as many positions late as it has pad tokens.
-    left_pad_positions: bool = False
-    # In a left-padded batch, the pad tokens' keys left visible to the real queries.
-    pad_keys_visible: bool = False
-    # A new sequence decoded through the previous one's KV cache, not emptied in between.
-    cache_not_reset: bool = False
-    # A sliding window of w + 1 keys where model.window = w (the query's own included) belongs.
-    window_off_by_one: bool = False
-    # A windowed cache that keeps only the last w keys before a chunk of queries attends: every
-    # query of the chunk but the last loses keys of its window (one token at a time is right).
-    window_cache_trim: bool = False
+    # --- the second study's pitfalls (rotary positions, grouped heads, the KV cache), then the
+    # third's (the head split, the softmax axis, padding, windows, cache reuse; docs/ablations.md):
+    # each false in the correct layer. Each one's story: conf/attention/<name>.yaml; its code, the
+    # step it replaces: model/pitfalls.py.
+    rope_on_values: bool = False            # v rotated too: outputs carry absolute positions
+    cache_positions_restart: bool = False   # decoded tokens' positions restart at 0
+    upper_left_mask: bool = False           # the mask aligned top-left: a decoded token sees key 0
+    gqa_repeat_mismatch: bool = False       # query head i reads kv head i % h_kv, not i // g
+    rotary_interleaved: bool = False        # rotary pairs (2j, 2j + 1) where (j, j + d_k/2) belong
+    split_heads_no_transpose: bool = False  # heads cut by view(B, h, T, d_k): later positions seen
+    softmax_over_queries: bool = False      # the softmax over dim=-2: each key's column sums to 1
+    left_pad_positions: bool = False        # positions from the batch's first slot, not the row's
+    pad_keys_visible: bool = False          # a left-padded row's queries see its pad keys
+    cache_not_reset: bool = False           # a new sequence decoded after the last one's keys
+    window_off_by_one: bool = False         # a window of w + 1 keys where model.window = w belongs
+    window_cache_trim: bool = False         # the cache trimmed to w keys before a chunk attends
 
     def pitfalls(self) -> list[str]:
         """The second and third studies' switches that are on (none for the correct layer)."""
