@@ -7,6 +7,7 @@ import ast
 import json
 import math
 import os
+import re
 import shlex
 import subprocess
 from pathlib import Path
@@ -346,3 +347,13 @@ def test_baby_gpt_is_nanogpts_cpu_recipe():
         1e-3, 1e-4, "cosine", 100, 0.1, 0.99)
     assert (t.batch_size, t.max_steps) == (12, 2000)
     assert BUDGET_TOKENS // (t.batch_size * m.block_size) == 7466  # its steps in the track
+
+
+@pytest.mark.parametrize("record", sorted((REPO_ROOT / "records").glob("*/record.json")),
+                         ids=lambda path: path.parent.name)
+def test_a_committed_record_names_the_commit_its_code_came_from(record):
+    """bench.record writes `commit` and `dirty`; the records written before it have them from
+    git history (their note says how), so that each can be reproduced from its commit."""
+    saved = json.loads(record.read_text())
+    assert re.fullmatch(r"[0-9a-f]{40}", saved["commit"]), saved.get("commit")
+    assert saved["dirty"] in (True, False, None)
