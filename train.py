@@ -11,7 +11,8 @@
 Read `train()` first: it is the whole loop. The pieces it calls follow it in reading order:
 `build_run` (data, model, optimizer, logging, restored state), `optimizer_step` (one step over
 its micro-batches), `evaluate` (validation losses, then what follows from them) and
-`final_metrics`. The command line comes last; its checks are in guard/.
+`stop_after_signal`. The run's summary is training/summary.py's (`final_metrics`, `report`).
+The command line comes last; its checks are in guard/.
 """
 from __future__ import annotations
 
@@ -37,20 +38,21 @@ from data.prepare import PreparedCorpus, prepare_corpus
 from guard.preflight import Job, Launch, start_model
 from model.gpt import GPT
 from safeio.cli import UserError, python_command
-from training.checkpoint import (CHECKPOINTS, WEIGHTS, Progress, link_latest, load_weights, restore,
-                                 rng_state, save_best, save_checkpoint, seed_everything,
-                                 set_rng_state, write_run_config, write_run_files)
+from training.checkpoint import (CHECKPOINTS, Progress, link_latest, restore, rng_state, save_best,
+                                 save_checkpoint, seed_everything, set_rng_state, write_run_config,
+                                 write_run_files)
 from training.budget import PROBE_STEPS, StepBudget
-from training.config import CONF_DIR, Config, NonFinite, register_configs
+from training.config import Config, NonFinite, register_configs
 from training.cpu_memory import keep_freed_memory
 from training.dtype_probe import choose_dtype
-from training.evaluate import (attention_diagnostics, bits_per_char, decoded_losses,
-                               full_split_loss, mean_loss, qk_grad_norms, rising_validation,
+from training.evaluate import (attention_diagnostics, mean_loss, qk_grad_norms, rising_validation,
                                sample_text)
 from training.optim import Optimizers, lr_at, make_optimizer
 from training.runtime import (Speedometer, StopFlag, World, all_mean, all_sum, barrier,
                               broadcast_from_main, init_world, shutdown)
-from training.tb import log_attention_maps, open_writer, write_config, write_hparams
+from training.summary import (final_metrics, leak_message, overfitting_message, report, to_bpc,
+                              to_nats_per_char)
+from training.tb import log_attention_maps, open_writer, write_config
 
 register_configs()
 log = logging.getLogger("train")  # Hydra sends it to the console and to the run's train.log
@@ -135,31 +137,13 @@ def train(cfg: Config, run_dir: Path, resuming: bool, world: World) -> dict:
                  float(t.max_minutes is not None and p.elapsed >= 60 * t.max_minutes)], world))
             if p.step % t.eval_interval == 0 and p.step < t.max_steps and not out_of_time:
                 evaluate(run)
-            if (stop_asked or out_of_time or (run.overfitting and t.early_stop)) \
-                    and p.step < t.max_steps:
+            if stop_asked or out_of_time or (run.overfitting and t.early_stop):
                 break
         bar.close()
-    if stop_asked:
-        # A checkpoint only: an extra evaluation would log an extra val/loss point and could move
-        # `best`, and the resumed run must match an uninterrupted one.
-        if run.saved_at != p.step:
-            save(run)
-        run.writer.close()
-        cache = "" if cfg.data.cache_dir == DataConfig.cache_dir else \
-            f" data.cache_dir={cfg.data.cache_dir}"  # (a resume takes its cache from its command)
-        log.info(f"stopped by {stop.signal or 'a signal to another process'} at step {p.step}; "
-                 f"checkpoint saved. Continue with:\n  {python_command()} train.py "
-                 f"resume={run_dir}{cache}")
-        # exit as the signal asked (this also ends a multirun sweep, not just the current job)
-        signum = signal.Signals[stop.signal].value if stop.signal else signal.SIGTERM.value
-        raise SystemExit(128 + signum)
-    if out_of_time and p.step < t.max_steps:
-        log.info(f"time budget of {t.max_minutes} min reached at step {p.step}")
-        fewer_steps(run, f"train.max_minutes={t.max_minutes:g} stopped it at step {p.step:,} of "
-                         f"train.max_steps={t.max_steps:,}")
-    elif run.overfitting and t.early_stop and p.step < t.max_steps:
-        fewer_steps(run, f"train.early_stop stopped it at step {p.step:,} of "
-                         f"train.max_steps={t.max_steps:,}: the validation loss was rising")
+    if stop_asked:  # by a signal, here or to another process: save, say how to continue, exit
+        stop_after_signal(run, stop)
+    if p.step < t.max_steps:  # train.max_minutes or train.early_stop ended it
+        stopped_early(run, out_of_time)
     if not p.history or p.history[-1][0] != p.step:  # unless this step was just evaluated
         evaluate(run, last=True)
     elif not t.sample_every_eval and t.sample_tokens > 0 and world.is_main:  # (none logged)
@@ -278,6 +262,16 @@ def fewer_steps(run: Run, why: str) -> None:
     run.cfg.train.fewer_steps = why
     if run.world.is_main:
         write_run_config(run.run_dir, run.cfg)
+
+
+def stopped_early(run: Run, out_of_time: bool) -> None:
+    """train.max_minutes (out of time) or train.early_stop ended the run before train.max_steps."""
+    t, p = run.cfg.train, run.progress
+    if out_of_time:
+        log.info(f"time budget of {t.max_minutes} min reached at step {p.step}")
+    by = f"train.max_minutes={t.max_minutes:g}" if out_of_time else "train.early_stop"
+    fewer_steps(run, f"{by} stopped it at step {p.step:,} of train.max_steps={t.max_steps:,}"
+                     + ("" if out_of_time else ": the validation loss was rising"))
 
 
 def optimizer_step(run: Run, stop: Optional[StopFlag] = None) -> Optional[StepResult]:
@@ -458,30 +452,6 @@ def check_overfitting(run: Run) -> None:
     run.overfitting = overfitting
 
 
-def overfitting_message(run: Run) -> str:
-    p, t = run.progress, run.cfg.train
-    return (f"warning: step {p.step}: overfitting: validation loss has risen for "
-            f"{t.overfit_patience} evaluations ({p.history[-t.overfit_patience - 1][1]:.4f} -> "
-            f"{p.history[-1][1]:.4f}) while training loss fell; the best weights (step "
-            f"{p.best_step}, val loss {p.best_val:.4f}) are in "
-            f"{run.run_dir / CHECKPOINTS / 'best'}. More data, dropout or weight decay, or a "
-            f"smaller model would help; train.early_stop=true stops such a run.")
-
-
-def leak_message(run: Run) -> str:
-    p, t = run.progress, run.cfg.train
-    before, now = p.history[-t.overfit_patience - 1][1], p.history[-1][1]
-    return (f"warning: step {p.step}: the leak, not overfitting: the causal validation loss has "
-            f"risen for {t.overfit_patience} evaluations ({before:.4f} -> {now:.4f}) while the "
-            f"training loss fell (own validation loss "
-            f"{run.metrics.get('val_loss', math.nan):.4f}): attention={run.cfg.attention.name} "
-            f"lets each position see the tokens after it, the model learns to read them, and "
-            f"without them, as when generating, it does ever worse. More data or dropout would "
-            f"not help; the correct mask would. The weights from before it learned to read ahead "
-            f"(step {p.best_step}, causal val loss {p.best_val:.4f}) are in "
-            f"{run.run_dir / CHECKPOINTS / 'best'}; the latest show what the leak learned.")
-
-
 def save(run: Run) -> None:
     p = run.progress
     if run.world.is_main:
@@ -492,105 +462,21 @@ def save(run: Run) -> None:
     run.saved_at = p.step
 
 
-def to_bpc(run: Run, nats_per_token: float) -> float:
-    """Bits per character: every token but the first is predicted, so the split's nats are the
-    mean times N - 1 tokens (bench/score.py, the frozen evaluator, counts the same way)."""
-    corpus = run.corpus
-    return bits_per_char(nats_per_token, len(corpus.validation) - 1, corpus.n_chars["validation"])
-
-
-def to_nats_per_char(run: Run, nats_per_token: float) -> float:
-    """The headline unit: nats per character of the validation split, whatever the tokenizer."""
-    return to_bpc(run, nats_per_token) * math.log(2)
-
-
-def final_metrics(run: Run, meter: Speedometer) -> dict:
-    """Scores of the finished run: the whole validation split (every token once), speed, and
-    the HParams summary in TensorBoard."""
-    cfg, p, w, model = run.cfg, run.progress, run.writer, run.model
-    metrics = {"train_time_min": p.elapsed / 60, "tokens_per_sec": meter.rate(), "steps": p.step,
-               "tokens_seen": p.tokens_seen, "best_val_loss": p.best_val, "best_step": p.best_step,
-               "attention": cfg.attention.name, "leaky": run.leaky,
-               "fewer_steps": cfg.train.fewer_steps, "eval_batches": len(run.eval_batches),
-               "cached_batches": min(cfg.train.cached_eval_batches, len(run.eval_batches)),
-               "log_interval": cfg.train.log_interval}
-    if run.overfitting and cfg.train.early_stop:
-        log.info(f"stopped early at step {p.step}: scoring the best weights (step {p.best_step})")
-        load_weights(model, run.run_dir / CHECKPOINTS / "best" / WEIGHTS)
-    if cfg.train.final_full_eval:
-        split, block, batch = run.corpus.validation, cfg.model.block_size, cfg.train.batch_size
-        full = full_split_loss(model, split, block, batch, run.amp, run.world)
-        metrics.update(val_loss_full=full, val_bpc_full=to_bpc(run, full),
-                       causal_val_loss_full=full)
-        if run.leaky:
-            with model.attention_variant(cfg.attention.causal_variant()):
-                metrics["causal_val_loss_full"] = full_split_loss(model, split, block, batch,
-                                                                  run.amp, run.world)
-        metrics["val_nats_per_char_full"] = to_nats_per_char(run, metrics["causal_val_loss_full"])
-        w.add_scalar("val/loss_full", full, p.step)
-        w.add_scalar("val/bpc_full", metrics["val_bpc_full"], p.step)
-        w.add_scalar("val/causal_loss_full", metrics["causal_val_loss_full"], p.step)
-        w.add_scalar("val/nats_per_char_full", metrics["val_nats_per_char_full"], p.step)
-    if cfg.train.cached_eval_batches:
-        metrics.update(decoding_losses(run))
-        w.add_scalar("val/cached_loss", metrics["cached_val_loss"], p.step)
-        w.add_scalar("val/cache_gap", metrics["cache_gap"], p.step)
-        if cfg.train.attention_maps:  # the maps of the generation path (decoding_layer<i>)
-            log_attention_maps(w, model, run.corpus.validation, run.corpus.tokenizer,
-                               min(cfg.train.attention_map_tokens, cfg.model.block_size), p.step,
-                               run.amp, cached=True, how=cfg.train.cached_eval)
-    write_hparams(w, cfg)  # its metrics are the last values of val/ and train/ (training/tb.py)
-    return metrics
-
-
-def decoding_losses(run: Run) -> dict:
-    """The first train.cached_eval_batches evaluation batches scored through the generation
-    path (KV cache, teacher forced, fed as train.cached_eval says: one token at a time by
-    default) and causally as in training: the gap is 0 to rounding for a correct layer, and a
-    cache pitfall's cost otherwise."""
-    model, batches = run.model, run.eval_batches[:run.cfg.train.cached_eval_batches]
-    with model.attention_variant(run.cfg.attention.causal_variant()):  # as when generating
-        cached, causal = decoded_losses(model, batches, run.amp, run.cfg.train.cached_eval,
-                                        run.world)
-    return {"cached_val_loss": cached, "cache_gap": cached - causal}
-
-
-def report(metrics: dict, run_dir: Path) -> None:
-    """The summary: each figure labelled with what it covers (the fixed evaluation batches, the
-    first of them through the KV cache, the whole split), and the command that samples the run."""
-    n, cached = metrics.get("eval_batches"), metrics.get("cached_batches")
-    rows = [("steps", "steps", "{:,.0f}"), ("tokens_seen", "tokens trained on", "{:,.0f}"),
-            ("train_time_min", "train time (min)", "{:.2f}"),
-            ("tokens_per_sec", "tokens/s (training)", "{:,.0f}"),
-            ("train_loss", f"train loss (last {metrics.get('log_interval')} steps)", "{:.4f}"),
-            ("val_loss", f"val loss ({n} eval batches)", "{:.4f}"),
-            ("causal_val_loss", f"causal val loss ({n} eval batches)", "{:.4f}"),
-            ("cached_val_loss", f"cached val loss (decoding; first {cached} batches)", "{:.4f}"),
-            ("cache_gap", f"cache gap (cached - causal, same {cached})", "{:+.2e}"),
-            ("val_loss_full", "val loss (whole split)", "{:.4f}"),
-            ("val_nats_per_char_full", "val nats/char (whole split)", "{:.4f}"),
-            ("val_bpc_full", "val bits/char (whole split)", "{:.4f}")]
-    rows = [(label, fmt.format(metrics[key])) for key, label, fmt in rows if key in metrics]
-    width = max(len(label) for label, _ in rows)
-    lines = [f"run: {run_dir}"] + [f"  {label:<{width}}  {value}" for label, value in rows]
-    if metrics.get("fewer_steps"):
-        lines.append(f"  fewer steps than configured: {metrics['fewer_steps']}")
-    lines.append(f"sample: {python_command()} generate.py run={run_dir} prompt='ROMEO:'")
-    if metrics.get("leaky") and metrics["best_step"] < metrics["steps"]:
-        lines.append(f"  (attention={metrics['attention']} leaks: generate.py samples its latest "
-                     f"weights, what the leak learned; generating is causal, and causally they "
-                     f"score {metrics['causal_val_loss']:.2f} nats/token: expect gibberish, the "
-                     f"pitfall's cost. weights=best is step {metrics['best_step']}, the lowest "
-                     f"causal loss, from before it learned to read ahead)")
-    elif metrics.get("leaky"):
-        arm = f"leak-{metrics['attention']}"
-        lines.append(f"  (attention={metrics['attention']} leaks, but {metrics['steps']:,} steps "
-                     f"were too few to show it: the causal loss never rose, the model has not "
-                     f"learned to read ahead yet. " + (
-                         f"{python_command()} train.py +arm={arm} shows it in about a minute)"
-                         if (CONF_DIR / "arm" / f"{arm}.yaml").is_file() else
-                         "A longer run shows it.)"))
-    log.info("\n".join(lines))
+def stop_after_signal(run: Run, stop: StopFlag) -> None:
+    """A checkpoint only (an evaluation would log an extra val/loss point and could move `best`;
+    the resumed run must match an uninterrupted one), how to continue, and exit as the signal
+    asked (`stop.signal`, or another process's): this ends a multirun sweep too, not just a job."""
+    cfg, p = run.cfg, run.progress
+    if run.saved_at != p.step:
+        save(run)
+    run.writer.close()
+    cache = "" if cfg.data.cache_dir == DataConfig.cache_dir else \
+        f" data.cache_dir={cfg.data.cache_dir}"  # (a resume takes its cache from its command)
+    log.info(f"stopped by {stop.signal or 'a signal to another process'} at step {p.step}; "
+             f"checkpoint saved. Continue with:\n  {python_command()} train.py "
+             f"resume={run.run_dir}{cache}")
+    signum = signal.Signals[stop.signal].value if stop.signal else signal.SIGTERM.value
+    raise SystemExit(128 + signum)
 
 
 # ----------------------------------------------------------------------------- command line
