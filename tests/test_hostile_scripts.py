@@ -255,7 +255,7 @@ def test_the_requirements_pin_a_tensorboard_whose_command_starts():
     removed: it ended in a traceback. 2.21 starts."""
     from importlib.metadata import version
 
-    line = next(r for r in (REPO_ROOT / "requirements.txt").read_text().splitlines()
+    line = next(r for r in (REPO_ROOT / "requirements-core.txt").read_text().splitlines()
                 if r.startswith("tensorboard"))
     assert line.split("#")[0].strip() == "tensorboard>=2.21"
     assert tuple(int(p) for p in version("tensorboard").split(".")[:2]) >= (2, 21)
