@@ -19,6 +19,7 @@ import torch  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
 from model.config import AttentionConfig  # noqa: E402
+from scripts.maps import future_line  # noqa: E402,F401  (the maps' staircase; lesson 02 draws it)
 
 # Pictures for a person: PNG at a modest resolution (the notebooks stay small), a white-to-blue
 # scale whose darkness is the weight, so that a map reads the same printed in grey.
@@ -48,14 +49,6 @@ def focus_map(ax, weights: torch.Tensor, title: str, annotate: bool = True,
     if future:
         future_line(ax, n)
     ax.figure.colorbar(image, ax=ax, shrink=0.8, label="attention weight")
-
-
-def future_line(ax, n: int) -> None:
-    """A red staircase on an [n, n] map between column j = i (row i's own position) and
-    j = i + 1: right of it is the future, which a causal layer never reads."""
-    xs = [x for i in range(n) for x in (i + 0.5, i + 0.5)]
-    ys = [y for i in range(n) for y in (i - 0.5, i + 0.5)]
-    ax.plot(xs, ys, color="tab:red", linewidth=1.5)
 
 
 def attention_config(name: str) -> AttentionConfig:

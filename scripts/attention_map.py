@@ -9,18 +9,19 @@ Rows are queries, columns keys, the tokens on both axes (whitespace shown as · 
 prompt the map is drawn on the run's fixed validation window, the text of its TensorBoard Images
 (from the default cache nearest the run, .cache/ beside runs/, so the command works from any
 directory; never the data.cache_dir the run's config names: a run directory is data). `head=all`
-draws the layer's heads as one grid; a single head gets a larger map with a colour bar. `mask=own`
+draws the layer's heads as one grid; a single head gets a larger map. `mask=own`
 (the default) shows the weights under the run's own attention, a leaky variant's leak included;
 `mask=causal` shows the same weights under the correct mask, as at generation time; `mask=cached`
 the weights of the generation path itself, the window fed one token at a time through the KV cache
 (row t: the step of token t), where a cache pitfall shows (upper_left_mask). The weights are those
 generate.py samples (`weights=auto`: a leaky run's latest, what the leak learned), and the
-title says which. A picture already at out= is replaced only with overwrite=true. Any mistake is one `error:` line on stderr and exit status 2.
+title says which, and which mask. A cyan staircase marks the diagonal's edge: right of it are
+the keys after each query, the future. A picture already at out= is replaced only with
+overwrite=true. Any mistake is one `error:` line on stderr and exit status 2.
 """
 from __future__ import annotations
 
 import sys
-import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -31,9 +32,9 @@ from safeio.cli import UserError, parse_key_values, run_cli
 from safeio.files import check_output_file
 from guard.limits import prompt_ids
 from guard.run_dir import load_run, resolve_latest, validation_window
-from scripts.maps import colorbar, draw_map
+from scripts.maps import map_figure
 from safeio.files import check_outputs
-from training.attention_maps import attention_weights, future_weight, grid_image, token_labels
+from training.attention_maps import attention_weights, future_weight, token_labels
 from training.checkpoint import LATEST
 from guard.weights_choice import choose_weights
 
@@ -59,8 +60,14 @@ class MapArgs:
     overwrite: bool = False         # replace out= if it exists (as every script: safeio/files.py)
 
 
+# What each mask= draws, in the picture's title.
+MASKS = {"own": "as it trained (mask=own)",
+         "causal": "under the correct mask, as when generating (mask=causal)",
+         "cached": "through the KV cache, a token at a time (mask=cached)"}
+
+
 def check(args: MapArgs) -> None:
-    if args.mask not in ("own", "causal", "cached"):
+    if args.mask not in MASKS:
         raise UserError(f"mask must be own, causal or cached, got {args.mask!r}")
     if args.head != "all" and not args.head.isdigit():
         raise UserError(f"head must be a non-negative integer or all, got {args.head!r}")
@@ -109,41 +116,21 @@ def draw(args: MapArgs) -> Path:
         weights, leaks = attention_weights(model, ids, off, cached=args.mask == "cached")
     weights, leak = weights[layer], leaks[layer]  # [h, n, n], the layer's future weight
     labels = token_labels(tokenizer, ids)
-    name = f"{run_dir.name} ({run_cfg.attention.name}, mask {args.mask}), {chosen.describe()}"
     out = Path(args.out)
     check_output_file(out, "out=")
     out.absolute().parent.mkdir(parents=True, exist_ok=True)
-    if args.head == "all":
-        from PIL import Image
-
-        title = f"{name}\nlayer {layer}: future weight {leak:.3f}"
-        Image.fromarray(grid_image(weights, labels, title)).save(out)
-        return out
-
-    head = int(args.head)
-    fig = head_figure(weights[head], labels, f"{name}\nlayer {layer}, head {head}: future weight "
-                      f"{future_weight(torch.from_numpy(weights[head])).item():.3f}")
+    where = f"layer {layer}"
+    if args.head != "all":
+        head = int(args.head)
+        weights, where = weights[head:head + 1], f"layer {layer}, head {head}"
+        leak = future_weight(torch.from_numpy(weights[0])).item()
+    fig = map_figure(weights, labels, f"{run_dir.name}: attention={run_cfg.attention.name} "
+                     f"{MASKS[args.mask]}, {chosen.describe()}\n{where}: future weight "
+                     f"{leak:.3f} (the weight right of the cyan line: on keys after the query)")
     fig.savefig(out)
     import matplotlib.pyplot as plt
     plt.close(fig)
     return out
-
-
-def head_figure(weights, labels: list[str], title: str):
-    """One head's [n, n] map as a matplotlib figure sized to its tokens, the title's lines
-    wrapped to the figure's width (a study's run name, in full, was cut at both edges)."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    side = max(5.0, 0.16 * len(labels) + 1.5)
-    fig, ax = plt.subplots(figsize=(side + 1.2, side), dpi=110)
-    # about 11 characters of the title's font to an inch
-    title = "\n".join(textwrap.fill(line, int(11 * (side + 1.2))) for line in title.split("\n"))
-    draw_map(ax, weights, labels, title)
-    colorbar(fig, ax, fraction=0.04, pad=0.02)
-    fig.tight_layout()
-    return fig
 
 
 def main(argv: list[str]) -> int:

@@ -21,7 +21,7 @@ from model.attention import attention_layer
 from model.config import AttentionConfig, MaskMode, ModelConfig, Scale
 from model.gpt import GPT
 from training.attention_maps import (CARD_WIDTH, FUTURE_RGB, attention_weights, card_image,
-                                     colorize, future_weight, grid_image, map_window,
+                                     colorize, future_weight, map_window,
                                      sharpest_head, token_labels)
 from training.evaluate import attention_diagnostics
 from training.tb import log_attention_maps
@@ -141,46 +141,44 @@ def test_colorize_paints_unattended_future_keys_grey_and_any_leak_in_colour():
     assert tuple(colorize(np.zeros((2, 2)))[1, 0]) != FUTURE_RGB  # past keys with 0 weight: black
 
 
-@pytest.mark.parametrize("heads", [1, 4, 6, 16])
-def test_grid_image_has_one_panel_per_head(heads):
-    n, cell = 12, 9
+def staircase(ax) -> list:
+    """The points of the lines drawn on a map's Axes (`future_line`'s staircase)."""
+    return [list(zip(*line.get_data())) for line in ax.lines]
+
+
+@pytest.mark.parametrize("heads", [1, 4, 6])
+def test_map_figure_draws_each_head_with_the_diagonal_marked_and_a_labelled_bar(heads):
+    """A panel per head, each with `query` and `key` on its axes and the staircase between each
+    row's own key and the next (a leak's bright line lies right of it), one colour bar that says
+    what its colours are."""
+    from scripts.maps import map_figure
+
+    n = 12
     w = np.tril(np.ones((heads, n, n), dtype=np.float32))
-    w /= w.sum(-1, keepdims=True)
-    img = grid_image(w, list("To be, or no"), "a title", cell=cell)
-    assert img.dtype == np.uint8 and img.ndim == 3 and img.shape[2] == 3
-    cols = int(np.ceil(np.sqrt(heads)))
-    rows = int(np.ceil(heads / cols))
-    assert img.shape[1] > cols * n * cell and img.shape[0] > rows * n * cell
-    # each panel's future triangle is a grey square of cell x cell pixels per key
-    grey = (img == FUTURE_RGB).all(-1)
-    assert grey.sum() == heads * (n * (n - 1) // 2) * cell * cell
+    fig = map_figure(w / w.sum(-1, keepdims=True), list("To be, or no"), "a title")
+    panels = [ax for ax in fig.axes if ax.images]
+    assert len(panels) == heads
+    for ax in panels:
+        assert (ax.get_xlabel(), ax.get_ylabel()) == ("key", "query")
+        steps = staircase(ax)
+        assert len(steps) == 1 and steps[0][:4] == [(0.5, -0.5), (0.5, 0.5), (1.5, 0.5), (1.5, 1.5)]
+        assert steps[0][-1] == (n - 0.5, n - 0.5)  # ... down to the last row's own key
+    bars = [ax for ax in fig.axes if not ax.images and ax.get_ylabel()]
+    assert len(bars) == 1 and bars[0].get_ylabel().startswith("attention weight")
 
 
-def test_grid_image_names_its_axes_and_wraps_a_long_title():
-    """With blank tokens, whatever is drawn left of the panels and below them is the axes' names
-    (query, key); a title longer than the picture is wrapped, not cut at its edge."""
-    n, cell = 12, 9
-    w = np.tril(np.ones((4, n, n), dtype=np.float32))
-    img = grid_image(w / w.sum(-1, keepdims=True), [" "] * n, cell=cell)
-    ink = (img < 128).all(-1)  # black text
-    first = np.argwhere((img == FUTURE_RGB).all(-1))[0]  # the first panel's top-left grey cell
-    assert ink[first[0]:first[0] + n * cell, :first[1] - cell].any()  # "query", left of it
-    assert ink[-3 * cell:, first[1] - cell:].any()                    # "key", under the panels
-    long = "leak-mask_zero_seed10 (mask_zero, mask own), latest weights (step 400) " * 3
-    wide = grid_image(w / w.sum(-1, keepdims=True), list("To be, or no"), long.strip(), cell=cell)
-    assert wide.shape[1] == img.shape[1]  # the picture keeps its width ...
-    assert (wide[:, -2:] == 255).all()    # ... and no text runs into its right edge
-
-
-def test_a_single_head_s_title_fits_its_figure():
-    from scripts.attention_map import head_figure
+@pytest.mark.parametrize("heads", [1, 4])
+def test_map_figure_wraps_a_long_title_within_its_width(heads):
+    from scripts.maps import map_figure
 
     labels = list("To be, or not to be")
-    w = np.tril(np.ones((len(labels), len(labels)), dtype=np.float32))
-    fig = head_figure(w / w.sum(-1, keepdims=True), labels,
-                      "decode-cache_positions_restart_seed10_lr0.003 (mask_zero, mask cached), "
-                      "best weights (step 50, causal val loss 2.7920)\nlayer 0, head 1: x")
-    box = fig.axes[0].title.get_window_extent(fig.canvas.get_renderer())
+    w = np.tril(np.ones((heads, len(labels), len(labels)), dtype=np.float32))
+    fig = map_figure(w / w.sum(-1, keepdims=True), labels,
+                     "decode-cache_positions_restart_seed10_lr0.003: attention=mask_zero "
+                     "through the KV cache (mask=cached), best weights (step 50, causal val loss "
+                     "2.7920)\nlayer 0, head 1: x")
+    fig.canvas.draw()
+    box = fig._suptitle.get_window_extent(fig.canvas.get_renderer())
     assert 0 <= box.x0 and box.x1 <= fig.bbox.x1, (box, fig.bbox)
 
 

@@ -5,8 +5,6 @@
   and its tokens as axis labels.
 - `attention_weights`: one forward pass over a window, every layer's weights (and future
   weight) on the host.
-- `grid_image`: one layer's heads as a grid of heatmaps, tokens on the axes, as an RGB array
-  (scripts/attention_map.py's picture of a layer).
 - `card_image`: one layer as TensorBoard's Images tab shows it, in a card CARD_WIDTH pixels wide:
   the sharpest head at a size whose tokens can be read, and every head as a thumbnail beneath;
   training/tb.py's `log_attention_maps` logs one per layer (tag `weights/attention_layer<i>`)
@@ -16,7 +14,7 @@ Every renderer (this one, and scripts/maps.py's matplotlib figures for the comma
 ablation figure) shares `colorize`, so a map looks the same in TensorBoard, in a PNG and in the
 README: weights from 0 to 1 on a square-root colour scale (small weights stay visible), and
 future keys that get exactly 0 weight in grey, so a correct map is a coloured lower triangle
-on grey and any leak shows as colour in the grey. `grid_image` draws with numpy and Pillow
+on grey and any leak shows as colour in the grey. `card_image` draws with numpy and Pillow
 rather than matplotlib because it runs at every evaluation of every run, where matplotlib's
 layout and text rendering would cost more than the evaluation itself; nothing here imports
 either library until a picture is drawn.
@@ -24,7 +22,6 @@ either library until a picture is drawn.
 from __future__ import annotations
 
 import math
-import textwrap
 from functools import lru_cache
 from pathlib import Path
 
@@ -211,68 +208,6 @@ def _font(size: int):
     from PIL import ImageFont
 
     return ImageFont.truetype(str(Path(get_data_path()) / "fonts/ttf/DejaVuSansMono.ttf"), size)
-
-
-def grid_image(weights: np.ndarray, labels: list[str], title: str = "", cell: int = 9) -> np.ndarray:
-    """[h, n, n] weights of one layer -> [H, W, 3] uint8: a grid of heatmaps, one per head (rows
-    are queries, columns keys, and the axes say so), `cell` pixels per weight, tokens along the
-    left column's rows and under the bottom row's columns."""
-    from PIL import Image, ImageDraw
-
-    h, n, _ = weights.shape
-    cols = math.ceil(math.sqrt(h))
-    rows = math.ceil(h / cols)
-    font, small = _font(cell), _font(max(cell - 1, 6))
-    panel, gap = n * cell, 2 * cell
-    line = cell + 6                                           # one line of title text
-    # room for the token labels, and on the left and at the bottom for the axes' names
-    label = max(int(font.getlength(s)) for s in labels) + 4 + line
-    width = label + cols * panel + (cols - 1) * gap + gap
-    fits = int((width - label - gap) // font.getlength("x"))  # a monospaced font
-    title = "\n".join(textwrap.fill(part, fits) for part in title.split("\n")) if title else ""
-    top = (title.count("\n") + 2) * line                     # the title's lines and the bar's
-    height = top + rows * (line + panel) + (rows - 1) * gap + label + gap
-    canvas = np.full((height, width, 3), 255, dtype=np.uint8)
-
-    tiles = colorize(weights).repeat(cell, axis=1).repeat(cell, axis=2)  # [h, n*cell, n*cell, 3]
-    corners = []
-    for head in range(h):
-        r, c = divmod(head, cols)
-        x, y = label + c * (panel + gap), top + r * (line + panel + gap) + line
-        canvas[y:y + panel, x:x + panel] = tiles[head]
-        corners.append((x, y))
-    # a colour bar: 0 to 1, under the title
-    bar = colorize(np.linspace(0, 1, panel // 2)[None, None, :])[0].repeat(line // 2, axis=0)
-    bar_y, bar_x = top - line + 2, width - gap - bar.shape[1]
-    canvas[bar_y:bar_y + bar.shape[0], bar_x:bar_x + bar.shape[1]] = bar
-
-    image = Image.fromarray(canvas)
-    draw = ImageDraw.Draw(image)
-    draw.multiline_text((label, 2), title, fill=(0, 0, 0), font=font, spacing=6)
-    draw.text((bar_x - 4, top - line), "0", fill=(0, 0, 0), font=small, anchor="rt")
-    draw.text((width - gap + 2, top - line), "1", fill=(0, 0, 0), font=small, anchor="lt")
-    # x labels: drawn as rows of a strip, then turned to run upwards under the panel
-    strip = Image.new("RGB", (label, panel), (255, 255, 255))
-    strip_draw = ImageDraw.Draw(strip)
-    for i, text in enumerate(labels):
-        strip_draw.text((label - 2, i * cell + cell / 2), text, fill=(0, 0, 0), font=font, anchor="rm")
-    under = strip.rotate(90, expand=True)
-    for head, (x, y) in enumerate(corners):
-        r, c = divmod(head, cols)
-        draw.text((x, y - 2), f"head {head}", fill=(0, 0, 0), font=small, anchor="lb")
-        if c == 0:
-            for i, text in enumerate(labels):
-                draw.text((x - 2, y + i * cell + cell / 2), text, fill=(0, 0, 0), font=font,
-                          anchor="rm")
-            name = Image.new("RGB", (panel, line), (255, 255, 255))  # "query", reading upwards
-            ImageDraw.Draw(name).text((panel / 2, line / 2), "query", fill=(0, 0, 0), font=font,
-                                      anchor="mm")
-            image.paste(name.rotate(90, expand=True), (2, y))
-        if head + cols >= h:  # the lowest panel of its column
-            image.paste(under, (x, y + panel + 2))
-            draw.text((x + panel / 2, y + panel + 2 + label - line + line / 2), "key",
-                      fill=(0, 0, 0), font=font, anchor="mm")
-    return np.asarray(image)
 
 
 # TensorBoard's Images tab draws every image 350 pixels wide (its card), scaled and pixelated;
