@@ -4,7 +4,9 @@
     python -m scripts.runs root=runs/ablations/<date>         # the runs of a study
     python -m scripts.runs a=runs/latest b=runs/<date>_<time> # two runs: config and scores
 
-A run is a directory with the config.yaml and TensorBoard events train.py writes. The scores are
+A run is a directory with the config.yaml and TensorBoard events train.py writes. Runs on
+different corpora (lesson 04's made-up play beside Shakespeare) are listed in separate tables:
+their scores do not compare. The scores are
 the last values of its curves: the causal validation loss (nats/token on the evaluation batches;
 for a correct model its own loss), the same per character, the whole validation split per
 character when the run scored it, and the training loss. A comparison lists the config values
@@ -67,7 +69,7 @@ def read_scores(run: Path) -> dict:
     cfg = saved_config(run / "config.yaml")
     leaky = not OmegaConf.to_object(cfg.attention).is_causal()
     out = {"attention": cfg.attention.name, "tokenizer": cfg.tokenizer.kind.value,
-           "curves": curves}
+           "corpus": corpus_name(cfg.data), "curves": curves}
     for label, unit, tag, older in SCORES:
         if tag in curves:
             out[label, unit] = curves[tag][-1][1]
@@ -80,6 +82,17 @@ def read_scores(run: Path) -> dict:
     return out
 
 
+def corpus_name(data) -> str:
+    """The text a run trained on, in a few words: the source, or the first training file."""
+    if data.source.value == "hub":
+        return f"hub {data.hub_name}"
+    if data.source.value == "text_files":
+        first = Path(data.train_files[0]).resolve()
+        name = first.relative_to(Path.cwd()) if first.is_relative_to(Path.cwd()) else first
+        return f"{name}" + (f" +{len(data.train_files) - 1}" if len(data.train_files) > 1 else "")
+    return data.source.value
+
+
 def fmt(label: str, value) -> str:
     if value is None:
         return "-"
@@ -90,9 +103,10 @@ def fmt(label: str, value) -> str:
     return f"{value:.4f}"
 
 
-def render(rows: list[list[str]], header: list[str]) -> str:
+def render(rows: list[list[str]], header: list[str], left: int = 3) -> str:
+    """A table: the first `left` columns (names) left-aligned, the numbers right-aligned."""
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    line = lambda r: "  ".join(c.ljust(w) if i < 3 else c.rjust(w)  # noqa: E731
+    line = lambda r: "  ".join(c.ljust(w) if i < left else c.rjust(w)  # noqa: E731
                                for i, (c, w) in enumerate(zip(r, widths)))
     return "\n".join([line(header), line(["-" * w for w in widths]), *map(line, rows)])
 
@@ -107,12 +121,17 @@ def list_runs(root: Path, sort: str) -> str:
         scored.sort(key=lambda rs: rs[1].get(("causal val", "nats/char"), math.inf))
     else:
         scored.sort(key=lambda rs: (rs[0] / "config.yaml").stat().st_mtime)
-    header = ["run", "attention", "tokenizer"] + [
+    header = ["run", "corpus", "attention", "tokenizer"] + [
         f"{label} ({unit})" if unit else label for label, unit, _, _ in SCORES]
-    rows = [[str(run.relative_to(root)) if run != root else str(run), s["attention"],
-             s["tokenizer"]] + [fmt(label, s.get((label, unit))) for label, unit, _, _ in SCORES]
-            for run, s in scored]
-    return render(rows, header) + f"\n{len(rows)} run(s) under {root}"
+    tables: dict[str, list] = {}  # a table per corpus, in the order of their first run
+    for run, s in scored:
+        tables.setdefault(s["corpus"], []).append(
+            [str(run.relative_to(root)) if run != root else str(run), s["corpus"], s["attention"],
+             s["tokenizer"]] + [fmt(label, s.get((label, unit))) for label, unit, _, _ in SCORES])
+    return "\n\n".join(render(rows, header, 4) for rows in tables.values()) + \
+        f"\n{len(scored)} run(s) under {root}" + (
+            f", on {len(tables)} corpora (a table each: scores compare within one)"
+            if len(tables) > 1 else "")
 
 
 def flat(cfg, prefix: str = "") -> dict:
