@@ -5,8 +5,9 @@
     python -m tools.tensorboard_screenshots study=runs/ablations/<date> [out=DIR] [seed=N]
 
 logdir= writes, into out= (else the logdir), what `tensorboard --logdir <logdir>` shows, as
-docs/tensorboard.md opens it: tensorboard_landing.png (the page it opens on, Time Series, the
-losses first) and tensorboard_maps.png (the Images tab: each run's attention maps). study=
+docs/tensorboard.md opens it: tensorboard_leak.png (the Custom Scalars tab, where the README
+sends a learner: train/loss and val/causal_loss side by side) and tensorboard_maps.png (the
+Images tab: each run's attention maps). study=
 writes, into out= (else the study's directory), tensorboard_scalars.png and
 tensorboard_images.png (TensorBoard on one seed of every arm, `tensorboard --logdir
 <study>/seed<N>`: the lowest seed, or seed=) and tensorboard_hparams.png (the HParams table of
@@ -36,6 +37,10 @@ from typing import Optional
 from safeio.cli import UserError, parse_key_values, run_cli
 from guard.run_dir import event_files
 from safeio.files import check_outputs
+
+# The page the README sends a learner to: the Custom Scalars tab, unsmoothed (its smoothing
+# would draw the leak's last causal loss 0.7 below the value logged).
+LEAK_PAGE = "/#custom_scalars&_smoothingWeight=0"
 
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
                   "--no-first-run", "--disable-background-networking",
@@ -187,18 +192,16 @@ def photograph(args: ScreenshotArgs) -> list[Path]:
 
 
 def photograph_logdir(chromium: str, args: ScreenshotArgs) -> list[Path]:
-    """The page `tensorboard --logdir <logdir>` opens on, at a laptop's window size, and its
+    """The Custom Scalars tab (training/tb.py's LEAK_LAYOUT), at a laptop's window size, and the
     Images tab."""
     logdir = Path(args.logdir)
     runs = runs_in(logdir)
     out = Path(args.out) if args.out else logdir
-    files = [out / "tensorboard_landing.png", out / "tensorboard_maps.png"]
+    files = [out / "tensorboard_leak.png", out / "tensorboard_maps.png"]
     check_outputs(files, args.overwrite, own=logdir)
     out.mkdir(parents=True, exist_ok=True)
     with TensorBoard(logdir, len(runs)) as tb:
-        # ?forceSVG=true: headless Chromium has no WebGL, in which the Time Series tab draws its
-        # lines (TensorBoard's own feature flag; a browser with a GPU draws the same page).
-        screenshot(chromium, f"{tb.url}/?forceSVG=true", files[0], (1440, 900), args.budget_ms)
+        screenshot(chromium, tb.url + LEAK_PAGE, files[0], (1440, 900), args.budget_ms)
         screenshot(chromium, f"{tb.url}/#images", files[1], (1440, 1200), args.budget_ms)
     for path in files:
         shrink(path)

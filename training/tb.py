@@ -30,9 +30,20 @@ def open_writer(run_dir: Path, purge_step: Optional[int], enabled: bool = True):
     return SummaryWriter(log_dir=str(run_dir), purge_step=purge_step, flush_secs=10)
 
 
+# TensorBoard's Custom Scalars tab (http://localhost:6006/#custom_scalars): the two curves that
+# tell a leak from learning, side by side at the top, one line per run. Time Series sorts its
+# cards by name, which puts val/causal_loss fourth among val/'s, below the fold.
+LEAK_LAYOUT = {"the leak: training loss falls, causal loss climbs": {
+    "train/loss: falls in every run": ["Multiline", ["^train/loss$"]],
+    "val/causal_loss: the same weights, correct mask (a leak climbs)":
+        ["Multiline", ["^val/causal_loss$"]]}}
+
+
 def write_config(writer, cfg: Config) -> None:
-    """The run's config, as its config.yaml says it, in TensorBoard's text tab (at step 0)."""
+    """The run's config, as its config.yaml says it, in TensorBoard's text tab (at step 0), and
+    LEAK_LAYOUT (each run carries it: TensorBoard merges the runs' layouts)."""
     writer.add_text("config", "```\n" + dump_run_config(cfg) + "\n```", 0)
+    writer.add_custom_scalars(LEAK_LAYOUT)
 
 
 # The section of TensorBoard the attention maps go to (log_attention_maps says why this one).
