@@ -1,4 +1,4 @@
-"""Lesson 01's exercise, solved: the scaled dot-product attention of the cheat sheet.
+"""Lesson 01's exercise, solved: the cheat sheet's attention (docs/cheat_sheet.md).
 
     python -m check_attention lessons/solutions/01_equation.py:attention
 """
