@@ -153,11 +153,44 @@ def test_scripts_runs_ranks_char_and_bpe_runs_per_character(monkeypatch, tmp_pat
               bpe: {("causal val", "nats/token"): 3.9, ("causal val", "nats/char"): 1.3}}
     for run in scores:
         run.mkdir()
-        scores[run].update(attention="correct", tokenizer=run.name)
+        scores[run].update(attention="correct", tokenizer=run.name, corpus="shakespeare")
     monkeypatch.setattr(runs, "find_runs", lambda root: [char, bpe])
     monkeypatch.setattr(runs, "read_scores", lambda run: scores[run])
     table = runs.list_runs(tmp_path, "score").splitlines()
     assert table[2].startswith("bpe") and table[3].startswith("char"), table
+
+
+def test_scripts_runs_puts_each_corpus_in_a_table_of_its_own(monkeypatch, tmp_path):
+    """Lesson 04's made-up play scores 0.45 nats/char where Shakespeare scores 2.2: one table
+    would rank a lesson's run first; a table per corpus, each run's corpus named."""
+    import scripts.runs as runs
+
+    corpora = {"play": "runs/lesson04/corpus/train.txt", "shake": "shakespeare",
+               "play2": "runs/lesson04/corpus/train.txt"}
+    scores = {tmp_path / name: {("causal val", "nats/char"): 0.45 if "play" in name else 2.2,
+                                "attention": "correct", "tokenizer": "char", "corpus": corpus}
+              for name, corpus in corpora.items()}
+    for run in scores:
+        run.mkdir()
+    monkeypatch.setattr(runs, "find_runs", lambda root: list(scores))
+    monkeypatch.setattr(runs, "read_scores", lambda run: scores[run])
+    first, second = runs.list_runs(tmp_path, "score").split("\n\n")
+    assert [row.split()[:2] for row in first.splitlines()[2:]] == \
+        [["play", corpora["play"]], ["play2", corpora["play"]]]
+    assert [row.split()[:2] for row in second.splitlines()[2:-1]] == [["shake", "shakespeare"]]
+    assert second.splitlines()[-1].endswith("on 2 corpora (a table each: scores compare within one)")
+
+
+def test_scripts_runs_names_a_run_s_corpus(monkeypatch, tmp_path):
+    from data.config import DataConfig, Source
+    from scripts.runs import corpus_name
+
+    monkeypatch.chdir(tmp_path)
+    assert corpus_name(DataConfig()) == "shakespeare"
+    assert corpus_name(DataConfig(source=Source.hub, hub_name="roneneldan/TinyStories")) == \
+        "hub roneneldan/TinyStories"
+    files = DataConfig(source=Source.text_files, train_files=[str(tmp_path / "c" / "a.txt"), "b"])
+    assert corpus_name(files) == "c/a.txt +1"
 
 
 def test_tensorboard_s_first_two_sections_are_the_losses():
@@ -170,6 +203,32 @@ def test_tensorboard_s_first_two_sections_are_the_losses():
     assert tensorboard_groups(tags)[:2] == ["train", "val"]
 
 
+def test_each_run_carries_the_leak_layout_the_readme_opens(tmp_path):
+    """The README's TensorBoard address opens the Custom Scalars tab, which shows the layout each
+    run writes with its config: train/loss and val/causal_loss, each chart matching its tag only."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.plugins.custom_scalar import layout_pb2
+    from torch.utils.tensorboard import SummaryWriter
+
+    from tools.tensorboard_screenshots import LEAK_PAGE
+    from training.config import Config
+    from training.tb import write_config
+
+    assert f"http://localhost:6006{LEAK_PAGE}" in README.read_text()
+    writer = SummaryWriter(str(tmp_path))
+    write_config(writer, Config())
+    writer.close()
+    events = EventAccumulator(str(tmp_path))
+    events.Reload()
+    [event] = events.Tensors("custom_scalars__config__")
+    layout = layout_pb2.Layout.FromString(event.tensor_proto.string_val[0])
+    [category] = layout.category
+    charts = [list(chart.multiline.tag) for chart in category.chart]
+    tags = ["train/loss", "val/causal_loss", "val/loss", "val/causal_loss_full", "train/lr"]
+    assert [[t for t in tags if any(re.search(p, t) for p in chart)] for chart in charts] == \
+        [["train/loss"], ["val/causal_loss"]]
+
+
 def tensorboard_groups(tags: list[str]) -> list[str]:
     """The Time Series tab's sections, in its order (its tags sorted, numbers as numbers)."""
     def natural(tag):
@@ -180,20 +239,47 @@ def tensorboard_groups(tags: list[str]) -> list[str]:
 # ----------------------------------------------------------------------------- the package
 
 
-def test_pyproject_installs_the_library_with_requirements_txt_s_dependencies():
+def test_pyproject_installs_the_library_with_the_requirements_list():
     """`pip install -e .` makes every floor of tests/test_layers.py importable (check_attention
-    among them), its dependencies read from requirements.txt: one list, and torch==2.13.0 as
-    pinned there (the CPU wheel, 2.13.0+cpu, satisfies it: nothing else is pulled)."""
+    among them), its dependencies read from requirements-core.txt, the one list, which must hold
+    requirements only (setuptools refuses a pip option there); torch==2.13.0 as pinned there (the
+    CPU wheel, 2.13.0+cpu, satisfies it: nothing else is pulled)."""
     from test_layers import FLOORS
 
     tomllib = pytest.importorskip("tomllib")  # Python 3.11+
     project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())
-    assert project["tool"]["setuptools"]["dynamic"]["dependencies"] == {"file": ["requirements.txt"]}
+    listed = project["tool"]["setuptools"]["dynamic"]["dependencies"]["file"]
+    assert listed == ["requirements-core.txt"]
     found = project["tool"]["setuptools"]["packages"]["find"]["include"]
     assert set(FLOORS) <= set(found) and "check_attention.*" in found
     assert (REPO_ROOT / "check_attention" / "sandbox" / "__init__.py").is_file()
-    assert "torch==2.13.0" in (REPO_ROOT / "requirements.txt").read_text().split()
+    lines = [line.split("#")[0].strip() for line in (REPO_ROOT / listed[0]).read_text().splitlines()]
+    assert "torch==2.13.0" in lines and not any(line.startswith("-") for line in lines)
     assert "pip install -e ." in README.read_text()
+
+
+def requirement_options(name: str) -> list[str]:
+    """The pip options of a requirements file and of those it includes (-r), in order."""
+    out = []
+    for line in (REPO_ROOT / name).read_text().splitlines():
+        line = line.split("#")[0].strip()
+        if line.startswith("-r "):
+            out += requirement_options(line[3:].strip())
+        elif line.startswith("-"):
+            out.append(line)
+    return out
+
+
+def test_every_install_the_docs_give_takes_pytorch_s_cpu_build():
+    """On Linux, PyPI's torch==2.13.0 is the CUDA build (2.7 GB with its nvidia-* wheels); each
+    requirements file the docs install reaches PyTorch's CPU index, where pip takes 2.13.0+cpu
+    (192 MB), and requirements.txt, the README's first command, says so first."""
+    index = "--extra-index-url https://download.pytorch.org/whl/cpu"
+    for name in ("requirements.txt", "requirements-dev.txt", "requirements-lessons.txt"):
+        assert requirement_options(name) == [index], name
+    first = next(line for line in (REPO_ROOT / "requirements.txt").read_text().splitlines()
+                 if not line.startswith("#"))
+    assert first == index
 
 
 # ----------------------------------------------------------------------------- in a new shell
