@@ -262,7 +262,9 @@ def test_runs_command_lists_and_compares_the_sweep(sweep_dir):
     rows = {line.split()[0]: line.split() for line in proc.stdout.splitlines()
             if line.startswith("smoke-")}
     assert set(rows) == {f"smoke-{v}_seed0" for v in VARIANTS}
-    assert rows["smoke-correct_seed0"][1:4] == ["correct", "char", "20"]  # variant, tokenizer, steps
+    # corpus (the first training file), variant, tokenizer, steps
+    assert rows["smoke-correct_seed0"][1] == str(sweep_dir.parent / "corpus" / "train.txt")
+    assert rows["smoke-correct_seed0"][2:5] == ["correct", "char", "20"]
     a, b = (sweep_dir / f"smoke-{v}_seed0" for v in VARIANTS)
     proc = subprocess.run([sys.executable, "-m", "scripts.runs", f"a={a}", f"b={b}"],
                           cwd=REPO, capture_output=True, text=True, timeout=120)
