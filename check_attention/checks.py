@@ -20,18 +20,18 @@ from typing import Optional
 
 import torch
 
-from model.config import MaskMode
-from check_attention import costs, layouts, modern
+from check_attention import costs, layouts
 from check_attention import probes as deeper
-from check_attention.compare import PROBES, Leaks, golden, leak_matrix, rel_err
-from check_attention.diagnosis import (closest_words, first_difference, match,
-                                       report_equation, report_match)
+from check_attention.compare import PROBES, Leaks, leak_matrix, rel_err
+from check_attention.diagnosis import (Match, closest_words, first_difference, match,
+                                       no_match, report_found)
+from check_attention.layouts import Rotary
 from check_attention.options import Options
 from check_attention.report import Report
 from check_attention.sandbox.host import CheckError, Sandbox, SandboxError, ask, project_snapshot
-from check_attention.target import FunctionTarget, ModuleTarget, Target, infer
+from check_attention.target import Target, infer
 from check_attention.target import view_hint as _view_hint  # noqa: F401 (its tests' name)
-from check_attention.variants import attend_heads, divisor_words, mistake_words, num
+from check_attention.variants import all_variants, fit, num
 
 # What a layer may call its sliding window (keys, its own included), read from its attributes.
 WINDOW = {"window", "window_size", "sliding_window", "attention_window", "attn_window"}
@@ -86,8 +86,7 @@ def _check(file: str, name: str, opts: Options, sandbox: Optional[Sandbox],
                        fingerprint=fingerprint)
             info["file"] = os.path.abspath(file)
             report = Report(f"{file}:{name}")
-            _checklist((FunctionTarget if info["kind"] == "function" else ModuleTarget)(
-                child, info, opts), report)
+            _checklist(Target(child, info, opts), report)
             _quote_costs(report, costs.load())
         if before is not None:
             after = project_snapshot(sandbox.project_root)
@@ -148,83 +147,78 @@ def _causality(t: Target, rand, report: Report) -> tuple:
 
 
 def _judge_module(t: Target, report: Report, leaks: Optional[Leaks], rows_sum_to_one: bool,
-                  shape_ok: bool) -> Optional[deeper.Reference]:
-    """Map the module's weights onto ours and find the variant that reproduces it (the classic
-    layouts, then modern.py's rotary, grouped and QK-norm readings); where none does, follow
-    its own q, k, v to the first step that differs, and judge the rest from the outputs alone.
-    Returns the probes' Reference for what reproduced it, or None."""
-    D, h, tol, info, xs, ys, captures = t.D, t.h, t.tol, t.info, t.xs, t.ys, t.captures
+                  shape_ok: bool) -> Optional[Match]:
+    """Read the module's weights in every layout and find the variant of ours that reproduces
+    it (diagnosis.match); where none does, fit a divisor or a mask value, or follow its own q,
+    k, v to the first step that differs, and judge the rest from the outputs alone. Returns what
+    reproduced it, for the probes, or None."""
+    D, h, tol, info, captures = t.D, t.h, t.tol, t.info, t.captures
     heads = [h] if h else [c for c in range(1, D + 1) if D % c == 0]
-    maps = layouts.mappings(info, captures[0], D, heads) if shape_ok else []
-    why = "no layout fits"
-    if maps:
-        if not h and not any(m.layout == "per_head" for m in maps):
-            report.header["heads"] = f"n_head not known: tried {', '.join(map(str, heads))}"
-        found = match(maps, xs, ys[:3], tol, window=infer(info, WINDOW))
-        if found:
-            report_match(report, found, D, tol, info, captures[0])
-            return deeper.reference(found, info, captures[0], D)
-        why = "no variant of ours reproduces it"
-    # rotary positions, grouped key/value heads, QK-norm (modern.py)
-    modern_found = modern.judge(report, info, captures[0], xs, ys[:3], tol, D, h,
-                                classic=bool(maps), llama_weights=t.opts.llama_weights) \
-        if shape_ok else None
-    if modern_found is not None:
-        if not modern_found:
-            _black_box_items(report, leaks, rows_sum_to_one, shape_ok,
-                             "no variant of ours reproduces it")
-        return deeper.reference(modern_found or None, info, captures[0], D)
-    if maps:
-        difference = first_difference(maps, captures[:3], xs, ys[:3], tol, D)
-        if difference:
-            m, words, verdicts, switches = difference
-            report.header["layout"] = f"{m.words}; {m.h} heads, d_k = {D // m.h}"
-            for item, (ok, detail) in verdicts.items():
-                report.set(item, "PASS" if ok else "FAIL", detail)
+    rs = layouts.readings(info, captures[0], D, heads) if shape_ok else []
+    classic = [r for r in rs if r.classic]
+    if classic and not h and not any(isinstance(r.names.get("q"), list) for r in classic):
+        report.header["heads"] = f"n_head not known: tried {', '.join(map(str, heads))}"
+    found, near = match(rs, info, t.xs, t.ys[:3], tol, window=infer(info, WINDOW))
+    if found:
+        report_found(report, found, D // found.reading.h, found.reading.h, tol, info,
+                     captures[0], t.opts.llama_weights)
+        return None if found.fitted else found
+    why = "no variant of ours reproduces it" if rs else "no layout fits"
+    if near is not None and len(classic) < len(rs):  # a modern layer nothing reproduces
+        no_match(report, near, D)
+    elif rs:
+        step = first_difference(rs, captures[:3], t.xs, t.ys[:3], tol, D)
+        if step:
+            r, words, fails, judged, switches = step
+            report.header["layout"] = f"{r.words}; {r.h} heads, d_k = {D // r.h}"
+            report.sheet(fails, sqrt_d_k=num(math.sqrt(D // r.h)), o=r.names.get("o"),
+                         only=judged)
             report.set("equation", "FAIL", f"first difference: {words}")
             report.diagnosis.append(f"following the layer's own q, k, v step by step, the "
                                     f"first that differs from ours: {words}")
             report.named(*switches)
         else:
-            report.header["layout"] = f"{maps[0].words}? (no variant of ours reproduces it)"
-            if maps[0].prior == 0:  # the names agree with this reading: the layer differs
-                report.set("equation", "FAIL", f"no variant of ours reproduces it under the "
-                           f"layout its names give, and its steps could not be followed")
+            report.header["layout"] = f"{rs[0].words}? (no variant of ours reproduces it)"
+            if rs[0].prior == 0:  # the names agree with this reading: the layer differs
+                report.set("equation", "FAIL", "no variant of ours reproduces it under the "
+                           "layout its names give, and its steps could not be followed")
     else:
         report.header["layout"] = f"none recognised ({layouts.describe_linears(info)})"
     _black_box_items(report, leaks, rows_sum_to_one, shape_ok, why)
     return None
 
 
-def _judge_function(t: Target, report: Report, *black_box) -> Optional[deeper.Reference]:
+def _judge_function(t: Target, report: Report, *black_box) -> Optional[Match]:
     """Judge the scale, the mask and the equation from the variant of ours that reproduces the
     function best, or else from a fitted divisor or mask value (the black box's verdicts are not
     needed: our variants cover every function the checker can follow).
-    Returns the probes' Reference for that variant, or None."""
+    Returns that variant's match, for the probes, or None."""
     d_k, h, tol, best = t.d_k, t.h, t.tol, t.best
     report.set("w_o", "N/A", "a scaled dot-product function has no W_O; check the layer that "
                              "calls it")
-    var = best[1] if best is not None and best[2] <= tol else None
-    if var is not None:
-        err = best[2]
-        words = mistake_words(var, d_k, h)
-        fails = {i: w for i, w in words if i}
-        passes = {"scale": f"divided by sqrt(d_k) = {num(math.sqrt(d_k))}, d_k = q.size(-1)",
-                  "before_softmax": "each row of weights sums to 1 over the visible keys"
-                  if not var.attn.softmax_over_queries else
-                  "the mask is added to the scores before the softmax",
-                  "mask_value": "future keys get weight 0"}
-        for item in ("scale", "before_softmax", "mask_value"):
-            report.set(item, "FAIL" if item in fails else "PASS", fails.get(item, passes[item]))
-        report_equation(report, var, words, "our scaled_dot_product_attention", "it",
-                        f"max relative difference {err:.1e}", f"max relative difference {err:.1e}")
-    else:
+    found = Match(None, Rotary(None), best[1], err=best[2]) \
+        if best is not None and best[2] <= tol else None
+    fitted = None
+    if found is None and t.y is not None:
         q, k, v = (torch.stack([p[i] for p in t.probes]) for i in range(3))
-        _function_fits(report, t.y, q, k, v, h, d_k, tol, best)
+        correct = all_variants()[0]
+        fitted = fit(lambda **kw: correct.equation(q, k, v, d_k, h, **kw), t.y, d_k, h, tol,
+                     PROBES)
+        fitted = fitted and Match(None, Rotary(None), correct, fitted=fitted)
+    if found or fitted:
+        report_found(report, found or fitted, d_k, h, tol, t.info)
+    else:
+        why = "no variant of ours reproduces it" if t.y is not None else \
+            "the output's shape is wrong"
+        for item in ("scale", "before_softmax", "mask_value"):
+            report.set(item, "SKIP", f"not judged: {why}")
+        report.set("equation", "FAIL", "the output's shape is not [..., n, d_v]" if t.y is None
+                   else "no variant of ours reproduces its output"
+                   + (f" ({closest_words(best[1], best[2])})" if best else ""))
     if t.convention == "add" and report.items["mask_value"].status == "PASS":
         report.set("mask_value", "N/A", "an additive mask's value is the caller's choice; this "
                                         "check passed -inf")
-    return var and deeper.function_reference(var, d_k, h)
+    return found
 
 
 def _quote_costs(report: Report, table: dict) -> None:
@@ -259,41 +253,3 @@ def _black_box_items(report: Report, leaks: Optional[Leaks], rows_sum_to_one: bo
     for item, (status, detail) in verdicts.items():
         if item not in report.items:
             report.set(item, status, detail)
-
-
-def _function_fits(report, y, q, k, v, h, d_k, tol, best) -> None:
-    if y is None:
-        for item in ("scale", "before_softmax", "mask_value"):
-            report.set(item, "SKIP", "not judged: the output's shape is wrong")
-        report.set("equation", "FAIL", "the output's shape is not [..., n, d_v]")
-        return
-    causal = dict(mask_mode=MaskMode.add, mask_value=float("-inf"))
-    log_s, e = golden(lambda ls: rel_err(y, attend_heads(q, k, v, "causal", scale=math.exp(ls),
-                                                         **causal), probes=PROBES),
-                      math.log(1e-3), math.log(10))
-    if e <= tol:
-        words = divisor_words(math.exp(log_s), d_k, h, tol)
-        report.set("scale", "FAIL", words)
-        report.set("before_softmax", "PASS", "each row of weights sums to 1 over the visible keys")
-        report.set("mask_value", "PASS", "future keys get weight 0")
-        report.set("equation", "FAIL", words)
-        report.diagnosis.append(f"no variant of ours reproduces it; a fitted divisor does: {words}")
-        return
-    for mode in (MaskMode.add, MaskMode.fill):
-        value, e = golden(lambda m, mode=mode: rel_err(y, attend_heads(
-            q, k, v, "causal", scale=1 / math.sqrt(d_k), mask_mode=mode, mask_value=m),
-            probes=PROBES), -60, 0)
-        if e <= tol:
-            words = (f"the mask value is {value:.3g}: too small to hide the future "
-                     f"(exp({value:.3g}) = {math.exp(value):.2g} of a visible key's weight)")
-            report.set("scale", "PASS", f"divided by sqrt(d_k) = {num(math.sqrt(d_k))}")
-            report.set("before_softmax", "PASS", "")
-            report.set("mask_value", "FAIL", words)
-            report.set("equation", "FAIL", words)
-            report.diagnosis.append(f"no variant of ours reproduces it; a fitted mask value "
-                                    f"does: {words}")
-            return
-    for item in ("scale", "before_softmax", "mask_value"):
-        report.set(item, "SKIP", "not judged: no variant of ours reproduces it")
-    closest = f" ({closest_words(best[1], best[2])})" if best else ""
-    report.set("equation", "FAIL", f"no variant of ours reproduces its output{closest}")

@@ -7,7 +7,8 @@ Each probe is judged against a float64 reference of the variant that reproduced 
 forward pass (so a layer already named for a mistake is not named again here), or, where none
 did, by what the outputs alone can tell. Gradients follow flash-attention's tests: the layer's
 error must stay within twice the error of the same reference computed in the layer's dtype,
-plus a small floor.
+plus a small floor. The probes are a list (`run`): each has its inputs, and its judgement reads
+its own outputs; one batch of seeded calls in the sandbox serves them all.
 """
 from __future__ import annotations
 
@@ -16,15 +17,12 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 import torch
-import torch.nn.functional as F
 
-from model.attention import causal_pattern, scaled_dot_product_attention
-from model.pitfalls import masked_softmax
-from check_attention import layouts, modern
+from model.attention import causal_pattern
+from check_attention import layouts
 from check_attention.compare import LEAK, rel_err, same
 from check_attention.options import MAX_PROBE_BYTES
-from check_attention.variants import (SPLITS, Variant, module_output, pattern,
-                                              variant_attend_kwargs)
+from check_attention.variants import layer_output
 
 LENGTHS = (1, 7, 65, 129, 257)           # past the 16 / 32 / 64 / 128-wide tiles of kernels
 LONGEST = max(LENGTHS)                   # what a layer taking a block_size is built with
@@ -201,120 +199,94 @@ def _kept(changed: list) -> tuple[str, str]:
     return "PASS", "compared bit for bit after each call"
 
 
-# ----------------------------------------------------------------------------- a module
-
-
-def _equation(w, h: int, variant: Variant, x: torch.Tensor) -> torch.Tensor:
-    """Our equation as `variant` computes it, differentiable and in x's dtype: x [B, T, D]."""
-    dt = x.dtype
-    cut, _ = SPLITS["mixed" if variant.attn.split_heads_no_transpose else "heads"]
-    _, join = SPLITS["heads"]
-    q, k, v = (cut(F.linear(x, wt.to(dt), None if b is None else b.to(dt)), h)
-               for wt, b in ((w.wq, w.bq), (w.wk, w.bk), (w.wv, w.bv)))
-    kw = variant_attend_kwargs(variant, w.wq.size(1) // h, h)
-    y, _ = scaled_dot_product_attention(q, k, v, variant.visible(x.size(1)),
-                                        scale=kw["scale"], masked_softmax=masked_softmax(
-                                            kw["mask_mode"], kw["mask_value"], kw["dim"]))
-    y = join(y)
-    if w.wo is not None:
-        y = F.linear(y, w.wo.to(dt), None if w.bo is None else w.bo.to(dt))
-    return y
+# ----------------------------------------------------------------------------- the reference
 
 
 @dataclass
 class Reference:
-    """What reproduced the forward pass, as the probes use it: for a module, the reading of its
-    weights that did, whichever found it (the classic layouts: a diagnosis.Match, or modern.py:
-    a modern.Found, with rotary positions, grouped key/value heads, QK-norm); for a function,
-    the variant of ours that did."""
+    """What reproduced the forward pass (a diagnosis.Match), as the probes use it."""
 
     h: int                   # query heads
     pattern: str             # the matched variant's mask pattern
     output: Callable         # (*input) -> y, float64: x [B, T, D], or q, k, v [..., n, d_k]
-    max_score: Callable      # x -> the largest |score| (after scaling) over visible pairs
+    max_score: Optional[Callable]  # x -> the largest |score| (after scaling) over visible pairs
     grads: Callable          # (input, grad_output, dtype) -> {name: [in float64, in dtype]}, by
     #                          autograd on the equation; None where it cannot be rebuilt
     attend: Optional[Callable] = None  # a function's: (q, k, v, visible [n_q, n_k]) -> y
 
 
-def reference(found, info: dict, captures: dict, D: int) -> Optional[Reference]:
-    """A Reference from a diagnosis.Match or a modern.Found (None: none reproduced the layer)."""
-    if found is None:
+def reference(f, t) -> Optional[Reference]:
+    """The probes' Reference from what reproduced the target (t: target.Target), or None."""
+    if f is None:
         return None
-    if isinstance(found, modern.Found):
-        return _modern(found, info, captures, D)
-    m, v = found.mapping, found.variant
+    v = f.variant
+    if f.reading is None:  # a function: our equation on q, k, v
+        def attend(q, k, v_, visible):
+            return v.equation(q, k, v_, t.d_k, t.h, visible)
 
-    def rebuild(leaves):
-        maps = layouts.mappings(dict(info, params=leaves), captures, D, [m.h])
-        same = next((n for n in maps if n.words == m.words
-                     and _same_weights(n.weights, m.weights)), None)
-        return same and (lambda x, dtype: _equation(same.weights, m.h, v, x.to(dtype)))
-    return Reference(m.h, v.pattern, lambda x: module_output(m.weights, m.h, v, x),
-                     lambda x: _max_score(m.weights, m.h, v, x), _grads_by(info, rebuild))
-
-
-def _modern(f, info: dict, captures: dict, D: int) -> Reference:
+        def grads(inp: tuple, g: torch.Tensor, dtype) -> dict:  # dq, dk, dv
+            refs = {}
+            for low in (False, True):
+                leaves = [a.clone().requires_grad_() for a in inp]
+                out = attend(*[a.to(dtype) for a in leaves] if low else leaves,
+                             v.visible(inp[0].size(-2)))
+                for n, gr in zip("qkv", torch.autograd.grad(out, leaves,
+                                                            grad_outputs=g.to(out.dtype))):
+                    refs.setdefault(n, [None, None])[int(low)] = gr.double()
+            return refs
+        return Reference(t.h, v.pattern, lambda q, k, v_: attend(q, k, v_, v.visible(
+            q.size(-2))), None, grads, attend)
     r, h = f.reading, f.reading.h
 
     def output(x, reading=r, dtype=torch.float64, grad=False, seen=None):
-        return modern.output(reading, f.rotary, f.variant, f.pitfalls, x, dtype, grad, seen)
-
-    def rebuild(leaves):
-        same = next((n for n in modern.readings(dict(info, params=leaves), captures, D, h)
-                     if n.words == r.words and n.h_kv == r.h_kv
-                     and torch.equal(n.wq.detach(), r.wq.double())), None)
-        return same and (lambda x, dtype: output(x, same, dtype, grad=True))
+        return layer_output(reading, f.rotary, v, f.switches, x, dtype, grad, seen)
 
     def max_score(x):  # on q and k as the scores see them: after QK-norm and rotary positions
         seen = {}
         output(x, seen=seen)
         k = seen["k"].repeat_interleave(h // r.h_kv, dim=1)
-        s = (seen["q"] @ k.transpose(-2, -1)) * f.variant.scale(D // h, h)
+        s = (seen["q"] @ k.transpose(-2, -1)) * v.scale(t.D // h, h)
         return s.masked_fill(~causal_pattern(x.size(1), x.size(1)), 0).abs().max().item()
-    return Reference(h, f.variant.pattern, output, max_score, _grads_by(info, rebuild))
 
-
-def _grads_by(info: dict, rebuild: Callable) -> Callable:
-    """A module's Reference.grads: {name: [ref64, ref in dtype]} for dx and every parameter the
-    reference reads, by autograd through the same reading of the layer's weights on float64
-    leaves (rebuild: {name: float64 leaf} -> (x, dtype) -> y, differentiable in the leaves, or
-    None where the same reading cannot be made of them); None when it cannot be rebuilt."""
     def grads(inp: tuple, g: torch.Tensor, dtype) -> Optional[dict]:
+        """{name: [ref64, ref in dtype]} for dx and every parameter the reading reads, by
+        autograd through the same reading of float64 leaves of the layer's weights."""
         refs = {}
         for low in (False, True):
-            leaves = {n: p.double().clone().requires_grad_() for n, p in info["params"].items()}
-            equation = rebuild(leaves)
-            if equation is None:
+            leaves = {n: p.double().clone().requires_grad_()
+                      for n, p in t.info["params"].items()}
+            same = next((n for n in layouts.readings(dict(t.info, params=leaves),
+                                                     t.captures[0], t.D, [h])
+                         if n.words == r.words and n.modern_words == r.modern_words
+                         and n.h_kv == r.h_kv and all(
+                             (a is None) == (b is None) and (a is None or torch.equal(
+                                 a.detach(), b.double())) for a, b in zip(
+                                 (n.wq, n.wk, n.wv, *n.b, n.wo, n.bo),
+                                 (r.wq, r.wk, r.wv, *r.b, r.wo, r.bo)))), None)
+            if same is None:
                 return None
             xl = inp[0].clone().requires_grad_()
-            y = equation(xl, dtype if low else torch.float64)
-            names = ["x"] + list(leaves)
-            tensors = [xl] + list(leaves.values())
-            grads = torch.autograd.grad(y, tensors, grad_outputs=g.to(y.dtype),
-                                        allow_unused=True)
-            for n, gr in zip(names, grads):
+            y = output(xl, same, dtype if low else torch.float64, grad=True)
+            names, tensors = ["x"] + list(leaves), [xl] + list(leaves.values())
+            for n, gr in zip(names, torch.autograd.grad(y, tensors, grad_outputs=g.to(y.dtype),
+                                                        allow_unused=True)):
                 if gr is not None:
                     refs.setdefault(n, [None, None])[int(low)] = gr.detach().double()
         return refs
-    return grads
+    return Reference(h, v.pattern, output, max_score, grads)
 
 
-def _same_weights(a, b) -> bool:
-    """The same reading: equal in every field (a bare Parameter's two orientations share their
-    words)."""
-    fields = ("wq", "wk", "wv", "bq", "bk", "bv", "wo", "bo")
-    return all((getattr(a, f) is None) == (getattr(b, f) is None) and (
-        getattr(a, f) is None or torch.equal(getattr(a, f).detach(), getattr(b, f).double()))
-        for f in fields)
+# ----------------------------------------------------------------------------- the probes
 
 
-def run(t, report, ref: Optional[Reference]) -> None:
-    """The probes, after the checklist, for a module or a function (t: target.Target); ref: the
-    reading that reproduced its forward pass (None: none did). One batch of seeded calls holds
-    them all: the same input three times (seeds 0, 0, 1), sample 0 changed, the last position
-    changed at each large scale, prefixes of one long input, and (as the kind has them) the
-    long input with one position changed at a time or unequal query and key lengths."""
+def run(t, report, found) -> None:
+    """The probes, after the checklist, for a module or a function (t: target.Target); found:
+    what reproduced its forward pass (diagnosis.Match; None: nothing did). Each probe is a named
+    list of inputs: the same input three times (seeds 0, 0, 1), sample 0 changed, the last
+    position changed at each large scale, prefixes of one long input, and (as the kind has
+    them) the long input with one position changed at a time or unequal query and key
+    lengths; one batch of seeded calls holds them all, and each judgement reads its own."""
+    ref = reference(found, t)
     B, T, tol = max(t.opts.batch, 2), t.T, t.tol
     rand = t.randn(1)
     cap = t.context()
@@ -327,26 +299,33 @@ def run(t, report, ref: Optional[Reference]) -> None:
     large = []
     for s in sigmas:
         base = tuple(a * s for a in x)
-        large += [base, t.changed(base, -1, rand, s, t.large_moves)]
+        large.append([base, t.changed(base, -1, rand, s, t.large_moves)])
     longest = t.draw(rand, B, max(lengths, default=1))
-    longs = [tuple(a[..., :n, :].contiguous() for a in longest) for n in lengths]  # prefixes
     moved = _moved_positions(longest[0].size(-2), T) if t.long_leaks else []
-    leaks = [t.changed(longest, j, rand, 4.0) for j in moved]  # no output before j may move
-    unequal = [(rand(*t.lead(B), nq, t.d_k), rand(*t.lead(B), nk, t.d_k),
-                rand(*t.lead(B), nk, t.d_k)) for nq, nk in UNEQUAL] if "unequal" in \
-        t.probe_items else []
-    inputs = [x, x, x, other] + large + longs + leaks + unequal
+    probes = {"same": [x, x, x], "other": [other],
+              "large": [inp for pair in large for inp in pair],
+              "lengths": [tuple(a[..., :n, :].contiguous() for a in longest) for n in lengths],
+              "leaks": [t.changed(longest, j, rand, 4.0) for j in moved],  # no earlier output
+              "unequal": [(rand(*t.lead(B), nq, t.d_k), rand(*t.lead(B), nk, t.d_k),   # moves
+                           rand(*t.lead(B), nk, t.d_k)) for nq, nk in UNEQUAL]
+              if "unequal" in t.probe_items else []}
+    inputs = [inp for batch in probes.values() for inp in batch]
     got = t.probe(inputs, [0, 0, 1] + [0] * (len(inputs) - 3))
-    outs, errors = got["outs"], got["errors"]
-    report.set("deterministic", *_determinism(outs, errors, t.info.get("dropouts", 0)))
+    outs, at = {}, 0
+    for name, batch in probes.items():  # each probe's own outputs and errors
+        outs[name] = got["outs"][at:at + len(batch)], got["errors"][at:at + len(batch)]
+        at += len(batch)
+    report.set("deterministic", *_determinism(*outs["same"], t.info.get("dropouts", 0)))
     report.set("input_kept", *_kept(got["changed"]))
-    y = outs[0].double() if outs[0] is not None else None
+    y = outs["same"][0][0]
+    y = y.double() if y is not None else None
+    (moved_out,), (moved_error,) = outs["other"]
     if not t.lead(B):
         report.set("batch", "N/A", "it takes one sequence, q, k, v [n, d], no batch")
-    elif y is None or outs[3] is None or outs[3].shape != y.shape:
-        report.set("batch", "SKIP", f"not judged: {errors[3] or 'the output changes shape'}")
+    elif y is None or moved_out is None or moved_out.shape != y.shape:
+        report.set("batch", "SKIP", f"not judged: {moved_error or 'the output changes shape'}")
     else:
-        moved_by = rel_err(outs[3][1:], y[1:])
+        moved_by = rel_err(moved_out[1:], y[1:])
         report.set("batch", "FAIL" if moved_by > LEAK else "PASS",
                    f"changing sample 0 moves the other samples' outputs by up to {moved_by:.2g} "
                    f"(relative): samples attend to each other (batch mixing)" if moved_by > LEAK
@@ -355,7 +334,19 @@ def run(t, report, ref: Optional[Reference]) -> None:
         for item in t.probe_items:
             report.set(item, "SKIP", f"not judged: the output's shape is not {t.shape_words}")
         return
-    # large scores: the last position changed at each scale; earlier outputs must not move
+    _large_scores(t, report, ref, x, sigmas, outs["large"][0], y)
+    if ref is None and not t.blind:
+        for item in ("lengths", "backward", "unequal"):
+            report.set(item, "SKIP", "not judged: no variant of ours reproduces the forward pass")
+        return
+    _judge_lengths(t, report, ref, cap, lengths, probes["lengths"], outs, moved)
+    if probes["unequal"]:
+        report.set("unequal", *_unequal(t, ref, *outs["unequal"], probes["unequal"]))
+    _backward(t, report, ref, x, y, rand, B, T)
+
+
+def _large_scores(t, report, ref, x, sigmas, outs, y) -> None:
+    """The last position changed at each large scale: earlier outputs must not move."""
     if report.items.get("causal") and report.items["causal"].status == "FAIL":
         report.set("large_scores", "N/A", "the future already leaks at ordinary scales (see "
                                           "Causality)")
@@ -364,22 +355,20 @@ def run(t, report, ref: Optional[Reference]) -> None:
                                           "the usual mask value")
     else:
         levels = []
-        for i, s in enumerate(sigmas):
-            a, b = outs[4 + 2 * i], outs[5 + 2 * i]
-            words = t.scale_words(None if a is None or b is None else ref, x,
-                                  SCORE_TARGETS[i], s)
+        for target, s, a, b in zip(SCORE_TARGETS, sigmas, outs[::2], outs[1::2]):
+            words = t.scale_words(None if a is None or b is None else ref, x, target, s)
             levels.append((words, None if a is None or b is None else
                            _leak(a.double(), b.double(), t.axis),
                            0 if a is None else _new_nonfinite(a, y)))
         report.set("large_scores", *_large_words(levels, t.large_words))
-    if ref is None and not t.blind:
-        for item in ("lengths", "backward", "unequal"):
-            report.set(item, "SKIP", "not judged: no variant of ours reproduces the forward pass")
-        return
-    # lengths past one tile
-    at = 4 + len(large)  # where the lengths' outputs start, then the moved positions'
+
+
+def _judge_lengths(t, report, ref, cap, lengths, longs, outs, moved) -> None:
+    """Lengths past one tile against the reference (without one, each shorter output must be
+    the start of the longest), and causality at the longest length."""
     results = []
-    for n, inp, out, error in zip(lengths, longs, outs[at:], errors[at:]):
+    length_outs, length_errors = outs["lengths"]
+    for n, inp, out, error in zip(lengths, longs, length_outs, length_errors):
         if error is not None or out is None:
             results.append((n, error or "no output", -1, 0.0))
         elif ref is not None:
@@ -387,7 +376,7 @@ def run(t, report, ref: Optional[Reference]) -> None:
             skip = ref.pattern == "mask_no_diagonal"
             if skip:
                 out, right = out[..., 1:, :], right[..., 1:, :]
-            p, worst = _first_bad(out, right, tol, t.axis) if out.shape == right.shape else \
+            p, worst = _first_bad(out, right, t.tol, t.axis) if out.shape == right.shape else \
                 (0, math.inf)
             results.append((n, None, p + (p >= 0 and skip), worst))
         else:
@@ -399,27 +388,26 @@ def run(t, report, ref: Optional[Reference]) -> None:
         report.set("lengths", "SKIP", "not judged: no reference reproduces the layer, and its "
                                       "outputs are not causal or not repeatable")
     elif ref is None:  # no reference: each shorter output must be the start of the longest
-        okay = [(n, o.double()) for n, o, e in zip(lengths, outs[at:], errors[at:])
+        okay = [(n, o.double()) for n, o, e in zip(lengths, length_outs, length_errors)
                 if e is None and o is not None]
         results = [r for r in results if r[1] is not None] + [
-            (n, None, *_first_bad(o, okay[-1][1][:, :n], tol, 1)) for n, o in okay[:-1]] + [
+            (n, None, *_first_bad(o, okay[-1][1][:, :n], t.tol, 1)) for n, o in okay[:-1]] + [
             (n, None, -1, 0.0) for n, _ in okay[-1:]]
         results.sort(key=lambda r: r[0])
         cap_words += "; no reference reproduces the layer, so judged by consistency: each " \
                      "shorter output is the start of the longest"
-    long_leak = _long_leak(outs[at + len(lengths) - 1] if lengths else None,
-                           outs[at + len(lengths):at + len(lengths) + len(moved)], moved, T)
+    long_leak = _long_leak(length_outs[-1] if lengths else None, outs["leaks"][0], moved, t.T)
     if long_leak and report.items.get("causal") and report.items["causal"].status == "PASS":
         report.set("causal", "FAIL", long_leak)
         report.diagnosis.append(f"a causal leak that only long sequences show: {long_leak}")
     if "lengths" not in report.items:
-        status, detail = _lengths_words(results, tol, cap_words)
+        status, detail = _lengths_words(results, t.tol, cap_words)
         report.set("lengths", status, detail + ("; the future leaks (see Causality)"
                                                 if long_leak and status == "FAIL" else ""))
-    if unequal:
-        report.set("unequal", *_unequal(t, ref, outs[at + len(lengths):],
-                                        errors[at + len(lengths):], unequal))
-    # backward: the gradients against autograd on our equation
+
+
+def _backward(t, report, ref, x, y, rand, B: int, T: int) -> None:
+    """The gradients against autograd on the reference, float64 and in the layer's dtype."""
     if ref is None:
         report.set("backward", "SKIP", "not judged: no reference reproduces the forward pass")
         return
@@ -443,47 +431,7 @@ def run(t, report, ref: Optional[Reference]) -> None:
     report.set("backward", *_grad_words(pairs))
 
 
-def _max_score(w, h: int, variant: Variant, x: torch.Tensor) -> float:
-    """The largest |score| (after scaling) over visible pairs, from the reference's weights."""
-    cut, _ = SPLITS["mixed" if variant.attn.split_heads_no_transpose else "heads"]
-    q = cut(F.linear(x.double(), w.wq, w.bq), h)
-    k = cut(F.linear(x.double(), w.wk, w.bk), h)
-    s = (q @ k.transpose(-2, -1)) * variant.scale(w.wq.size(1) // h, h)
-    return s.masked_fill(~causal_pattern(x.size(1), x.size(1)), 0).abs().max().item()
-
-
-# ----------------------------------------------------------------------------- a function
-
-
-def _sdpa(q, k, v, visible, var: Variant, d_k: int, h: int):
-    kw = variant_attend_kwargs(var, d_k, h)
-    y, _ = scaled_dot_product_attention(q, k, v, visible, scale=kw["scale"],
-                                        masked_softmax=masked_softmax(kw["mask_mode"],
-                                                                      kw["mask_value"], kw["dim"]))
-    return y
-
-
-def function_reference(var: Variant, d_k: int, h: int) -> Reference:
-    """The probes' Reference for a function that `var` reproduces."""
-    def attend(q, k, v, visible):
-        return _sdpa(q, k, v, visible, var, d_k, h)
-
-    def grads(inp: tuple, g: torch.Tensor, dtype) -> dict:  # dq, dk, dv
-        refs = {}
-        for low in (False, True):
-            leaves = [t.clone().requires_grad_() for t in inp]
-            ins = [t.to(dtype) for t in leaves] if low else leaves
-            out = attend(*ins, pattern(var.pattern, inp[0].size(-2)))
-            for n, gr in zip("qkv", torch.autograd.grad(out, leaves,
-                                                        grad_outputs=g.to(out.dtype))):
-                refs.setdefault(n, [None, None])[int(low)] = gr.double()
-        return refs
-    return Reference(h, var.pattern, lambda q, k, v: attend(q, k, v, pattern(var.pattern,
-                                                                               q.size(-2))),
-                     None, grads, attend)
-
-
-def _unequal(t, ref: Reference, outs, errors, inputs):
+def _unequal(t, ref: Reference, outs, errors, inputs) -> tuple[str, str]:
     """n_q != n_k with a bottom-right aligned mask (query i sees keys 0 .. n_k - n_q + i)."""
     if ref.pattern != "causal":
         return "SKIP", "not judged: the matched variant's mask is not the causal one"

@@ -7,29 +7,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Optional
 
+from check_attention.checklist import CHECKS, ITEM_WORDS
 from check_attention.inert import TEXT_LIMIT, inert
 
-ITEM_WORDS = {
-    "scale": "The scaling divisor is the per-head d_k (d_model / h), not the full d_model",
-    "w_o": "W_O is applied after concatenating heads, not skipped",
-    "before_softmax": "The causal mask is added to the raw scores before softmax, not applied "
-                      "to the weights after",
-    "mask_value": "The mask value is a large negative number (or -inf), not 0",
-    "shape": "Output shape is [n, d_model] regardless of head count",
-    "causal": "Causality: no future position changes an earlier output",
-    "equation": "Matches the equation: softmax(QK^T / sqrt(d_k) + M) V per head, concatenated, "
-                "then W_O",
-    "backward": "Backward: the gradients match autograd on the equation in float64",
-    "lengths": "Lengths past one tile: the output is right at every length",
-    "large_scores": "Large scores: the mask still hides the future (a finite value like -1e4 "
-                    "leaks)",
-    "batch": "Batch independence: changing one sample moves no other sample's output",
-    "deterministic": "Eval mode is deterministic: identical calls give identical outputs",
-    "input_kept": "The inputs are left unmodified (no in-place writes)",
-    "unequal": "Unequal query and key lengths (n_q != n_k, mask aligned bottom-right)",
-}
 HEADER = ("layer", "mask", "layout", "heads", "probes", "sandbox")
-
 
 
 @dataclass
@@ -56,6 +37,25 @@ class Report:
 
     def set(self, key: str, status: str, detail: str = "") -> None:
         self.items[key] = Item(status, detail)
+
+    def sheet(self, fails: dict, unresolved: Optional[dict] = None,
+              only: Optional[tuple] = None, **fields) -> None:
+        """The sheet's four items (or those in `only`) from what reproduced the output, the one
+        verdict every route gives: FAIL with the mistake's words, SKIP where the probes cannot
+        tell it from a variant that is judged otherwise, else PASS with the checklist's words,
+        filled in from fields (sqrt_d_k; o, without which W_O is left to the caller; an item's
+        key: its own words)."""
+        for c in CHECKS:
+            if not c.passes or (only is not None and c.key not in only) or (
+                    c.key == "w_o" and "o" not in fields and c.key not in fails):
+                continue
+            if c.key in fails:
+                self.set(c.key, "FAIL", fails[c.key])
+            elif c.key in (unresolved or {}):
+                self.set(c.key, "SKIP", f"at this precision the probes cannot tell the layer "
+                                        f"from our variant {unresolved[c.key]}")
+            else:
+                self.set(c.key, "PASS", fields.get(c.key, c.passes.format(**fields)))
 
     def made_inert(self) -> "Report":
         """This report with every text in it made inert and bounded (inert.py): the names, the
@@ -109,15 +109,14 @@ class Report:
     def _item_lines(self) -> list[str]:
         out = [f"  {label + ':':<8} {self.header[label]}"
                for label in HEADER if label in self.header]
-        for key in ITEM_WORDS:
-            if key in self.items:
-                item = self.items[key]
-                sep = ": " if item.status in ("FAIL", "SKIP") else ("  " if item.detail else "")
-                words = ITEM_WORDS[key].replace("d_model]", "d_v]") \
-                    if key == "shape" and self.kind == "function" else ITEM_WORDS[key]
-                detail = f"({item.detail})" if item.status in ("PASS", "N/A") and item.detail \
-                    else item.detail
-                out.append(f"{item.status:<4}  {words}{sep}{detail}")
+        for key in (c.key for c in CHECKS if c.key in self.items):
+            item = self.items[key]
+            sep = ": " if item.status in ("FAIL", "SKIP") else ("  " if item.detail else "")
+            words = ITEM_WORDS[key].replace("d_model]", "d_v]") \
+                if key == "shape" and self.kind == "function" else ITEM_WORDS[key]
+            detail = f"({item.detail})" if item.status in ("PASS", "N/A") and item.detail \
+                else item.detail
+            out.append(f"{item.status:<4}  {words}{sep}{detail}")
         return out + [f"diagnosis: {d}" for d in self.diagnosis]
 
     @property

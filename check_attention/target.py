@@ -1,12 +1,14 @@
 """The object under check, as the checklist (checks.py) and the probes (probes.py) see it: a
 module called on x [batch, positions, d_model], or a scaled dot-product function called on
-q, k, v [batch, heads, positions, d_k] (or the sheet's [positions, d_k]) and a mask.
+q, k, v [batch, heads, positions, d_k] (or the sheet's [positions, d_k]) and a mask, which the
+sandbox's child wraps as a layer over (q, k, v, mask) (runner.FunctionLayer): one target kind,
+asked the same way.
 
-Both checklists are written once over this interface. An input is a tuple of tensors, each
-[*lead, positions, width] (a module's is (x,), a function's (q, k, v)), so that drawing a seeded
-input, changing one position or cutting a prefix is the same code for both kinds. What differs
-is said here once per kind: how the sandbox is asked, the shape the output should have, which
-tensors a probe changes, and the words a report uses for them.
+An input is a tuple of tensors, each [*lead, positions, width] (a module's is (x,), a
+function's (q, k, v)), so that drawing a seeded input, changing one position or cutting a
+prefix is the same code for both kinds. What differs is said here once per kind (KINDS): the
+shape the output should have, which tensors a probe changes, and the words a report uses; and
+how the first call and the shape check go.
 """
 from __future__ import annotations
 
@@ -19,12 +21,24 @@ import torch
 
 from model.attention import causal_pattern
 from check_attention import costs
-from check_attention.compare import INPUT_SCALES, PROBES, QKV_SCALES, TOLERANCE, rel_err, same
+from check_attention.compare import INPUT_SCALES, QKV_SCALES, TOLERANCE, same
+from check_attention.diagnosis import match_function
 from check_attention.options import MASKS, Options
 from check_attention.sandbox.host import CheckError, SandboxError, ask
-from check_attention.sandbox.runner import D_MODEL, N_HEAD
-from check_attention.variants import (all_variants, attend_heads, split_words,
-                                      variant_attend_kwargs)
+from check_attention.variants import split_words
+
+KINDS = {  # what a report and the probes say and change, by kind
+    "module": dict(inputs=("x",), axis=1, changed_words="positions",
+                   positions_words="[batch, positions, ...]", shape_words="the input's",
+                   large_moves=(0,), large_words="position", causal_scale=4.0, rows_probe=True,
+                   long_leaks=True, blind=True,
+                   probe_items=("lengths", "large_scores", "backward")),
+    "function": dict(inputs=("q", "k", "v"), axis=-2, changed_words="queries, keys and values",
+                     positions_words="[..., positions, d_v]", shape_words="[..., n, d_v]",
+                     large_moves=(1, 2), large_words="key and value", causal_scale=2.0,
+                     rows_probe=False, long_leaks=False, blind=False,
+                     probe_items=("lengths", "large_scores", "backward", "unequal")),
+}
 
 
 def head_choices(D: int, h: int) -> list[int]:
@@ -41,30 +55,30 @@ def as_mask(visible: torch.Tensor, convention: str) -> torch.Tensor:
 
 
 class Target:
-    """What both checklists need of the object: seeded inputs, calls in the sandbox, shapes and
-    words. Each kind sets the fields below and has first_call (the checklist's first inputs at
-    several scales: headers, and `base`, the input causality starts from, with `base_out`, its
-    output if known), check_shape, call (the checklist's plain calls), wire (an input as the
-    sandbox takes it), lead, out_shape, and the probes' context, probe_heads, sigmas and
-    scale_words."""
+    """What the checklist needs of the object: seeded inputs, calls in the sandbox, shapes and
+    words. first_call keeps `base`, the input causality starts from, and `base_out`, its output
+    if known; a module's also xs, ys and the captures, a function's probes, y and best."""
 
-    kind: str
-    inputs: tuple            # the input tensors' names, as the sandbox reports their gradients
-    axis: int                # the output's positions axis
-    changed_words: str       # what the causality probe changes, position by position
-    positions_words: str     # the output's layout, for a causality probe that cannot read it
-    shape_words: str         # the output's layout, for probes that need the right shape
-    large_moves: tuple       # which input tensors the large-score probe changes at the end
-    large_words: str         # what that probe changes, in words
-    causal_scale: float      # the scale a changed position is drawn at
-    rows_probe: bool         # the checklist judges rows summing to 1 from a repeated token
-    long_leaks: bool         # the probes change positions of the longest input one at a time
-    blind: bool              # the probes judge lengths by consistency where nothing reproduces it
-    probe_items: tuple       # the probes that need the output's shape right
-
-    def __init__(self, child, info: dict, opts: Options, dtype: torch.dtype):
-        self.child, self.info, self.opts = child, info, opts
-        self.dtype, self.tol, self.T = dtype, TOLERANCE.get(dtype, 5e-2), opts.seq_len
+    def __init__(self, child, info: dict, opts: Options):
+        self.child, self.info, self.opts, self.kind = child, info, opts, info["kind"]
+        self.__dict__.update(KINDS[self.kind])
+        self.function = self.kind == "function"
+        self.T, self.batched, self.convention = opts.seq_len, True, "keep"
+        if self.function:
+            self.dtype = getattr(torch, opts.dtype or "float32")
+            self.h, self.D = opts.n_head, opts.d_model
+            if self.D % self.h:
+                raise CheckError(f"d_model ({self.D}) must be divisible by n_head ({self.h})")
+            self.d_k = self.D // self.h
+            self.widths = (self.d_k,) * 3
+        else:
+            consumed = set(info["consumed"])
+            self.dtype = getattr(torch, info["dtype"])
+            self.D = opts.d_model if "d_model" in consumed else (
+                info["d_model"] or _width(info, opts))
+            self.h = opts.n_head if "n_head" in consumed else info["n_head"]
+            self.widths = (self.D,)
+        self.tol = TOLERANCE.get(self.dtype, 5e-2)
 
     def randn(self, offset: int = 0):
         """A seeded normal draw, rounded to the layer's dtype once (the checklist's inputs at
@@ -88,50 +102,71 @@ class Target:
             t[..., j, :] = rand(*t.shape[:-2], t.size(-1), scale=scale)  # [*lead, width]
         return out
 
+    def lead(self, B: int) -> tuple:
+        return (B, self.h) if self.function and self.batched else () if self.function else (B,)
+
+    def wire(self, inp: tuple) -> tuple:
+        """An input as the child's layer takes it: (x,), or (q, k, v, the causal mask [n_q, n_k]
+        bottom-right aligned in the function's convention)."""
+        if not self.function:
+            return inp
+        return (*inp, as_mask(causal_pattern(inp[0].size(-2), inp[1].size(-2)), self.convention))
+
+    def out_shape(self, B: int, n: int) -> list:
+        return [*self.lead(B), n, self.d_k if self.function else self.D]
+
+    def forward(self, inputs: list, seeds=None, capture=None) -> dict:
+        """The child's answer to forward on each input (outputs None where it raised)."""
+        return ask(self.child, "forward", xs=[self.wire(i) for i in inputs],
+                   seeds=seeds or [0] * len(inputs), capture=capture or [False] * len(inputs))
+
+    def call(self, inputs: list) -> list:
+        return self.forward(inputs)["ys"]
+
     def probe(self, inputs: list, seeds: list, grad_outputs: Optional[list] = None) -> dict:
         """probes.py's request: seeded calls; with grad_outputs, the gradients."""
         return ask(self.child, "probe", inputs=[self.wire(i) for i in inputs], seeds=seeds,
                    grad_outputs=grad_outputs or [None] * len(inputs))
 
+    def context(self) -> Optional[int]:
+        """The shortest context length a layer registers (block_size, a [T, T] buffer)."""
+        if self.function:
+            return None
+        return min(ask(self.child, "context")["sizes"] or [None], key=lambda s: s or math.inf)
 
-class ModuleTarget(Target):
-    kind, inputs, axis = "module", ("x",), 1
-    changed_words, positions_words = "positions", "[batch, positions, ...]"
-    shape_words = "the input's"
-    large_moves, large_words = (0,), "position"
-    causal_scale, rows_probe, long_leaks, blind = 4.0, True, True, True
-    probe_items = ("lengths", "large_scores", "backward")
+    def probe_heads(self, ref) -> int:
+        if self.function:
+            return self.h
+        return ref.h if ref else (self.opts.n_head if "n_head" in self.info["consumed"] else 1)
 
-    def __init__(self, child, info: dict, opts: Options):
-        super().__init__(child, info, opts, getattr(torch, info["dtype"]))
-        consumed = set(info["consumed"])
-        self.D = opts.d_model if "d_model" in consumed else (
-            infer(info, D_MODEL) or _width(info, opts))
-        self.h = opts.n_head if "n_head" in consumed else infer(info, N_HEAD)
-        self.widths = (self.D,)
+    def sigmas(self, ref, inp: tuple, targets, blind) -> list:
+        """The inputs' scales that bring the largest score to each target: q and k's for a
+        function, x's from the reference's scores for a layer (blind: the scores unread)."""
+        if self.function:
+            q, k = inp[0], inp[1]
+            s1 = ((q @ k.transpose(-2, -1)) / math.sqrt(self.d_k)).abs().max().item()
+        else:
+            s1 = ref.max_score(inp[0]) if ref is not None else 0
+        return [math.sqrt(t / s1) for t in targets] if s1 > 0 else list(blind)
 
-    def lead(self, B: int) -> tuple:
-        return (B,)
+    def scale_words(self, ref, inp: tuple, target: float, s: float) -> str:
+        if self.function:
+            return f"scores up to {target:.0e} (q, k times {s:.3g})"
+        return (f"scores up to {ref.max_score(inp[0] * s):.0e} (x times {s:.3g})"
+                if ref is not None else f"x times {s:.3g}")
 
-    def wire(self, inp: tuple):
-        return inp[0]
+    # ------------------------------------------------------------------------- the first call
 
-    def out_shape(self, B: int, n: int) -> list:
-        return [B, n, self.D]
+    def first_call(self, rand, report) -> None:
+        (self._first_function if self.function else self._first_module)(rand, report)
 
-    def call(self, inputs: list) -> list:
-        """The outputs of forward on each x (None where it raised), seed 0, no capture."""
-        return ask(self.child, "forward", xs=[self.wire(i) for i in inputs],
-                   seeds=[0] * len(inputs), capture=[False] * len(inputs))["ys"]
-
-    def first_call(self, rand, report) -> tuple:
+    def _first_module(self, rand, report) -> None:
         """Run forward on x [B, T, D] at each of INPUT_SCALES (capturing its Linears' inputs and
         outputs), and once more on the first under another seed. Keeps xs, ys (float64) and the
         captures; the causality probe starts from the first x and its output."""
         B, T, D, info = self.opts.batch, self.T, self.D, self.info
         xs = [rand(B, T, D, scale=s) for s in INPUT_SCALES]
-        main = ask(self.child, "forward", xs=xs + [xs[0]], seeds=[0, 0, 0, 1],
-                   capture=[True] * 3 + [False])
+        main = self.forward([(x,) for x in xs + [xs[0]]], [0, 0, 0, 1], [True] * 3 + [False])
         if main["errors"][0]:
             raise CheckError(f"{info['how']} failed on x [{B}, {T}, {D}]: {main['errors'][0]}"
                              + view_hint(main["errors"][0], info["file"], D,
@@ -159,7 +194,73 @@ class ModuleTarget(Target):
         self.xs, self.ys, self.captures = xs, ys, main["captures"]
         self.base, self.base_out = (xs[0],), y0
 
+    def _first_function(self, rand, report) -> None:
+        """Call the function on q, k, v [B, h, n, d_k] (else on the sheet's 2-D Q [n, d_k],
+        K [n, d_k], V [n, d_v]) at each scale, under each mask convention it may take, and keep
+        the lead shape and the convention our variants reproduce best. Keeps probes (the inputs
+        per scale), y (the outputs stacked, or None) and best ((key, variant, err) or None); the
+        causality probe starts from the second scale's input."""
+        B, T, h, d_k = self.opts.batch, self.T, self.h, self.d_k
+        if not self.info["takes_mask"]:
+            conventions = ["keep"]  # f(q, k, v) must mask the future itself
+        else:
+            conventions = list(MASKS) if self.opts.mask == "auto" else [self.opts.mask]
+        first_error = None
+        for lead in ((B, h), ()):
+            self.batched = bool(lead)
+            probes = [tuple(rand(*lead, T, d_k, scale=s) for _ in range(3)) for s in QKV_SCALES]
+            outs, errors = {}, {}
+            for c in conventions:
+                self.convention = c
+                answer = self.forward(probes)
+                outs[c], errors[c] = answer["ys"], next((e for e in answer["errors"] if e), None)
+            usable = [c for c in conventions if errors[c] is None]
+            if usable:
+                break
+            first_error = first_error or errors[conventions[0]]
+        else:
+            raise CheckError(f"calling {self.info['how']} on q, k, v [{B}, {h}, {T}, {d_k}] "
+                             f"(and on [{T}, {d_k}]) with a [{T}, {T}] mask failed: "
+                             f"{first_error}")
+        dims = ", ".join(map(str, (*lead, T, d_k)))
+        report.kind = "function"
+        report.header["layer"] = (
+            f"the function {self.info['how']}, {str(self.dtype).replace('torch.', '')}"
+            + ("" if lead else "; it takes the sheet's 2-D shapes, Q [n, d_k], K, V [n, d], "
+                               "not [batch, heads, n, d_k]"))
+        report.header["probes"] = (f"q, k, v [{dims}] ~ N(0, 1) times "
+                                   f"{', '.join(f'{s:g}' for s in QKV_SCALES)}, seed "
+                                   f"{self.opts.seed}; tolerance {self.tol:.0e} relative")
+        q, k, v = (torch.stack([p[i] for p in probes]) for i in range(3))
+        results = {}
+        for c in usable:
+            y = torch.stack([o.double() for o in outs[c]]) if all(
+                list(o.shape) == [*lead, T, d_k] for o in outs[c]) else None
+            results[c] = y, match_function(q, k, v, y, d_k, h, self.tol)
+        matched = [c for c in usable if results[c][1] and results[c][1][2] <= self.tol]
+        self.convention = min(matched or usable, key=lambda c: (
+            results[c][1][0] if results[c][1] else (True, 9, math.inf)))
+        if not self.info["takes_mask"]:
+            report.header["mask"] = "none given: the function takes q, k, v only, so it must " \
+                                    "mask the future itself"
+        elif self.opts.mask == "auto":
+            if len({tuple(torch.cat([o.double().flatten() for o in outs[c]]).tolist())
+                    for c in usable}) == 1 and len(usable) > 1:
+                report.header["mask"] = "the output is the same whatever mask it is given"
+            else:
+                report.header["mask"] = (f"{MASKS[self.convention]} (found by trying all three "
+                                         f"conventions)")
+        else:
+            report.header["mask"] = f"{MASKS[self.convention]} (mask={self.convention})"
+        self.probes, (self.y, self.best) = probes, results[self.convention]
+        self.base, self.base_out = probes[1], None
+
+    # ------------------------------------------------------------------------- the shape
+
     def check_shape(self, rand, report) -> bool:
+        return (self._shape_function if self.function else self._shape_module)(rand, report)
+
+    def _shape_module(self, rand, report) -> bool:
         """The output [B, T, D], and again built with other head counts where it takes n_head.
         Returns whether the first output has the input's shape."""
         B, T, D, n_head, y0 = self.opts.batch, self.T, self.D, self.opts.n_head, self.base_out
@@ -193,160 +294,20 @@ class ModuleTarget(Target):
     def _rebuild(self, n_head: int, x) -> dict:
         """{'shape': [...]} of the layer built with n_head heads, or {'error': why not}."""
         try:
-            return self.child.ask("rebuild", n_head=n_head, x=x)
+            return self.child.ask("rebuild", n_head=n_head, x=(x,))
         except SandboxError as exc:
             raise CheckError(str(exc)) from None
 
-    def context(self) -> Optional[int]:
-        """The shortest context length the layer registers (block_size, a [T, T] buffer)."""
-        return min(ask(self.child, "context")["sizes"] or [None], key=lambda s: s or math.inf)
-
-    def probe_heads(self, ref) -> int:
-        return ref.h if ref else (self.opts.n_head if "n_head" in self.info["consumed"] else 1)
-
-    def sigmas(self, ref, inp: tuple, targets, blind) -> list:
-        """x's scales that bring the largest score to each target (blind: the scores unread)."""
-        s1 = ref.max_score(inp[0]) if ref is not None else 0
-        return [math.sqrt(t / s1) for t in targets] if s1 > 0 else list(blind)
-
-    def scale_words(self, ref, inp: tuple, target: float, s: float) -> str:
-        return (f"scores up to {ref.max_score(inp[0] * s):.0e} (x times {s:.3g})"
-                if ref is not None else f"x times {s:.3g}")
-
-
-class FunctionTarget(Target):
-    kind, inputs, axis = "function", ("q", "k", "v"), -2
-    changed_words, positions_words = "queries, keys and values", "[..., positions, d_v]"
-    shape_words = "[..., n, d_v]"
-    large_moves, large_words = (1, 2), "key and value"
-    causal_scale, rows_probe, long_leaks, blind = 2.0, False, False, False
-    probe_items = ("lengths", "large_scores", "backward", "unequal")
-
-    def __init__(self, child, info: dict, opts: Options):
-        super().__init__(child, info, opts, getattr(torch, opts.dtype or "float32"))
-        self.h, self.D = opts.n_head, opts.d_model
-        if self.D % self.h:
-            raise CheckError(f"d_model ({self.D}) must be divisible by n_head ({self.h})")
-        self.d_k = self.D // self.h
-        self.widths = (self.d_k,) * 3
-        self.batched, self.convention = True, "keep"  # until the first call finds them
-
-    def lead(self, B: int) -> tuple:
-        return (B, self.h) if self.batched else ()
-
-    def mask(self, n_q: int, n_k: int) -> torch.Tensor:
-        """The causal mask [n_q, n_k] (bottom-right aligned) in the function's convention."""
-        return as_mask(causal_pattern(n_q, n_k), self.convention)
-
-    def wire(self, inp: tuple):
-        return (*inp, self.mask(inp[0].size(-2), inp[1].size(-2)))
-
-    def out_shape(self, B: int, n: int) -> list:
-        return [*self.lead(B), n, self.d_k]
-
-    def call(self, inputs: list) -> list:
-        return ask(self.child, "call", calls=[self.wire(i) for i in inputs])["outs"]
-
-    def context(self) -> Optional[int]:
-        return None
-
-    def probe_heads(self, ref) -> int:
-        return self.h
-
-    def sigmas(self, ref, inp: tuple, targets, blind) -> list:
-        """q and k's scales that bring the largest score q k^T / sqrt(d_k) to each target."""
-        q, k = inp[0], inp[1]
-        s1 = ((q @ k.transpose(-2, -1)) / math.sqrt(self.d_k)).abs().max().item()
-        return [math.sqrt(t / s1) for t in targets]
-
-    def scale_words(self, ref, inp: tuple, target: float, s: float) -> str:
-        return f"scores up to {target:.0e} (q, k times {s:.3g})"
-
-    def first_call(self, rand, report) -> None:
-        """Call the function on q, k, v [B, h, n, d_k] (else on the sheet's 2-D Q [n, d_k],
-        K [n, d_k], V [n, d_v]) at each scale, under each mask convention it may take, and keep
-        the lead shape and the convention our variants reproduce best. Keeps probes (the inputs
-        per scale), y (the outputs stacked, or None) and best ((key, variant, err) or None); the
-        causality probe starts from the second scale's input."""
-        B, T, h, d_k = self.opts.batch, self.T, self.h, self.d_k
-        if not self.info["takes_mask"]:
-            conventions = ["keep"]  # f(q, k, v) must mask the future itself
-        else:
-            conventions = list(MASKS) if self.opts.mask == "auto" else [self.opts.mask]
-        first_error = None
-        for lead in ((B, h), ()):
-            probes = [tuple(rand(*lead, T, d_k, scale=s) for _ in range(3)) for s in QKV_SCALES]
-            calls = [(*p, as_mask(causal_pattern(T, T), c)) for c in conventions for p in probes]
-            answer = ask(self.child, "call", calls=calls)
-            outs = {c: answer["outs"][i * 3:(i + 1) * 3] for i, c in enumerate(conventions)}
-            errors = {c: next((e for e in answer["errors"][i * 3:(i + 1) * 3] if e), None)
-                      for i, c in enumerate(conventions)}
-            usable = [c for c in conventions if errors[c] is None]
-            if usable:
-                break
-            first_error = first_error or errors[conventions[0]]
-        else:
-            raise CheckError(f"calling {self.info['how']} on q, k, v [{B}, {h}, {T}, {d_k}] "
-                             f"(and on [{T}, {d_k}]) with a [{T}, {T}] mask failed: "
-                             f"{first_error}")
-        self.batched = bool(lead)
-        dims = ", ".join(map(str, (*lead, T, d_k)))
-        report.kind = "function"
-        report.header["layer"] = (
-            f"the function {self.info['how']}, {str(self.dtype).replace('torch.', '')}"
-            + ("" if lead else "; it takes the sheet's 2-D shapes, Q [n, d_k], K, V [n, d], "
-                               "not [batch, heads, n, d_k]"))
-        report.header["probes"] = (f"q, k, v [{dims}] ~ N(0, 1) times "
-                                   f"{', '.join(f'{s:g}' for s in QKV_SCALES)}, seed "
-                                   f"{self.opts.seed}; tolerance {self.tol:.0e} relative")
-        results = {c: self._closest(probes, outs[c], [*lead, T, d_k]) for c in usable}
-        matched = [c for c in usable if results[c][1] and results[c][1][2] <= self.tol]
-        self.convention = min(matched or usable, key=lambda c: (
-            results[c][1][0] if results[c][1] else (True, 9, math.inf)))
-        if not self.info["takes_mask"]:
-            report.header["mask"] = "none given: the function takes q, k, v only, so it must " \
-                                    "mask the future itself"
-        elif self.opts.mask == "auto":
-            if len({tuple(torch.cat([o.double().flatten() for o in outs[c]]).tolist())
-                    for c in usable}) == 1 and len(usable) > 1:
-                report.header["mask"] = "the output is the same whatever mask it is given"
-            else:
-                report.header["mask"] = (f"{MASKS[self.convention]} (found by trying all three "
-                                         f"conventions)")
-        else:
-            report.header["mask"] = f"{MASKS[self.convention]} (mask={self.convention})"
-        self.probes, (self.y, self.best) = probes, results[self.convention]
-        self.base, self.base_out = probes[1], None
-
-    def _closest(self, probes: list, outs: list, expected: list) -> tuple:
-        """(y: the outputs stacked, or None if one is misshapen; best: (key, variant, err) of
-        the variant of ours closest to them, fewest mistakes first, or None)."""
-        q, k, v = (torch.stack([p[i] for p in probes]) for i in range(3))
-        y = torch.stack([o.double() for o in outs]) if all(
-            list(o.shape) == expected for o in outs) else None
-        best = None
-        for var in all_variants() if y is not None else []:
-            if not var.attn.out_proj or var.attn.split_heads_no_transpose:
-                continue  # its heads come split, and it has no W_O
-            ref = attend_heads(q, k, v, var.pattern,
-                               **variant_attend_kwargs(var, self.d_k, self.h))
-            err = rel_err(y, ref, skip_first=var.pattern == "mask_no_diagonal", probes=PROBES)
-            key = (err > self.tol, len(var.mistakes), err)
-            if best is None or key < best[0]:
-                best = (key, var, err)
-        return y, best
-
-    def check_shape(self, rand, report) -> bool:
+    def _shape_function(self, rand, report) -> bool:
         """The output [..., n, d_v] for several head counts, with d_v != d_k."""
         B, T, d_k, lead = self.opts.batch, self.T, self.d_k, self.batched
         shapes, wrong = [], []
         d_v = next(d for d in (d_k // 2, d_k + 1, d_k + 3) if d > 0 and d not in (d_k, T))
         for hh in head_choices(self.D, self.h) if lead else [None]:
             lead_h = (B, hh) if lead else ()
-            call = (rand(*lead_h, T, d_k), rand(*lead_h, T, d_k), rand(*lead_h, T, d_v),
-                    self.mask(T, T))
-            got = ask(self.child, "call", calls=[call])
-            out = got["outs"][0]
+            got = self.forward([(rand(*lead_h, T, d_k), rand(*lead_h, T, d_k),
+                                 rand(*lead_h, T, d_v))])
+            out = got["ys"][0]
             shapes.append(hh)
             if out is None or list(out.shape) != [*lead_h, T, d_v]:
                 wrong.append((f"{hh} heads, d_v = {d_v}: " if lead else f"d_v = {d_v}: ")
@@ -393,7 +354,7 @@ def view_hint(error: str, file: str, D: int, h: int) -> str:
 
 
 def infer(info: dict, names: set) -> Optional[int]:
-    """A positive int attribute of the layer under one of these names (its width, its heads)."""
+    """A positive int attribute of the layer under one of these names (its window)."""
     for key, value in info["attrs"].items():
         if key in names and isinstance(value, int) and value > 0:
             return value

@@ -1,19 +1,20 @@
-"""Our attention, correct and with each classic mistake, as references to compare a layer with.
+"""Our attention, correct and with each mistake the checker names, as references to compare a
+layer or a function with.
 
 The variants are the project's own: `conf/attention/*.yaml` (each a diff on `AttentionConfig`),
-plus the off-by-one masks, which the model has no switch for and which are built here from
-`scaled_dot_product_attention`'s `visible` pattern: `mask_no_diagonal` (query i sees keys
-0..i-1 only) and `mask_one_future` (query i also sees key i + 1). Of the switches, only those a
-forward pass `layer(x)` can show are variants here (FORWARD_FIELDS: the scale, the mask, W_O,
-the head split and the softmax's axis); the rotary and grouped-head ones are modern.py's, the
-cache and padding ones need a cache. A layer with a sliding window (`windowed`) gets the window
-as part of every variant's pattern, and `window_off_by_one` (w + 1 keys) besides. Mistakes that
+of which those a forward pass `layer(x)` shows (FORWARD_FIELDS: the scale, the mask, W_O, the
+head split and the softmax's axis; the rotary and grouped-head switches are tried with rotary
+positions, diagnosis.py; the cache and padding ones need a cache), plus the checker's own
+mistakes, which the model has no switch for (CHECKER): masks off by one or inverted, the scores
+K Q^T, the scale after the softmax. A layer with a sliding window (`windowed`) gets the window as
+part of every variant's pattern, and `window_off_by_one` (w + 1 keys) besides. Mistakes that
 touch different fields combine, so a layer with two of them is named with both.
 
-Two references compute the same equation: `module_output` runs our `CausalSelfAttention` with
-the user's weights (the layer the project trains), `attend` runs our
-`scaled_dot_product_attention` on given q, k, v with any divisor, mask and head split, for the
-step-by-step diagnosis.
+Two references compute the equation: `layer_output` runs our `CausalSelfAttention` with a
+layer's weights (a layouts.Reading) through torch.func.functional_call, so that it is
+differentiable in them (the gradient probe), and `Variant.equation` runs our
+`scaled_dot_product_attention` on given q, k, v (a function's reference, and the step-by-step
+diagnosis's). `fit` finds a divisor or a mask value no variant has, for either.
 """
 from __future__ import annotations
 
@@ -22,34 +23,42 @@ import itertools
 import math
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
+import torch.nn as nn
+import torch.nn.functional as F
 from omegaconf import OmegaConf
 
 from model.attention import attention_layer, causal_pattern, scaled_dot_product_attention
 from model.config import AttentionConfig, AttentionImpl, MaskMode, Scale
 from model.pitfalls import masked_softmax
+from model.rotary import rotary_tables
+from check_attention.compare import golden, rel_err
 
 CONF = Path(__file__).resolve().parents[1] / "conf" / "attention"
 PATTERNS = {"causal": 0, "mask_no_diagonal": -1, "mask_one_future": 1}  # tril diagonal offset
-ITEMS = ("scale", "w_o", "before_softmax", "mask_value")  # the checklist items a variant decides
-# The AttentionConfig fields whose pitfalls a forward pass layer(x) shows (module_output runs
-# them through our own PitfallAttention).
+# The checker's own mistakes. The first two are patterns and combine; the rest are tried alone,
+# after everything else (diagnosis.py's last tier).
+CHECKER = ("mask_no_diagonal", "mask_one_future", "mask_inverted", "scores_kq",
+           "scale_after_softmax")
+RARE = CHECKER[2:]
+# The AttentionConfig fields whose pitfalls a forward pass layer(x) shows.
 FORWARD_FIELDS = {"scale", "mask_mode", "mask_value", "out_proj", "split_heads_no_transpose",
                   "softmax_over_queries"}
 
 
 def pattern(name: str, n: int) -> torch.Tensor:
     """The boolean [n, n] visible pattern of a mask (True = query i may see key j)."""
-    if name == "causal":
-        return causal_pattern(n, n)
+    if name in ("causal", "mask_inverted"):
+        return causal_pattern(n, n) ^ (name == "mask_inverted")
     return torch.ones(n, n, dtype=torch.bool).tril(diagonal=PATTERNS[name])
 
 
 @dataclass(frozen=True)
 class Variant:
-    """One way to compute attention: our config (scale, mask, W_O) and the mask's pattern."""
+    """One way to compute attention: our config (scale, mask, W_O, ...), the mask's pattern and
+    the checker's own mistakes."""
 
     name: str
     attn: AttentionConfig
@@ -68,14 +77,17 @@ class Variant:
         return keep & (i[None, :] > i[:, None] - w)
 
     def scale(self, d_k: int, h: int) -> float:
+        """The factor of the scores (1: none, where the weights are scaled after the softmax)."""
+        if "scale_after_softmax" in self.mistakes:
+            return 1.0
         return {Scale.d_k: 1 / math.sqrt(d_k), Scale.d_model: 1 / math.sqrt(d_k * h),
                 Scale.none: 1.0}[self.attn.scale]
 
     def fails(self) -> dict[str, bool]:
         """Which checklist items this variant gets wrong."""
         a = self.attn
-        return {"scale": a.scale is not Scale.d_k, "w_o": not a.out_proj,
-                "before_softmax": a.mask_mode is MaskMode.after_softmax,
+        return {"scale": a.scale is not Scale.d_k or "scale_after_softmax" in self.mistakes,
+                "w_o": not a.out_proj, "before_softmax": a.mask_mode is MaskMode.after_softmax,
                 "mask_value": a.mask_mode is not MaskMode.after_softmax and a.mask_value > -1e3}
 
     @property
@@ -86,12 +98,31 @@ class Variant:
         a = self.attn
         return a.split_heads_no_transpose or a.softmax_over_queries or a.window_off_by_one
 
+    @property
+    def rare(self) -> bool:
+        return any(m in RARE for m in self.mistakes)
+
     def behaviour(self) -> tuple:
         """Variants with equal behaviour compute the same thing (one of them is enough)."""
         a = self.attn
         value = None if a.mask_mode is MaskMode.after_softmax else a.mask_value
-        return (a.scale, a.mask_mode, value, a.out_proj, self.pattern,
+        return (a.scale, a.mask_mode, value, a.out_proj, self.pattern, self.mistakes * self.rare,
                 a.split_heads_no_transpose, a.softmax_over_queries, a.window_off_by_one)
+
+    def equation(self, q, k, v, d_k: int, h: int, visible: Optional[torch.Tensor] = None,
+                 scale: Optional[float] = None, mask: Optional[tuple] = None) -> torch.Tensor:
+        """Our scaled_dot_product_attention as this variant computes it, in q's dtype: q [...,
+        n, d_k], k, v [..., m, d] -> [..., n, d_v]. visible: the pattern (its own [n, n] by
+        default); scale, mask (mode, value): a fitted divisor or mask value instead of its own."""
+        mode, value = mask or (self.attn.mask_mode, self.attn.mask_value)
+        if "scores_kq" in self.mistakes:
+            q, k = k, q
+        y, _ = scaled_dot_product_attention(
+            q, k, v, self.visible(q.size(-2)) if visible is None else visible,
+            scale=self.scale(d_k, h) if scale is None else scale,
+            masked_softmax=masked_softmax(mode, value, -2 if self.attn.softmax_over_queries
+                                          else -1))
+        return y / math.sqrt(d_k) if "scale_after_softmax" in self.mistakes else y
 
 
 @functools.lru_cache(maxsize=1)
@@ -107,15 +138,16 @@ def _pitfalls() -> tuple[tuple[str, dict], ...]:
 
 
 def switch_of(name: str) -> Optional[str]:
-    """The study's switch (conf/attention/NAME.yaml) a mistake's name is, or None (the off-by-one
-    masks and the fitted divisors have none)."""
+    """The study's switch (conf/attention/NAME.yaml) a mistake's name is, or None (the checker's
+    own mistakes and the fitted divisors have none)."""
     return name if name in dict(_pitfalls()) else None
 
 
 def all_variants(max_mistakes: int = 3, window: Optional[int] = None) -> list[Variant]:
     """correct, each mistake a forward pass can show, and each combination of mistakes that
-    touch different fields; fewest mistakes first. window: the layer's sliding window, which
-    every variant then has, and whose off-by-one is one more mistake."""
+    touch different fields; fewest mistakes first, the checker's rare ones (alone) last.
+    window: the layer's sliding window, which every variant then has, and whose off-by-one is
+    one more mistake."""
     return list(_variants(max_mistakes, window))
 
 
@@ -126,101 +158,102 @@ def _variants(max_mistakes: int, window: Optional[int]) -> tuple[Variant, ...]:
     singles = [(name, diff) for name, diff in _pitfalls() if set(diff) <= FORWARD_FIELDS | forward]
     singles += [(name, {"mask_mode": None, "mask_value": None, "pattern": name})
                 for name in PATTERNS if name != "causal"]
+    combos = [c for count in range(max_mistakes + 1) for c in
+              itertools.combinations(singles, count)]
+    combos += [((name, {"pattern": name} if name == "mask_inverted" else {}),) for name in RARE]
     out, seen = [], set()
-    for count in range(max_mistakes + 1):
-        for combo in itertools.combinations(singles, count):
-            keys = [set(diff) for _, diff in combo]
-            if any(a & b for a, b in itertools.combinations(keys, 2)):
-                continue
-            merged = {k: v for _, diff in combo for k, v in diff.items() if v is not None}
-            pat = merged.pop("pattern", "causal")
-            attn = OmegaConf.to_object(OmegaConf.merge(base, merged))
-            attn = replace(attn, impl=AttentionImpl.reference, query_block=0,
-                           name="+".join(n for n, _ in combo) or "correct")
-            variant = Variant(attn.name, attn, pat, tuple(n for n, _ in combo), window)
-            if variant.behaviour() not in seen:
-                seen.add(variant.behaviour())
-                out.append(variant)
+    for combo in combos:
+        keys = [set(diff) for _, diff in combo]
+        if any(a & b for a, b in itertools.combinations(keys, 2)):
+            continue
+        merged = {k: v for _, diff in combo for k, v in diff.items() if v is not None}
+        pat = merged.pop("pattern", "causal")
+        attn = OmegaConf.to_object(OmegaConf.merge(base, merged))
+        attn = replace(attn, impl=AttentionImpl.reference, query_block=0,
+                       name="+".join(n for n, _ in combo) or "correct")
+        variant = Variant(attn.name, attn, pat, tuple(n for n, _ in combo), window)
+        if variant.behaviour() not in seen:
+            seen.add(variant.behaviour())
+            out.append(variant)
     return tuple(out)
 
 
-# ----------------------------------------------------------------------------- references
+def layer_output(r, rotary, variant: Variant, switches: tuple, x: torch.Tensor,
+                 dtype=torch.float64, grad: bool = False, seen: Optional[dict] = None,
+                 scale: Optional[float] = None, mask: Optional[tuple] = None) -> torch.Tensor:
+    """Our CausalSelfAttention (in `dtype`, float64 unless the probes ask for the layer's own)
+    with the reading r's weights (layouts.Reading), its rotary positions (layouts.Rotary) and
+    QK-norm, as `variant` with the second study's `switches` on: x [B, T, D] -> y. The weights
+    enter by torch.func.functional_call, not by copying, so that with grad the output is
+    differentiable in them. seen: gets the q and k the scores are made of (after QK-norm and
+    rotary positions); scale, mask (mode, value): a fitted divisor or mask value."""
+    D, T, d_k = r.wq.size(1), x.size(1), r.wq.size(1) // r.h
+    attn = replace(variant.attn, out_proj=r.wo is not None,
+                   rotary_interleaved=rotary.layout == "interleaved",
+                   **{p: True for p in switches})
+    if mask is not None:
+        attn = replace(attn, mask_mode=mask[0], mask_value=mask[1])
+    eps = (r.norm or {}).get("eps")
+    layer = attention_layer(D, r.h, block_size=T, attn=attn, bias=True, n_kv_head=r.h_kv,
+                            qk_norm=r.norm is not None,
+                            norm_eps=eps if eps is not None else 1e-6).to(dtype).eval()
+    weights = r.weights()
+    if r.norm is not None:
+        for role in ("q", "k"):
+            w, b = r.norm[role]
+            norm = nn.LayerNorm(d_k, eps=eps or 1e-5, bias=b is not None) \
+                if r.norm["cls"] == "LayerNorm" else nn.RMSNorm(d_k, eps=eps)
+            setattr(layer, f"{role}_norm", norm.to(dtype))
+            weights[f"{role}_norm.weight"] = w
+            if b is not None:
+                weights[f"{role}_norm.bias"] = b.double()
+    layer.causal = variant.visible(T)
+    if dtype != torch.float64:  # in the layer's dtype: q, k and v by a matmul each, as layers
+        rows = (D, r.wk.size(0), r.wk.size(0))  # write them, rounded as theirs are
 
+        def separate(x, qkv=layer.qkv):
+            return torch.cat([F.linear(x, w, b) for w, b in zip(qkv.weight.split(rows),
+                                                                qkv.bias.split(rows))], -1)
+        layer.qkv.forward = separate
+    if scale is not None or "scale_after_softmax" in variant.mistakes:
+        layer.scale = lambda: variant.scale(d_k, r.h) if scale is None else scale
+    attend = layer.attend
 
-@dataclass
-class Weights:
-    """A layer's projections in our layout: W [out, in] as nn.Linear keeps them, heads
-    contiguous (head i owns rows i*d_k .. (i+1)*d_k of W_Q, W_K, W_V); wo None: no W_O."""
-
-    wq: torch.Tensor
-    wk: torch.Tensor
-    wv: torch.Tensor
-    bq: Optional[torch.Tensor]
-    bk: Optional[torch.Tensor]
-    bv: Optional[torch.Tensor]
-    wo: Optional[torch.Tensor]
-    bo: Optional[torch.Tensor]
-
-
-def _bias(b: Optional[torch.Tensor], n: int) -> torch.Tensor:
-    return torch.zeros(n, dtype=torch.float64) if b is None else b.double()
-
-
-def module_output(w: Weights, h: int, variant: Variant, x: torch.Tensor) -> torch.Tensor:
-    """Our CausalSelfAttention (float64) with these weights, as `variant`: x [B, T, D] -> y."""
-    D, T = w.wq.size(1), x.size(1)
-    attn = replace(variant.attn, out_proj=w.wo is not None)
-    layer = attention_layer(D, h, block_size=T, attn=attn, bias=True).double().eval()
-    with torch.no_grad():
-        layer.qkv.weight.copy_(torch.cat([w.wq, w.wk, w.wv]))
-        layer.qkv.bias.copy_(torch.cat([_bias(w.bq, D), _bias(w.bk, D), _bias(w.bv, D)]))
-        if w.wo is not None:
-            layer.out_proj.weight.copy_(w.wo)
-            layer.out_proj.bias.copy_(_bias(w.bo, D))
-        layer.causal = variant.visible(T)
-        y, _ = layer(x.double())
+    def attend_as_variant(q, k, *rest):
+        if "scores_kq" in variant.mistakes:
+            q, k = k, q
+        if seen is not None:
+            seen.update(q=q, k=k)
+        y, w = attend(q, k, *rest)
+        return (y / math.sqrt(d_k) if "scale_after_softmax" in variant.mistakes else y), w
+    layer.attend = attend_as_variant
+    tables = None if rotary.layout is None else rotary_tables(torch.arange(T), d_k,
+                                                              rotary.theta, dtype)
+    with torch.set_grad_enabled(grad):
+        y, _ = torch.func.functional_call(layer, {n: w.to(dtype) for n, w in weights.items()},
+                                          (x.to(dtype),), {"rotary": tables})
     return y
 
 
-# How a [B, T, D] projection becomes heads [B, h, T, d_k], and back: ours, and the classic
-# slip of a reshape without the transpose, which mixes positions and heads.
-SPLITS = {
-    "heads": (lambda t, h: t.view(t.size(0), t.size(1), h, -1).transpose(1, 2),
-              lambda y: y.transpose(1, 2).reshape(y.size(0), y.size(2), -1)),
-    "mixed": (lambda t, h: t.reshape(t.size(0), h, t.size(1), -1),
-              lambda y: y.reshape(y.size(0), y.size(2), -1)),
-}
-
-
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, h: int, *, scale: float,
-           mask_mode: MaskMode = MaskMode.add, mask_value: float = float("-inf"),
-           pattern_name: str = "causal", split: str = "heads", merge: str = "heads",
-           dim: int = -1) -> torch.Tensor:
-    """Concat_i softmax(q_i k_i^T * scale + M) v_i, before W_O: q, k, v [B, T, D] -> [B, T, D]."""
-    cut, _ = SPLITS[split]
-    _, join = SPLITS[merge]
-    visible = pattern(pattern_name, q.size(1))
-    y, _ = scaled_dot_product_attention(cut(q.double(), h), cut(k.double(), h), cut(v.double(), h),
-                                        visible, scale=scale,
-                                        masked_softmax=masked_softmax(mask_mode, mask_value, dim))
-    return join(y)
-
-
-def attend_heads(q, k, v, visible_name: str, *, scale: float, mask_mode: MaskMode,
-                 mask_value: float, dim: int = -1) -> torch.Tensor:
-    """The bare equation on [..., n, d] tensors (a scaled dot-product function's reference)."""
-    y, _ = scaled_dot_product_attention(q.double(), k.double(), v.double(),
-                                        pattern(visible_name, q.size(-2)), scale=scale,
-                                        masked_softmax=masked_softmax(mask_mode, mask_value, dim))
-    return y
-
-
-def variant_attend_kwargs(variant: Variant, d_k: int, h: int) -> dict:
-    """The equation's settings as `variant` has them; dim: the softmax's axis (-2: over the
-    queries, softmax_over_queries)."""
-    return {"scale": variant.scale(d_k, h), "mask_mode": variant.attn.mask_mode,
-            "mask_value": variant.attn.mask_value,
-            "dim": -2 if variant.attn.softmax_over_queries else -1}
+def fit(ref: Callable, y: torch.Tensor, d_k: int, h: int, tol: float, probes: int,
+        how: bool = False) -> Optional[tuple[str, str]]:
+    """A divisor, then a finite mask value (added, then written into the scores), that no
+    variant has but reproduces y: ref(scale=..., mask=(mode, value)) -> our output with it.
+    Returns (the item it fails, its words) or None. how: the words say how the mask is put."""
+    log_s, e = golden(lambda ls: rel_err(y, ref(scale=math.exp(ls)), probes=probes),
+                      math.log(1e-3), math.log(10.0))
+    if e <= tol:
+        return "scale", divisor_words(math.exp(log_s), d_k, h, tol)
+    for mode in (MaskMode.add, MaskMode.fill):
+        value, e = golden(lambda m, mode=mode: rel_err(y, ref(mask=(mode, m)), probes=probes),
+                          -60.0, 0.0)
+        if e <= tol:
+            put = (", added to" if mode is MaskMode.add else ", written into") + \
+                " the future scores: too small to hide them" if how else \
+                ": too small to hide the future"
+            return "mask_value", (f"the mask value is {value:.3g}{put} (exp({value:.3g}) = "
+                                  f"{math.exp(value):.2g} of a visible key's weight)")
+    return None
 
 
 # ----------------------------------------------------------------------------- words
@@ -233,7 +266,8 @@ def num(x: float) -> str:
 
 def mistake_words(variant: Variant, d_k: int, h: int) -> list[tuple[str, str]]:
     """(item, plain words) for each mistake in `variant`; item '' when it is none of the
-    checklist's five (the head split, the softmax's axis, the off-by-one masks and window)."""
+    checklist's five (the head split, the softmax's axis, the masks off by one or inverted,
+    the window, the scores K Q^T)."""
     a, out = variant.attn, []
     if a.split_heads_no_transpose:
         out.append(("", split_words(h, d_k)))
@@ -257,11 +291,8 @@ def mistake_words(variant: Variant, d_k: int, h: int) -> list[tuple[str, str]]:
         else:
             out.append(("mask_value", f"the mask adds {a.mask_value:g} to the future scores, "
                         f"which does not hide them: every query attends to the future"))
-    if variant.pattern == "mask_no_diagonal":
-        out.append(("", "the mask also hides each query's own position (diagonal excluded): "
-                        "position i sees only 0..i-1, and position 0 sees no key at all"))
-    elif variant.pattern == "mask_one_future":
-        out.append(("", "the mask is off by one: position i also sees position i + 1"))
+    out += [(item, words.format(sqrt_d_k=num(math.sqrt(d_k))))
+            for m, (item, words) in CHECKER_WORDS.items() if m in variant.mistakes]
     if a.softmax_over_queries:
         out.append(("", "softmax runs over the queries (dim=-2) instead of the keys (dim=-1): "
                         "each key's column of weights sums to 1, not each query's row, and a "
@@ -272,6 +303,26 @@ def mistake_words(variant: Variant, d_k: int, h: int) -> list[tuple[str, str]]:
                         f"i - {w} .. i (j >= i - {w}) where i - {w - 1} .. i (j > i - {w}), "
                         f"its own included, belongs"))
     return out
+
+
+CHECKER_WORDS = {
+    "mask_no_diagonal": ("", "the mask also hides each query's own position (diagonal "
+                             "excluded): position i sees only 0..i-1, and position 0 sees no "
+                             "key at all"),
+    "mask_one_future": ("", "the mask is off by one: position i also sees position i + 1"),
+    "mask_inverted": ("", "the boolean mask is read inverted (True = masked out taken as True = "
+                          "may attend, or the reverse): each query sees the keys after it and "
+                          "none before, the last query none at all; fill the scores where the "
+                          "mask hides a key (masked_fill(~visible, -inf) for a True = may "
+                          "attend mask), or build it as the other triangle"),
+    "scores_kq": ("", "the scores are K Q^T, not Q K^T: row i holds key i against every query, "
+                      "so each query is weighted by another query's scores; compute "
+                      "Q @ K.transpose(-2, -1)"),
+    "scale_after_softmax": ("scale", "the weights are divided by sqrt(d_k) = {sqrt_d_k} after "
+                                     "the softmax, not the scores before it: the softmax sees "
+                                     "unscaled scores and each row sums to 1 / {sqrt_d_k}; "
+                                     "divide QK^T by sqrt(d_k) before the softmax"),
+}
 
 
 def split_words(h: int, d_k: int) -> str:
@@ -294,4 +345,3 @@ def divisor_words(scale: float, d_k: int, h: int, tol: float = 2e-3) -> str:
         if abs(divisor / value - 1) < max(tol, 2e-3):
             return f"scores are divided by {words}, not sqrt(d_k) = {num(math.sqrt(d_k))}"
     return f"scores are divided by {divisor:.4g}, not sqrt(d_k) = {num(math.sqrt(d_k))}"
-

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from safeio.cli import UserError
 from safeio.files import read_text
-from check_attention.report import ITEM_WORDS
+from check_attention.checklist import CHECKS
 
 VISIBILITIES = ("visible", "after_due_date", "after_published", "hidden")
 MAX_WEIGHTS_BYTES = 64 << 10
@@ -29,19 +29,9 @@ class Weight:
     visibility: str = "visible"
 
 
-# The checklist and the two checks that decide whether a layer is attention at all are shown to
-# the student at once; the probes past the checklist count as much but are shown after the due
-# date, so that a student fixes the equation before chasing a gradient. docs/grading.md shows
-# this table (tests/test_grading.py holds the two the same).
-DEFAULT_WEIGHTS = {
-    "scale": Weight(1), "w_o": Weight(1), "before_softmax": Weight(1), "mask_value": Weight(1),
-    "shape": Weight(1), "causal": Weight(2), "equation": Weight(2),
-    "backward": Weight(1, "after_due_date"), "lengths": Weight(1, "after_due_date"),
-    "large_scores": Weight(1, "after_due_date"), "batch": Weight(1, "after_due_date"),
-    "deterministic": Weight(1, "after_due_date"), "input_kept": Weight(1, "after_due_date"),
-    "unequal": Weight(1, "after_due_date"),
-}
-assert list(DEFAULT_WEIGHTS) == list(ITEM_WORDS), "a check without a default weight"
+# The default table: each check's points and visibility as checklist.py gives them
+# (docs/grading.md shows this table; tests/test_grading.py holds the two the same).
+DEFAULT_WEIGHTS = {c.key: Weight(c.points, c.visibility) for c in CHECKS}
 
 
 def parse_weights(text: str, where: str = "weights") -> dict[str, Weight]:

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from check_helpers import ITEMS, PROBES, failing, run, sandbox, text  # noqa: F401 (a fixture)
-from check_attention import modern
+from check_attention import layouts
 from check_attention.sandbox import course
 
 
@@ -31,9 +31,9 @@ def test_adapters_are_recognised_by_their_signatures():
 def test_theta_is_the_layers_own_then_ours():
     d_k = 16
     inv_freq = 500000.0 ** (-torch.arange(0, d_k, 2, dtype=torch.float64) / d_k)
-    assert modern.thetas({"attrs": {}, "buffers": {}}, d_k) == [10000.0, 500000.0]
-    assert modern.thetas({"attrs": {"rope_theta": 1e6}}, d_k) == [1e6, 10000.0, 500000.0]
-    assert modern.thetas({"attrs": {}, "buffers": {"rotary.inv_freq": inv_freq}}, d_k)[0] \
+    assert layouts.thetas({"attrs": {}, "buffers": {}}, d_k) == [10000.0, 500000.0]
+    assert layouts.thetas({"attrs": {"rope_theta": 1e6}}, d_k) == [1e6, 10000.0, 500000.0]
+    assert layouts.thetas({"attrs": {}, "buffers": {"rotary.inv_freq": inv_freq}}, d_k)[0] \
         == 500000.0
 
 

@@ -66,6 +66,8 @@ def check_answer(cmd: str, request: dict, answer) -> None:
             _of(entry.get("cls"), str, "a Linear's class")
         for key, value in _of(answer.get("attrs"), dict, "attrs").items():
             _of(key, str, "an attribute's name"), _of(value, (int, float), key)
+        for key in ("d_model", "n_head"):
+            _of(answer.get(key), (int, type(None)), key)
         for entry in _list(answer.get("norms", []), "norms"):
             _of(entry.get("name") if isinstance(entry, dict) else None, str, "a norm's name")
             _of(entry.get("cls"), str, "a norm's class")
@@ -75,10 +77,9 @@ def check_answer(cmd: str, request: dict, answer) -> None:
         for entry in _list(answer.get("modules"), "modules"):
             for part in _list(entry, "a module entry", 2):
                 _of(part, str, "a module entry")
-    elif cmd in ("forward", "call"):
-        n = len(request["xs" if cmd == "forward" else "calls"])
-        outs = "ys" if cmd == "forward" else "outs"
-        for y in _list(answer.get(outs), outs, n):
+    elif cmd == "forward":
+        n = len(request["xs"])
+        for y in _list(answer.get("ys"), "ys", n):
             _tensor(y, "an output", optional=True)
         for e in _list(answer.get("errors"), "errors", n):
             _of(e, (str, type(None)), "an error")

@@ -6,13 +6,13 @@ judges anything: it reports what the layer returned, and the checker compares.
 
 Requests (dicts with a `cmd`):
     load     shut this process in to what FILE may read (host.py), import FILE, find NAME (and
-             check it is the object check() was given), build the layer (or take the
-             function), eval() it
-    forward  run the layer on each x; optionally record each Linear's first input and output
+             check it is the object check() was given), build the layer (or wrap the function
+             as one over (q, k, v, mask): FunctionLayer), eval() it
+    forward  run the layer on each input, (x,) or (q, k, v, mask); optionally record each
+             Linear's first input and output
     rebuild  build it again with another head count and report the output's shape
-    call     call a scaled dot-product function on (q, k, v, mask) tuples
-    probe    call either under a seed; backpropagate a given output gradient, or report
-             which inputs the call changed in place (probes.py)
+    probe    run it under a seed; backpropagate a given output gradient, or report which
+             inputs the call changed in place (probes.py)
     context  the context lengths the layer registers (block_size, square mask buffers)
     exit     return (the host then reports the child's exit)
 """
@@ -52,7 +52,8 @@ TRUE = {"bias", "qkv_bias", "use_bias", "causal", "is_causal", "masked"}
 # A modern layer's sizes (modern.py reads what the layer did with them from its weights): the
 # key/value heads (half the query heads, so a grouped layer is built grouped), rotary theta, eps
 KV_HEADS = {"n_kv_heads", "n_kv_head", "num_kv_heads", "num_key_value_heads", "kv_heads",
-            "n_kv", "num_kv", "n_kv_groups", "num_query_groups", "n_groups", "num_groups"}
+            "n_kv", "num_kv", "n_kv_groups", "num_query_groups", "n_query_groups", "n_groups",
+            "num_groups"}
 THETA = {"rope_theta", "theta", "rope_base", "rotary_base", "base"}
 EPS = {"eps", "norm_eps", "rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon"}
 CONFIG = {"config", "cfg", "args", "params", "hparams", "conf", "model_config", "configs", "c",
@@ -210,6 +211,18 @@ def linear_like(module: nn.Module) -> bool:
             and set(own) <= {"weight", "bias"})
 
 
+class FunctionLayer(nn.Module):
+    """A scaled dot-product function as a layer over (q, k, v, mask), so that the checker calls
+    a function as it calls a layer (a function without a mask parameter gets q, k, v)."""
+
+    def __init__(self, fn, takes_mask: bool):
+        super().__init__()
+        self.fn, self.takes_mask = fn, takes_mask
+
+    def forward(self, q, k, v, mask):
+        return self.fn(q, k, v, mask) if self.takes_mask else self.fn(q, k, v)
+
+
 class Session:
     """The child's state: the user's module, the object found in it, the built layer."""
 
@@ -218,7 +231,7 @@ class Session:
         self.shut_in = shut_in  # host.py's: confine this process to what the file may read
         self.sizes, self.how, self.device, self.dtype = {}, "", "cpu", None
         self.captures: dict = {}
-        self.takes_mask = True
+        self.function = False
 
     # -- load
 
@@ -268,10 +281,11 @@ class Session:
             self.how = adapter_words(obj, kind, self.sizes["d_model"], self.sizes["n_head"])
         elif not isinstance(obj, type) and callable(obj) and is_scaled_dot_product(obj):
             params = inspect.signature(obj).parameters
-            self.takes_mask = len(params) >= 4 or any(
+            takes_mask = len(params) >= 4 or any(
                 p.kind is p.VAR_POSITIONAL for p in params.values())
+            self.layer, self.function = FunctionLayer(obj, takes_mask), True
             return {"kind": "function", "how": f"{name}({', '.join(params)})",
-                    "takes_mask": self.takes_mask}
+                    "takes_mask": takes_mask}
         elif callable(obj):
             self.layer, self.how, consumed = self._build(obj, self.sizes)
         else:
@@ -315,6 +329,9 @@ class Session:
                    if linear_like(m)]
         attrs = {k: v for k, v in vars(layer).items() if not k.startswith("_")
                  and isinstance(v, (int, float)) and not isinstance(v, bool)}
+        sizes = {size: next((v for k, v in attrs.items() if k in names and isinstance(v, int)
+                             and v > 0), None) for size, names in (("d_model", D_MODEL),
+                                                                   ("n_head", N_HEAD))}
         self.captures = {}
         for entry in linears:
             module = layer.get_submodule(entry["name"]) if entry["name"] else layer
@@ -329,7 +346,7 @@ class Session:
                 "dtype": str(dtype).replace("torch.", ""), "device": self.device,
                 "params": {n: p.detach().cpu() for n, p in params.items()},
                 "linears": linears, "attrs": attrs, "dropouts": dropouts,
-                "norms": norms, "buffers": buffers,
+                "norms": norms, "buffers": buffers, **sizes,
                 "class": type(layer).__name__,
                 "modules": [(n, type(m).__name__) for n, m in layer.named_modules()][:200]}
 
@@ -346,16 +363,29 @@ class Session:
 
     # -- running the layer
 
-    def _forward(self, layer, x: torch.Tensor, seed: int) -> torch.Tensor:
-        torch.manual_seed(seed)
-        with torch.no_grad():
-            out = layer(x.to(self.device, next_dtype(layer)))
+    def _dtype(self, layer) -> torch.dtype:
+        """The dtype the inputs are given in: the layer's, or the one asked for a function."""
+        return getattr(torch, self.dtype or "float32") if self.function else next_dtype(layer)
+
+    def _inputs(self, layer, inp) -> list:
+        return [t.to(self.device, self._dtype(layer) if t.is_floating_point() else t.dtype)
+                for t in inp]
+
+    def _output(self, out, who: str) -> torch.Tensor:
         if isinstance(out, (tuple, list)) and out:
             out = out[0]
         if not isinstance(out, torch.Tensor):
-            raise SubmissionError(f"forward returned a {type(out).__name__}, not a tensor or a "
-                                  f"tuple whose first element is one")
-        return plain(out, "forward")
+            raise SubmissionError(f"{who} returned a {type(out).__name__}, not a tensor"
+                                  + ("" if self.function else
+                                     " or a tuple whose first element is one"))
+        return out
+
+    def _forward(self, layer, inp, seed: int) -> torch.Tensor:
+        torch.manual_seed(seed)
+        with torch.no_grad():
+            out = layer(*self._inputs(layer, inp))
+        who = "it" if self.function else "forward"
+        return plain(self._output(out, who), who)
 
     def forward(self, req: dict) -> dict:
         ys, errors, captures = [], [], []
@@ -384,26 +414,6 @@ class Session:
         except BaseException as exc:
             return {"error": describe(exc, self.file)}
 
-    def call(self, req: dict) -> dict:
-        outs, errors = [], []
-        dtype = getattr(torch, self.dtype or "float32")
-        for q, k, v, mask in req["calls"]:
-            q, k, v = (t.to(self.device, dtype) for t in (q, k, v))
-            mask = mask.to(self.device, dtype if mask.is_floating_point() else mask.dtype)
-            try:
-                with torch.no_grad():
-                    out = self.obj(q, k, v, mask) if self.takes_mask else self.obj(q, k, v)
-                if isinstance(out, (tuple, list)) and out:
-                    out = out[0]
-                if not isinstance(out, torch.Tensor):
-                    raise SubmissionError(f"it returned a {type(out).__name__}, not a tensor")
-                outs.append(plain(out, "it")), errors.append(None)
-            except SubmissionError as exc:
-                outs.append(None), errors.append(str(exc))
-            except BaseException as exc:
-                outs.append(None), errors.append(describe(exc, self.file))
-        return {"outs": outs, "errors": errors}
-
     # -- probes.py's requests: seeded calls, gradients, inputs left as given, the context
 
     def probe(self, req: dict) -> dict:
@@ -419,30 +429,21 @@ class Session:
                 why = str(exc) if isinstance(exc, SubmissionError) else describe(exc, self.file)
                 outs.append(None), errors.append(why), changed.append([]), grads.append(None)
             finally:
-                for p in (self.layer.parameters() if self.layer is not None else ()):
+                for p in self.layer.parameters():
                     p.grad = None
         return {"outs": outs, "errors": errors, "changed": changed, "grads": grads}
 
     def _probe_one(self, inp, seed: int, g):
-        function = self.layer is None
-        dtype = getattr(torch, self.dtype or "float32") if function else next_dtype(self.layer)
-        names = ["q", "k", "v", "mask"] if function else ["x"]
-        given = [t.to(self.device, dtype if t.is_floating_point() else t.dtype)
-                 for t in (inp if function else [inp])]
+        names = ["q", "k", "v", "mask"] if self.function else ["x"]
+        given = self._inputs(self.layer, inp)
         if g is not None:
             given = [t.requires_grad_() if n != "mask" else t for n, t in zip(names, given)]
         args = [t.clone() for t in given]  # what the call may write into; `given` stays as sent
-        if function and not self.takes_mask:
-            args = args[:3]
-        params = [] if function else [(n, p) for n, p in self.layer.named_parameters()
-                                      if p.requires_grad and p.is_floating_point()]
+        params = [(n, p) for n, p in self.layer.named_parameters()
+                  if p.requires_grad and p.is_floating_point()]
         torch.manual_seed(seed)
         with torch.set_grad_enabled(g is not None):
-            out = (self.obj if function else self.layer)(*args)
-            if isinstance(out, (tuple, list)) and out:
-                out = out[0]
-            if not isinstance(out, torch.Tensor):
-                raise SubmissionError(f"it returned a {type(out).__name__}, not a tensor")
+            out = self._output(self.layer(*args), "it")
             if g is not None:
                 out.backward(g.to(out.device, out.dtype))
         if g is not None:
@@ -534,7 +535,7 @@ def serve(proto_in: int, proto_out: int, user_cwd: str, read_frame, write_frame,
     process before the file in `folder` is imported."""
     session = Session(user_cwd, shut_in)
     handlers = {"load": session.load, "forward": session.forward, "rebuild": session.rebuild,
-                "call": session.call, "probe": session.probe, "context": session.context}
+                "probe": session.probe, "context": session.context}
     while True:
         try:
             req = read_frame(proto_in)

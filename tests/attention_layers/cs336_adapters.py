@@ -1,7 +1,7 @@
 """A student's adapters file for Stanford CS336 (assignment 1), the three attention adapters with
 the course's signatures: weights [d_out, d_in], in_features [..., seq, d_in], masks boolean with
 True = may attend, rotary pairs adjacent (2j, 2j + 1) as the handout writes them. The `_wrong`
-functions take the same parameters and make one mistake each.
+functions take the same parameters and make one mistake each, as does `_no_transpose`.
 
 Test material for tests/test_check_modern.py; not part of the package.
 """
@@ -75,6 +75,22 @@ def run_multihead_self_attention_with_rope_wrong(d_model, num_heads, max_seq_len
     q, k, v = (_heads(in_features @ w.T, num_heads)
                for w in (q_proj_weight, k_proj_weight, v_proj_weight))
     q, k, v = (_rope(t, theta, positions) for t in (q, k, v))
+    causal = torch.ones(seq, seq, dtype=torch.bool).tril()
+    y = run_scaled_dot_product_attention(q, k, v, causal)
+    return y.transpose(-3, -2).flatten(-2) @ o_proj_weight.T
+
+
+
+def run_multihead_self_attention_with_rope_no_transpose(d_model, num_heads, max_seq_len, theta,
+                                                        q_proj_weight, k_proj_weight,
+                                                        v_proj_weight, o_proj_weight,
+                                                        in_features, token_positions=None):
+    """Heads split by .view(..., heads, seq, d_k), without the transpose."""
+    *lead, seq, _ = in_features.shape
+    positions = torch.arange(seq) if token_positions is None else token_positions
+    q, k, v = ((in_features @ w.T).view(*lead, num_heads, seq, d_model // num_heads)
+               for w in (q_proj_weight, k_proj_weight, v_proj_weight))
+    q, k = _rope(q, theta, positions), _rope(k, theta, positions)
     causal = torch.ones(seq, seq, dtype=torch.bool).tril()
     y = run_scaled_dot_product_attention(q, k, v, causal)
     return y.transpose(-3, -2).flatten(-2) @ o_proj_weight.T
