@@ -12,7 +12,6 @@ layer's output, with a tolerance set by the layer's dtype.
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import random
 import threading
@@ -23,15 +22,14 @@ import torch
 from check_attention import costs, layouts
 from check_attention import probes as deeper
 from check_attention.compare import PROBES, Leaks, leak_matrix, rel_err
-from check_attention.diagnosis import (Match, closest_words, first_difference, match,
-                                       no_match, report_found)
+from check_attention.diagnosis import Match, closest_words, match, no_match, report_found
 from check_attention.layouts import Rotary
 from check_attention.options import Options
 from check_attention.report import Report
 from check_attention.sandbox.host import CheckError, Sandbox, SandboxError, ask, project_snapshot
 from check_attention.target import Target, infer
 from check_attention.target import view_hint as _view_hint  # noqa: F401 (its tests' name)
-from check_attention.variants import all_variants, fit, num
+from check_attention.variants import all_variants, fit
 
 # What a layer may call its sliding window (keys, its own included), read from its attributes.
 WINDOW = {"window", "window_size", "sliding_window", "attention_window", "attn_window"}
@@ -149,9 +147,8 @@ def _causality(t: Target, rand, report: Report) -> tuple:
 def _judge_module(t: Target, report: Report, leaks: Optional[Leaks], rows_sum_to_one: bool,
                   shape_ok: bool) -> Optional[Match]:
     """Read the module's weights in every layout and find the variant of ours that reproduces
-    it (diagnosis.match); where none does, fit a divisor or a mask value, or follow its own q,
-    k, v to the first step that differs, and judge the rest from the outputs alone. Returns what
-    reproduced it, for the probes, or None."""
+    it (diagnosis.match); where none does, say what its own Linears show and judge the rest from
+    the outputs alone. Returns what reproduced it, for the probes, or None (nothing, or a fit)."""
     D, h, tol, info, captures = t.D, t.h, t.tol, t.info, t.captures
     heads = [h] if h else [c for c in range(1, D + 1) if D % c == 0]
     rs = layouts.readings(info, captures[0], D, heads) if shape_ok else []
@@ -163,28 +160,12 @@ def _judge_module(t: Target, report: Report, leaks: Optional[Leaks], rows_sum_to
         report_found(report, found, D // found.reading.h, found.reading.h, tol, info,
                      captures[0], t.opts.llama_weights)
         return None if found.fitted else found
-    why = "no variant of ours reproduces it" if rs else "no layout fits"
-    if near is not None and len(classic) < len(rs):  # a modern layer nothing reproduces
-        no_match(report, near, D)
-    elif rs:
-        step = first_difference(rs, captures[:3], t.xs, t.ys[:3], tol, D)
-        if step:
-            r, words, fails, judged, switches = step
-            report.header["layout"] = f"{r.words}; {r.h} heads, d_k = {D // r.h}"
-            report.sheet(fails, sqrt_d_k=num(math.sqrt(D // r.h)), o=r.names.get("o"),
-                         only=judged)
-            report.set("equation", "FAIL", f"first difference: {words}")
-            report.diagnosis.append(f"following the layer's own q, k, v step by step, the "
-                                    f"first that differs from ours: {words}")
-            report.named(*switches)
-        else:
-            report.header["layout"] = f"{rs[0].words}? (no variant of ours reproduces it)"
-            if rs[0].prior == 0:  # the names agree with this reading: the layer differs
-                report.set("equation", "FAIL", "no variant of ours reproduces it under the "
-                           "layout its names give, and its steps could not be followed")
+    if near is not None:
+        no_match(report, near, D, captures[:3], t.xs, t.ys[:3], tol)
     else:
         report.header["layout"] = f"none recognised ({layouts.describe_linears(info)})"
-    _black_box_items(report, leaks, rows_sum_to_one, shape_ok, why)
+    _black_box_items(report, leaks, rows_sum_to_one, shape_ok,
+                     "no variant of ours reproduces it" if rs else "no layout fits")
     return None
 
 

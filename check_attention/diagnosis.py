@@ -5,10 +5,11 @@ which rotary positions, reproduces its output, and the report of what it names.
 layouts; the third study's (the head split, the softmax's axis, the window); rotary positions
 (each pair layout, the layer's theta and ours), grouped key/value heads and QK-norm with the
 classic variants and the second study's switches (scripts/llama_pitfalls.py: `rope_on_values`,
-`gqa_repeat_mismatch`); a fitted theta; last, the checker's own rare mistakes (a mask inverted,
-the scores K Q^T, the scale after the softmax). Where none reproduces it, a divisor or a mask
-value is fitted (variants.fit), and for the classic layouts the layer's own intermediate results
-(its Linears' inputs and outputs) are followed to the first step that differs from ours.
+`gqa_repeat_mismatch`); a fitted theta; the checker's own rare mistakes (a mask inverted, the
+scores K Q^T, the scale after the softmax, the heads joined without the transpose); last, a
+divisor or a mask value fitted to the closest reading (variants.fit). Where nothing reproduces
+the layer, its own Linears may still say why (an input other than x, an output changed after
+W_O), and the black-box checks judge the rest.
 
 Tiled key/value heads (query head i reads head i % n_kv_head) and interleaved rotary pairs are
 correct on weights a layer trains itself: mistakes only for weights trained in transformers'
@@ -27,7 +28,7 @@ from check_attention.compare import PROBES, golden, rel_err
 from check_attention.layouts import Reading, Rotary
 from check_attention.report import Report
 from check_attention.variants import (Variant, all_variants, fit, layer_output, mistake_words,
-                                      num, split_words, switch_of)
+                                      num, switch_of)
 
 SWITCHES = {  # the second study's switches a layer called as layer(x) can show
     "rope_on_values": "values are rotated too (rotary positions applied to v as well as q and "
@@ -72,44 +73,40 @@ class Match:
 def match(rs: list[Reading], info: dict, xs: list, ys: list, tol: float,
           window: Optional[int] = None) -> tuple[Optional[Match], Optional[Match]]:
     """(the simplest reading, rotary positions and variant that reproduce the layer, or None;
-    the closest correct one with rotary positions tried). Within a tier the likeliest reading
-    wins, then the fewest mistakes, then the smallest difference; a tier is tried only when the
-    ones before it explain nothing."""
+    the closest correct one). Within a tier the likeliest reading wins, then the fewest
+    mistakes, then the smallest difference; a tier is tried only when the ones before it
+    explain nothing."""
     x, y, n = torch.cat(xs), torch.cat(ys), len(xs)
     variants = all_variants(window=window)
     classic = [v for v in variants if not v.third_study and not v.rare]
-    none = Rotary(None)
+    plain = Rotary(None)
 
-    def turns(r, plain=True):  # the rotary positions tried on r (plain: also none)
-        return [t for t in layouts.rotaries(info, r.wq.size(1) // r.h) if t.layout or plain]
-    plain, closest = _search([(r.prior, r, v, none, ()) for r in rs if r.classic
-                              for v in classic], x, y, tol, n, classic)
-    if plain:
-        return plain, None
-    third = [v for v in variants if v.third_study and not v.rare]
-    found, _ = _search([(r.prior, r, v, none, ()) for r in rs if r.classic for v in third],
-                       x, y, tol, n, [v for v in variants if not v.rare])
+    def turns(r, also_plain):  # the rotary positions tried on r
+        return [t for t in layouts.rotaries(info, r.wq.size(1) // r.h) if t.layout or also_plain]
+    found, near = _search([(r.prior, r, v, plain, ()) for r in rs if r.classic for v in classic],
+                          x, y, tol, n, classic)
+    found = found or _search([(r.prior, r, v, plain, ()) for r in rs if r.classic
+                              for v in variants if v.third_study and not v.rare], x, y, tol, n,
+                             [v for v in variants if not v.rare])[0]
     if found:
-        return found, None
-    found, near = _search([(len(v.mistakes) + len(sw), r, v, t, sw) for r in rs if r.modern
-                           for t in turns(r, not r.classic) for v in classic
-                           for sw in ((), ("rope_on_values",), ("gqa_repeat_mismatch",),
-                                      ("rope_on_values", "gqa_repeat_mismatch"))
-                           if len(v.mistakes) + len(sw) <= 2
-                           and (t.layout or "rope_on_values" not in sw)
-                           and (1 < r.h_kv < r.h or "gqa_repeat_mismatch" not in sw)],
-                          x, y, tol, n)
-    if found or near is None:
         return found, near
-    found = near.rotary.layout and fit_theta(near, x, y, tol, n)
+    found, turned = _search([(len(v.mistakes) + len(sw), r, v, t, sw) for r in rs if r.modern
+                             for t in turns(r, not r.classic) for v in classic
+                             for sw in ((), ("rope_on_values",), ("gqa_repeat_mismatch",),
+                                        ("rope_on_values", "gqa_repeat_mismatch"))
+                             if len(v.mistakes) + len(sw) <= 2
+                             and (t.layout or "rope_on_values" not in sw)
+                             and (1 < r.h_kv < r.h or "gqa_repeat_mismatch" not in sw)],
+                            x, y, tol, n)
+    nears = [m for m in (near, turned) if m is not None]  # without rotary positions, then with
+    if not found and turned is not None and turned.rotary.layout:
+        found = fit_theta(turned, x, y, tol, n)
     found = found or _search([(r.prior, r, v, t, ()) for r in rs for t in turns(r, True)
                               if t.layout is None or r.modern for v in variants
                               if (v.rare and (r.h_kv == r.h or "scores_kq" not in v.mistakes))
                               or (t.layout and v.third_study and len(v.mistakes) == 1)],
                              x, y, tol, n)[0]
-    if not found and (not near.reading.classic or closest is None or near.err < closest.err):
-        found = fit_layer(near, info, xs, ys, tol)  # a divisor or a mask value
-    return found, near
+    return found or fit_layer(nears, info, x, y, tol, n), (nears or [None])[0]
 
 
 def _search(cands: list, x, y, tol: float, probes: int, alike: tuple = ()
@@ -126,7 +123,8 @@ def _search(cands: list, x, y, tol: float, probes: int, alike: tuple = ()
             break
         out = outs[id(r), v.name] = layer_output(r, rot, v, sw, x)
         err = rel_err(y, out, skip_first=v.pattern == "mask_no_diagonal", probes=probes)
-        if not v.mistakes and not sw and (closest is None or err < closest.err):
+        if set(v.mistakes) <= {"no_out_proj"} and not sw and (closest is None
+                                                               or err < closest.err):
             closest = Match(r, rot, v, sw, err)
         if err <= tol and (best is None or err < best[1].err):
             best = (key, Match(r, rot, v, sw, err))
@@ -161,16 +159,17 @@ def fit_theta(near: Match, x, y, tol: float, probes: int) -> Optional[Match]:
                  e)
 
 
-def fit_layer(near: Match, info: dict, xs: list, ys: list, tol: float) -> Optional[Match]:
-    """A divisor or a mask value fitted to the nearest correct reading, under each of its
-    rotary positions (its nearest first): the match with the fit, or None."""
-    x, r = torch.cat(xs), near.reading
-    for turn in [near.rotary] + [t for t in layouts.rotaries(info, r.wq.size(1) // r.h)
-                                 if t != near.rotary and (t.layout or not r.classic)]:
-        found = fit(lambda **kw: layer_output(r, turn, near.variant, (), x, **kw),
-                    torch.cat(ys), r.wq.size(1) // r.h, r.h, tol, len(xs), how=True)
-        if found:
-            return Match(r, turn, near.variant, (), near.err, fitted=found)
+def fit_layer(nears: list, info: dict, x, y, tol: float, probes: int) -> Optional[Match]:
+    """A divisor or a mask value fitted to the closest correct readings, under their rotary
+    positions (and the others, where rotary positions are in play): the match, or None."""
+    for near in nears:
+        r = near.reading
+        for turn in [near.rotary] + [t for t in layouts.rotaries(info, r.wq.size(1) // r.h)
+                                     if t != near.rotary and (near.rotary.layout or not r.classic)]:
+            found = fit(lambda **kw: layer_output(r, turn, near.variant, (), x, **kw), y,
+                        r.wq.size(1) // r.h, r.h, tol, probes, how=True)
+            if found:
+                return Match(r, turn, near.variant, (), near.err, fitted=found)
     return None
 
 
@@ -179,8 +178,9 @@ def match_function(q, k, v, y, d_k: int, h: int, tol: float) -> Optional[tuple]:
     the probes stacked), fewest mistakes first among those within tol; None without y."""
     best = None
     for var in all_variants() if y is not None else []:
-        if not var.attn.out_proj or var.attn.split_heads_no_transpose:
-            continue  # its heads come split, and it has no W_O
+        if not var.attn.out_proj or var.attn.split_heads_no_transpose or \
+                "join_no_transpose" in var.mistakes:
+            continue  # its heads come split and joined, and it has no W_O
         err = rel_err(y, var.equation(q, k, v, d_k, h),
                       skip_first=var.pattern == "mask_no_diagonal", probes=PROBES)
         key = (err > tol, len(var.mistakes), err)
@@ -273,105 +273,33 @@ def report_found(rep: Report, f: Match, d_k: int, h: int, tol: float, info: dict
     rep.named(*filter(None, map(switch_of, v.mistakes)), *switches)
 
 
-def no_match(rep: Report, closest: Match, D: int) -> None:
-    """No reading reproduces a modern layer: say what was tried and the closest, and let the
-    black-box checks (causality, shape, rows summing to 1) judge the rest."""
-    rep.header["layout"] = f"{layout_words(closest, D)}? (no variant of ours reproduces it)"
-    rep.set("equation", "FAIL", f"no variant of ours reproduces it, with or without rotary "
-            f"positions (rotate-half, interleaved; theta "
-            f"{', '.join(f'{t:g}' for t in layouts.THETAS)} or the layer's own); the closest "
-            f"correct reading, with {closest.rotary.words()}, differs by {closest.err:.2g} "
-            f"relative")
+def no_match(rep: Report, near: Match, D: int, captures: list, xs: list, ys: list,
+             tol: float) -> None:
+    """Nothing reproduces the layer: what its own Linears show, if they show why (an input other
+    than x, an output changed after W_O), else what was tried and the closest."""
+    r, o = near.reading, near.reading.names.get("o")
+    rep.header["layout"] = f"{layout_words(near, D)}? (no variant of ours reproduces it)"
+    names = [n for role in ("qkv", "q", "k", "v") for n in (
+        [r.names[role]] if isinstance(r.names.get(role), str) else r.names.get(role) or [])]
+    why = next((f"{n} is applied to something other than the layer's input x" for n in names
+                for c, x in zip(captures, xs) if "input" in c.get(n, {})
+                and rel_err(c[n]["input"], x) > tol), None)
+    if why is None and o and any("output" in c.get(o, {}) and rel_err(y, c[o]["output"]) > tol
+                                 for y, c in zip(ys, captures)):
+        why = f"the layer's output is not {o}'s output: something changes it after W_O"
+    if why:
+        rep.diagnosis.append(why)
+    elif r.classic:  # its output is its W_O's, applied to the heads (or it has none)
+        rep.sheet({} if o else {"w_o": "there is no output Linear: the concatenated heads are "
+                                       "the output"}, only=("w_o",), o=o)
+    rep.set("equation", "FAIL", why or (
+        f"no variant of ours reproduces it, with or without rotary positions (rotate-half, "
+        f"interleaved; theta {', '.join(f'{t:g}' for t in layouts.THETAS)} or the layer's own); "
+        f"the closest correct reading, with {near.rotary.words()}, differs by {near.err:.2g} "
+        f"relative"))
 
 
 def closest_words(var: Variant, err: float) -> str:
     if not math.isfinite(err):
         return "its output has NaN where every variant of ours has numbers"
     return f"the closest, attention={var.name}, differs by {err:.2g} relative"
-
-
-# ----------------------------------------------------------------------------- step by step
-
-
-# How a [B, T, D] projection becomes heads [B, h, T, d_k], and back: ours, and the classic
-# slip of a reshape without the transpose, which mixes positions and heads.
-SPLITS = {
-    "heads": (lambda t, h: t.view(t.size(0), t.size(1), h, -1).transpose(1, 2),
-              lambda y: y.transpose(1, 2).reshape(y.size(0), y.size(2), -1)),
-    "mixed": (lambda t, h: t.reshape(t.size(0), h, t.size(1), -1),
-              lambda y: y.reshape(y.size(0), y.size(2), -1)),
-}
-
-
-def first_difference(rs: list, captures: list, xs: list, ys: list, tol: float, D: int):
-    """No variant reproduces the layer under any reading: follow its own intermediate results
-    (the Linears' inputs and outputs) to the first step that differs from ours. Returns
-    (reading, words, {item: words} of the items it judges to fail, the items it judges, the
-    switches that name it) or None when no reading can be followed."""
-    for r in [r for r in rs if r.prior == 0][:6] or rs[:3]:
-        acts = [r.activations(c) for c in captures]
-        if any(a is None for a in acts):
-            continue
-        found = _core(r, acts, captures, xs, ys, tol, D)
-        if found is not None:
-            return (r, *found)
-    return None
-
-
-def _core(r, acts, captures, xs, ys, tol, D):
-    """(words, fails, judged items, switches) for the first step of the layer that differs from
-    ours, or None if this reading of the layer explains nothing."""
-    h, d_k = r.h, D // r.h
-    for role in ("qkv", "q", "k", "v"):
-        for name in ([r.names[role]] if isinstance(r.names.get(role), str) else
-                     r.names.get(role) or []):
-            for cap, x in zip(captures, xs):
-                inp = cap[name].get("input")
-                if inp is not None and rel_err(inp, x) > tol:
-                    return (f"{name} is applied to something other than the layer's input x", {},
-                            (), ())
-    o = r.names.get("o")
-    if o and captures[0][o]["calls"] == 0:
-        return None  # this reading's W_O never runs: the reading without one explains it
-    target = torch.cat([cap[o]["input"].double() for cap in captures] if o else ys)
-    q, k, v = (torch.cat([a[i] for a in acts]) for i in range(3))
-    no_o = {} if o else {"w_o": "there is no output Linear: the concatenated heads are the "
-                                "output"}
-    if o and not all(rel_err(y, cap[o]["output"]) <= tol for y, cap in zip(ys, captures)):
-        return (f"the layer's output is not {o}'s output: something changes it after W_O", {},
-                (), ())
-
-    def attend(var, split="heads", merge="heads", **fitted):
-        cut, join = SPLITS[split][0], SPLITS[merge][1]
-        return join(var.equation(cut(q, h), cut(k, h), cut(v, h), d_k, h, **fitted))
-    best = closest = None
-    for split, merge in (("heads", "heads"), ("mixed", "heads"), ("heads", "mixed"),
-                         ("mixed", "mixed")):
-        for var in [v_ for v_ in all_variants() if v_.attn.out_proj and not v_.rare
-                    and not v_.attn.split_heads_no_transpose]:  # the split is tried here
-            err = rel_err(target, attend(var, split, merge),
-                          skip_first=var.pattern == "mask_no_diagonal", probes=PROBES)
-            key = ((split, merge) != ("heads", "heads"), len(var.mistakes), err)
-            if err <= tol and (best is None or key < best[0]):
-                best = (key, split, merge, var, err)
-            if closest is None or err < closest[-1]:
-                closest = (None, split, merge, var, err)
-        if best is not None:
-            break
-    _, split, merge, var, err = best or closest
-    if err <= tol:
-        words = [split_words(h, d_k)] * (split == "mixed") + [
-            f"heads are joined with .reshape(B, T, {D}) without first transposing [B, h, T, d_k] "
-            f"back, which mixes positions and heads"] * (merge == "mixed")
-        mistakes = mistake_words(var, d_k, h)
-        fails = dict(no_o, **{i: w for i, w in mistakes if i})
-        switches = ("split_heads_no_transpose",) * (split == "mixed") + tuple(
-            filter(None, map(switch_of, var.mistakes)))
-        return "; ".join(words + [w for _, w in mistakes]), fails, None, switches
-    correct = all_variants()[0]  # a divisor, then a finite mask value, that no variant has
-    fitted = fit(lambda **kw: attend(correct, **kw), target, d_k, h, tol, PROBES, how=True)
-    if fitted:
-        return fitted[1], dict(no_o, **dict([fitted])), None, ()
-    src = "the input of " + o if o else "the output"
-    return (f"the attention itself: from the layer's own q, k, v, no variant of ours gives "
-            f"{src} ({closest_words(var, err)})", no_o, ("w_o",), ())

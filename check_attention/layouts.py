@@ -24,7 +24,7 @@ from __future__ import annotations
 import itertools
 import re
 from dataclasses import dataclass, field, replace
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 
@@ -59,10 +59,9 @@ class Lin:
 @dataclass
 class Reading:
     """One reading of the layer: W_Q [D, D], W_K, W_V [h_kv * d_k, D] and W_O as our layer keeps
-    them (heads contiguous: head i owns rows i*d_k .. (i+1)*d_k), its QK-norm, and where its own
-    q, k, v and the input of its W_O can be read off the forward hooks (the step-by-step
-    diagnosis). words: as the classic layouts say it; modern_words: with the shapes of k and v
-    (rotary positions, grouped heads, QK-norm)."""
+    them (heads contiguous: head i owns rows i*d_k .. (i+1)*d_k), its QK-norm, and the names of
+    the modules it reads. words: as the classic layouts say it; modern_words: with the shapes of
+    k and v (rotary positions, grouped heads, QK-norm)."""
 
     words: str
     modern_words: str
@@ -77,7 +76,6 @@ class Reading:
     names: dict = field(default_factory=dict)    # role -> module name(s); "o": W_O's
     prior: int = 0                               # 0: names agree with every role
     modern: bool = False                         # named as a modern layer's (rotary tried)
-    activations: Optional[Callable] = None       # captures -> (q, k, v) [B, T, D], or None
     own_o: Optional[str] = None                  # each head's own projection (never mixed)
     norm: Optional[dict] = None   # {"cls": RMSNorm | LayerNorm, "q": (w, b), "k": (w, b), "eps"}
 
@@ -232,11 +230,6 @@ def _out_words(o: Optional[Lin], modern: bool) -> str:
     return f" + output {o.name}" if modern else f" + output Linear {o.name} [{o.shape()}]"
 
 
-def _heads_of(t: torch.Tensor, n: int, per: int, d_k: int, a: int, z: int) -> torch.Tensor:
-    """t [..., rows], rows = n groups of `per` heads of d_k: heads a..z of each group, [..., *]."""
-    return t.unflatten(-1, (n, per, d_k))[..., a:z, :].flatten(-3)
-
-
 def _fused(lins, D, heads) -> list[Reading]:
     """One Linear for q, k and v: [3D, D] in any order, as blocks or per head; fewer key/value
     heads (a Linear named as fused): q, k, v as blocks, or per group (LitGPT)."""
@@ -246,28 +239,22 @@ def _fused(lins, D, heads) -> list[Reading]:
         if lin.w.size(1) != D or r <= 0 or 2 * r + D != lin.w.size(0) or \
                 (r != D and lin.role != "qkv"):
             continue
-        for h in heads:
-            d_k = D // h
-            if r % d_k or h % (r // d_k):
-                continue
-            h_kv = r // d_k
-            g = h // h_kv
+        for h in [h for h in heads if r % (D // h) == 0 and h % (r * h // D) == 0]:
+            d_k, h_kv = D // h, r * h // D
             for o, o_prior, modern_o in _outs(lins, D, {lin.name}):
                 for order in itertools.permutations("qkv") if r == D else ["qkv"]:
                     for grouped in (False, True) if h > 1 else (False,):
-                        sizes = {"q": g, "k": 1, "v": 1} if grouped else \
+                        # rows: n groups of `per` heads of d_k, each role's heads at[role]
+                        n, per = (h_kv, h // h_kv + 2) if grouped else (1, h + 2 * h_kv)
+                        size = {"q": per - 2, "k": 1, "v": 1} if grouped else \
                             {"q": h, "k": h_kv, "v": h_kv}
-                        n, per = (h_kv, g + 2) if grouped else (1, h + 2 * h_kv)
-                        at = {x: sum(sizes[y] for y in order[:order.index(x)]) for x in "qkv"}
-
-                        def cut(t, at=at, sizes=sizes, n=n, per=per, d_k=d_k):
-                            return tuple(_heads_of(t, n, per, d_k, at[x], at[x] + sizes[x])
-                                         for x in "qkv")
-                        w = [ws.t() for ws in cut(lin.w.t())]
-                        b = cut(lin.b) if lin.b is not None else (None,) * 3
+                        at = {x: sum(size[y] for y in order[:order.index(x)]) for x in "qkv"}
+                        w, b = ([None if t is None else t.unflatten(0, (n, per, d_k))[
+                            :, at[x]:at[x] + size[x]].flatten(0, 2) for x in "qkv"]
+                                for t in (lin.w, lin.b))
                         name = "".join(order) + (" per head" if grouped else "")
-                        what = (f"for each of its {h_kv} groups: {g} query heads, then a key "
-                                f"and a value head" if grouped and r != D else
+                        what = (f"for each of its {h_kv} groups: {h // h_kv} query heads, then "
+                                f"a key and a value head" if grouped and r != D else
                                 f"q, then k and v of {r} rows")
                         start = f"fused q/k/v {'Linear' if lin.oriented else 'weight'} " \
                                 f"{lin.name} [{lin.shape()}] ("
@@ -277,15 +264,8 @@ def _fused(lins, D, heads) -> list[Reading]:
                             h, h_kv, *w, tuple(b), o.w if o else None, o.b if o else None,
                             {"qkv": lin.name, "o": o.name if o else None},
                             (0 if lin.role == "qkv" else 1) + o_prior + (name != "qkv"),
-                            lin.role == "qkv" and modern_o and (name == "qkv" or r != D),
-                            lambda c, lin=lin, cut=cut: _cut(c, lin.name, cut)))
+                            lin.role == "qkv" and modern_o and (name == "qkv" or r != D)))
     return out
-
-
-def _cut(captures, name, cut):
-    if "input" not in captures.get(name, {}):
-        return None
-    return cut(captures[name]["output"].double())
 
 
 def _separate(lins, D, heads) -> list[Reading]:
@@ -318,16 +298,8 @@ def _separate(lins, D, heads) -> list[Reading]:
                     f"[{k.shape()}]" + _out_words(o, True), h, r // d_k, q.w, k.w, v.w,
                     (q.b, k.b, v.b), o.w if o else None, o.b if o else None,
                     {"q": q.name, "k": k.name, "v": v.name, "o": o.name if o else None},
-                    prior + o_prior, modern_o and (q.role, k.role, v.role) == ("q", "k", "v"),
-                    lambda c, q=q, k=k, v=v: _outputs(c, [q.name], [k.name], [v.name])))
+                    prior + o_prior, modern_o and (q.role, k.role, v.role) == ("q", "k", "v")))
     return out
-
-
-def _outputs(captures, qs, ks, vs):
-    if not all("input" in captures.get(n, {}) for n in qs + ks + vs):
-        return None
-    return tuple(torch.cat([captures[n]["output"].double() for n in names], dim=-1)
-                 for names in (qs, ks, vs))
 
 
 def _natural(name: str):
@@ -368,8 +340,7 @@ def _per_head(lins, D) -> list[Reading]:
         out.append(Reading(words, words, h, h, cat["q"], cat["k"], cat["v"],
                            (bias["q"], bias["k"], bias["v"]), o.w if o else None,
                            o.b if o else None, {**names, "o": None if own or not o else o.name},
-                           o_prior, False, lambda c, n=names: _outputs(c, n["q"], n["k"], n["v"]),
-                           own))
+                           o_prior, False, own))
     return out
 
 

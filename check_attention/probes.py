@@ -287,7 +287,7 @@ def run(t, report, found) -> None:
     them) the long input with one position changed at a time or unequal query and key
     lengths; one batch of seeded calls holds them all, and each judgement reads its own."""
     ref = reference(found, t)
-    B, T, tol = max(t.opts.batch, 2), t.T, t.tol
+    B, T = max(t.opts.batch, 2), t.T
     rand = t.randn(1)
     cap = t.context()
     lengths = _lengths(cap, max(t.probe_heads(ref), 1), t.D, B)

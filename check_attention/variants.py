@@ -6,7 +6,7 @@ of which those a forward pass `layer(x)` shows (FORWARD_FIELDS: the scale, the m
 head split and the softmax's axis; the rotary and grouped-head switches are tried with rotary
 positions, diagnosis.py; the cache and padding ones need a cache), plus the checker's own
 mistakes, which the model has no switch for (CHECKER): masks off by one or inverted, the scores
-K Q^T, the scale after the softmax. A layer with a sliding window (`windowed`) gets the window as
+K Q^T, the scale after the softmax, the heads joined without the transpose. A layer with a sliding window (`windowed`) gets the window as
 part of every variant's pattern, and `window_off_by_one` (w + 1 keys) besides. Mistakes that
 touch different fields combine, so a layer with two of them is named with both.
 
@@ -41,7 +41,7 @@ PATTERNS = {"causal": 0, "mask_no_diagonal": -1, "mask_one_future": 1}  # tril d
 # The checker's own mistakes. The first two are patterns and combine; the rest are tried alone,
 # after everything else (diagnosis.py's last tier).
 CHECKER = ("mask_no_diagonal", "mask_one_future", "mask_inverted", "scores_kq",
-           "scale_after_softmax")
+           "scale_after_softmax", "join_no_transpose")
 RARE = CHECKER[2:]
 # The AttentionConfig fields whose pitfalls a forward pass layer(x) shows.
 FORWARD_FIELDS = {"scale", "mask_mode", "mask_value", "out_proj", "split_heads_no_transpose",
@@ -224,7 +224,9 @@ def layer_output(r, rotary, variant: Variant, switches: tuple, x: torch.Tensor,
             q, k = k, q
         if seen is not None:
             seen.update(q=q, k=k)
-        y, w = attend(q, k, *rest)
+        y, w = attend(q, k, *rest)  # [B, h, T, d_k]
+        if "join_no_transpose" in variant.mistakes:  # so that the layer's join is y.reshape
+            y = y.reshape(y.size(0), y.size(2), y.size(1), -1).transpose(1, 2)
         return (y / math.sqrt(d_k) if "scale_after_softmax" in variant.mistakes else y), w
     layer.attend = attend_as_variant
     tables = None if rotary.layout is None else rotary_tables(torch.arange(T), d_k,
@@ -322,6 +324,9 @@ CHECKER_WORDS = {
                                      "the softmax, not the scores before it: the softmax sees "
                                      "unscaled scores and each row sums to 1 / {sqrt_d_k}; "
                                      "divide QK^T by sqrt(d_k) before the softmax"),
+    "join_no_transpose": ("", "heads are joined with .reshape(B, T, d_model) without first "
+                              "transposing [B, h, T, d_k] back, which mixes positions and "
+                              "heads; y.transpose(1, 2).reshape(B, T, d_model) belongs"),
 }
 
 
