@@ -129,7 +129,7 @@ def _causality(t: Target, rand, report: Report) -> tuple:
     # the token: x [B, 1, D] repeated to [B, T, D]
     token = [tuple(a.expand(*a.shape[:-2], T, a.size(-1)).contiguous()
                    for a in t.draw(rand, B, 1))] if t.rows_probe else []
-    outs = t.call(swaps + token + ([base] if y0 is None else []))
+    outs = t.forward(swaps + token + ([base] if y0 is None else []))["ys"]
     y0 = outs[-1] if y0 is None else y0
     leaks = None
     if all(o is not None and o.dim() >= 2 and o.size(t.axis) == T for o in outs[:T] + [y0]):
@@ -151,7 +151,8 @@ def _judge_module(t: Target, report: Report, leaks: Optional[Leaks], rows_sum_to
     the outputs alone. Returns what reproduced it, for the probes, or None (nothing, or a fit)."""
     D, h, tol, info, captures = t.D, t.h, t.tol, t.info, t.captures
     heads = [h] if h else [c for c in range(1, D + 1) if D % c == 0]
-    rs = layouts.readings(info, captures[0], D, heads) if shape_ok else []
+    rs = t.readings = layouts.readings(info, captures[0], D, heads) if shape_ok else []
+    t.heads = heads
     classic = [r for r in rs if r.classic]
     if classic and not h and not any(isinstance(r.names.get("q"), list) for r in classic):
         report.header["heads"] = f"n_head not known: tried {', '.join(map(str, heads))}"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
@@ -16,25 +17,29 @@ PROBES = len(INPUT_SCALES)           # probes stacked on the batch dim in each c
 LEAK = 1e-6                          # causality: a change this large (relative) is a leak
 
 
+def worst(y: torch.Tensor, ref: torch.Tensor, axis: int = 0,
+          scale: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """[n]: the largest |y - ref| at each of the n positions along axis, relative to the largest
+    |ref| (or |scale|), NaN where both are NaN counting as equal and any other NaN as inf."""
+    y, ref = y.double(), ref.double()
+    d = (y - ref).abs().masked_fill(torch.isnan(y) & torch.isnan(ref), 0).nan_to_num(math.inf)
+    top = (ref if scale is None else scale.double()).nan_to_num(0).abs().max().item()
+    return d.movedim(axis, 0).reshape(d.size(axis), -1).amax(dim=1) / max(top, 1e-30)
+
+
 def rel_err(y: torch.Tensor, ref: torch.Tensor, skip_first: bool = False,
             probes: int = 1) -> float:
-    """max |y - ref| / max |ref|, NaN where both are NaN counting as equal; inf on a shape
-    mismatch. skip_first leaves out position 0 (dim -2). With probes > 1, y and ref hold that
-    many probes stacked on dim 0 and each is judged against its own scale (a flat probe must
-    not hide behind a saturated one's large values)."""
-    y, ref = y.double(), ref.double()
+    """max |y - ref| / max |ref| (worst); inf on a shape mismatch. skip_first leaves out
+    position 0 (dim -2). With probes > 1, y and ref hold that many probes stacked on dim 0 and
+    each is judged against its own scale (a flat probe must not hide behind a saturated one's
+    large values)."""
     if y.shape != ref.shape:
         return math.inf
     if probes > 1:
         return max(rel_err(a, b, skip_first) for a, b in zip(y.chunk(probes), ref.chunk(probes)))
     if skip_first:
         y, ref = y[..., 1:, :], ref[..., 1:, :]
-    both = torch.isnan(y) & torch.isnan(ref)
-    diff = (y - ref).abs().masked_fill(both, 0)
-    if torch.isnan(diff).any():
-        return math.inf
-    scale = ref.masked_fill(torch.isnan(ref), 0).abs().max().item()
-    return diff.max().item() / max(scale, 1e-30)
+    return worst(y.reshape(1, -1), ref.reshape(1, -1)).max().item() if y.numel() else 0.0
 
 
 def same(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -93,12 +98,8 @@ class Leaks:
 def leak_matrix(base: torch.Tensor, perturbed: list, axis: int) -> Leaks:
     """base [.., T, ..] outputs; perturbed[j]: outputs with position j changed. axis: time."""
     T = base.size(axis)
-    scale = max(base.double().nan_to_num(0).abs().max().item(), 1e-30)
-    worst = [[0.0] * T for _ in range(T)]
+    worst_ = [[0.0] * T for _ in range(T)]
     for j, y in enumerate(perturbed):
-        for i in range(j):
-            a, b = base.select(axis, i).double(), y.select(axis, i).double()
-            both = torch.isnan(a) & torch.isnan(b)
-            d = (a - b).abs().masked_fill(both, 0).nan_to_num(math.inf).max().item()
-            worst[i][j] = d / scale
-    return Leaks(worst, LEAK)
+        for i, v in enumerate(worst(y, base, axis)[:j].tolist()):
+            worst_[i][j] = v
+    return Leaks(worst_, LEAK)

@@ -20,7 +20,7 @@ import torch
 
 from model.attention import causal_pattern
 from check_attention import layouts
-from check_attention.compare import LEAK, rel_err, same
+from check_attention.compare import LEAK, rel_err, same, worst
 from check_attention.options import MAX_PROBE_BYTES
 from check_attention.variants import layer_output
 
@@ -47,12 +47,7 @@ def _lengths(cap: Optional[int], h: int, D: int, B: int) -> list[int]:
 
 def _first_bad(y: torch.Tensor, ref: torch.Tensor, tol: float, axis: int) -> tuple[int, float]:
     """(first position along axis whose error exceeds tol, or -1; the worst error)."""
-    if ref.numel() == 0:
-        return -1, 0.0
-    scale = max(ref.nan_to_num(0).abs().max().item(), 1e-30)
-    d = (y.double() - ref).abs()
-    d = d.masked_fill(torch.isnan(y) & torch.isnan(ref), 0).nan_to_num(math.inf)
-    per = d.movedim(axis, 0).reshape(d.size(axis), -1).max(dim=1).values / scale
+    per = worst(y, ref, axis) if ref.numel() else torch.zeros(0)
     bad = (per > tol).nonzero()
     return (int(bad[0]) if len(bad) else -1), per.max().item() if per.numel() else 0.0
 
@@ -60,7 +55,7 @@ def _first_bad(y: torch.Tensor, ref: torch.Tensor, tol: float, axis: int) -> tup
 def _lengths_words(results: list, tol: float, cap_words: str) -> tuple[str, str]:
     """results: (n, error or None, first bad position, worst). -> (status, detail)."""
     ok = [n for n, e, p, _ in results if e is None and p < 0]
-    for n, error, p, worst in results:
+    for n, error, p, most in results:
         if error is not None:
             return "FAIL", f"raises at length {n}: {error}" + (
                 f" (lengths {', '.join(map(str, ok))} are right)" if ok else "")
@@ -68,9 +63,9 @@ def _lengths_words(results: list, tol: float, cap_words: str) -> tuple[str, str]
             tile = (f": right only for the first {p} queries, as a chunked or tiled loop that "
                     f"mishandles the chunks after the first" if p >= 16 and p % 16 == 0 else "")
             return "FAIL", (f"wrong past position {p} at length {n}: from position {p} on the "
-                            f"output differs by up to {worst:.2g} relative (positions 0 to "
+                            f"output differs by up to {most:.2g} relative (positions 0 to "
                             f"{p - 1} match){tile}" if p > 0 else
-                            f"wrong at length {n}: the output differs by up to {worst:.2g} "
+                            f"wrong at length {n}: the output differs by up to {most:.2g} "
                             f"relative from position 0 on (a mask that holds only at one "
                             f"length?)") + (f"; lengths {', '.join(map(str, ok))} are right"
                                             if ok else "")
@@ -88,13 +83,10 @@ def _long_leak(base, outs: list, moved: list[int], seen: int) -> Optional[str]:
     longest probe (base), or None: causality at lengths the checklist's probe never reaches."""
     if base is None or base.dim() < 2:
         return None
-    scale = max(base.double().nan_to_num(0).abs().max().item(), 1e-30)
     for j, y in zip(moved, outs):
         if y is None or y.shape != base.shape:
             continue
-        d = (y[:, :j].double() - base[:, :j].double()).abs()
-        d = d.masked_fill(torch.isnan(y[:, :j]) & torch.isnan(base[:, :j]), 0).nan_to_num(math.inf)
-        per = d.reshape(d.size(0), j, -1).amax(dim=(0, 2)) / scale  # [j]: each earlier position
+        per = worst(y[:, :j], base[:, :j], 1, scale=base)  # [j]: each earlier position
         bad = (per > LEAK).nonzero()
         if len(bad):
             i = int(bad[0])
@@ -160,11 +152,8 @@ def _large_words(levels: list, what: str) -> tuple[str, str]:
 
 def _leak(base: torch.Tensor, moved: torch.Tensor, axis: int) -> Optional[float]:
     """How far positions before the last moved (relative), or None under LEAK."""
-    a, b = base.narrow(axis, 0, base.size(axis) - 1), moved.narrow(axis, 0, base.size(axis) - 1)
-    scale = max(base.double().nan_to_num(0).abs().max().item(), 1e-30)
-    d = (a.double() - b.double()).abs().masked_fill(torch.isnan(a) & torch.isnan(b), 0)
-    worst = d.nan_to_num(math.inf).max().item() / scale if d.numel() else 0.0
-    return worst if worst > LEAK else None
+    per = worst(moved, base, axis)[:-1]
+    return per.max().item() if per.numel() and per.max().item() > LEAK else None
 
 
 def _new_nonfinite(y: torch.Tensor, y1: torch.Tensor) -> int:
@@ -210,8 +199,7 @@ class Reference:
     pattern: str             # the matched variant's mask pattern
     output: Callable         # (*input) -> y, float64: x [B, T, D], or q, k, v [..., n, d_k]
     max_score: Optional[Callable]  # x -> the largest |score| (after scaling) over visible pairs
-    grads: Callable          # (input, grad_output, dtype) -> {name: [in float64, in dtype]}, by
-    #                          autograd on the equation; None where it cannot be rebuilt
+    grads: Callable          # (input, grad_output, dtype) -> {name: [in float64, in dtype]}
     attend: Optional[Callable] = None  # a function's: (q, k, v, visible [n_q, n_k]) -> y
 
 
@@ -219,61 +207,45 @@ def reference(f, t) -> Optional[Reference]:
     """The probes' Reference from what reproduced the target (t: target.Target), or None."""
     if f is None:
         return None
-    v = f.variant
-    if f.reading is None:  # a function: our equation on q, k, v
-        def attend(q, k, v_, visible):
-            return v.equation(q, k, v_, t.d_k, t.h, visible)
+    v, r = f.variant, f.reading
 
-        def grads(inp: tuple, g: torch.Tensor, dtype) -> dict:  # dq, dk, dv
-            refs = {}
-            for low in (False, True):
-                leaves = [a.clone().requires_grad_() for a in inp]
-                out = attend(*[a.to(dtype) for a in leaves] if low else leaves,
-                             v.visible(inp[0].size(-2)))
-                for n, gr in zip("qkv", torch.autograd.grad(out, leaves,
-                                                            grad_outputs=g.to(out.dtype))):
-                    refs.setdefault(n, [None, None])[int(low)] = gr.double()
-            return refs
-        return Reference(t.h, v.pattern, lambda q, k, v_: attend(q, k, v_, v.visible(
-            q.size(-2))), None, grads, attend)
-    r, h = f.reading, f.reading.h
-
-    def output(x, reading=r, dtype=torch.float64, grad=False, seen=None):
-        return layer_output(reading, f.rotary, v, f.switches, x, dtype, grad, seen)
-
-    def max_score(x):  # on q and k as the scores see them: after QK-norm and rotary positions
-        seen = {}
-        output(x, seen=seen)
-        k = seen["k"].repeat_interleave(h // r.h_kv, dim=1)
-        s = (seen["q"] @ k.transpose(-2, -1)) * v.scale(t.D // h, h)
-        return s.masked_fill(~causal_pattern(x.size(1), x.size(1)), 0).abs().max().item()
-
-    def grads(inp: tuple, g: torch.Tensor, dtype) -> Optional[dict]:
-        """{name: [ref64, ref in dtype]} for dx and every parameter the reading reads, by
-        autograd through the same reading of float64 leaves of the layer's weights."""
+    def grads(inp: tuple, g: torch.Tensor, dtype) -> dict:
+        """{name: [ref64, ref in dtype]} for the inputs and every parameter the reading reads,
+        by autograd on the equation: for a layer, through the same reading of float64 leaves
+        of its weights."""
         refs = {}
         for low in (False, True):
-            leaves = {n: p.double().clone().requires_grad_()
-                      for n, p in t.info["params"].items()}
-            same = next((n for n in layouts.readings(dict(t.info, params=leaves),
-                                                     t.captures[0], t.D, [h])
-                         if n.words == r.words and n.modern_words == r.modern_words
-                         and n.h_kv == r.h_kv and all(
-                             (a is None) == (b is None) and (a is None or torch.equal(
-                                 a.detach(), b.double())) for a, b in zip(
-                                 (n.wq, n.wk, n.wv, *n.b, n.wo, n.bo),
-                                 (r.wq, r.wk, r.wv, *r.b, r.wo, r.bo)))), None)
-            if same is None:
-                return None
-            xl = inp[0].clone().requires_grad_()
-            y = output(xl, same, dtype if low else torch.float64, grad=True)
-            names, tensors = ["x"] + list(leaves), [xl] + list(leaves.values())
-            for n, gr in zip(names, torch.autograd.grad(y, tensors, grad_outputs=g.to(y.dtype),
-                                                        allow_unused=True)):
+            leaves = {n: a.clone().requires_grad_() for n, a in zip(t.inputs, inp)}
+            if r is None:
+                y = v.equation(*[a.to(dtype) if low else a for a in leaves.values()], t.d_k,
+                               t.h)
+            else:
+                params = {n: p.double().clone().requires_grad_()
+                          for n, p in t.info["params"].items()}
+                same = layouts.readings(dict(t.info, params=params), t.captures[0], t.D,
+                                        t.heads)[next(i for i, x in enumerate(t.readings)
+                                                      if x is r)]
+                y = layer_output(same, f.rotary, v, f.switches, leaves["x"],
+                                 dtype if low else torch.float64, grad=True)
+                leaves.update(params)
+            for n, gr in zip(leaves, torch.autograd.grad(y, list(leaves.values()), g.to(y.dtype),
+                                                         allow_unused=True)):
                 if gr is not None:
                     refs.setdefault(n, [None, None])[int(low)] = gr.detach().double()
         return refs
-    return Reference(h, v.pattern, output, max_score, grads)
+    if r is None:  # a function: our equation on q, k, v
+        return Reference(t.h, v.pattern, lambda q, k, v_: v.equation(q, k, v_, t.d_k, t.h),
+                         None, grads, lambda q, k, v_, seen: v.equation(q, k, v_, t.d_k, t.h,
+                                                                         seen))
+
+    def max_score(x):  # on q and k as the scores see them: after QK-norm and rotary positions
+        seen = {}
+        layer_output(r, f.rotary, v, f.switches, x, seen=seen)
+        k = seen["k"].repeat_interleave(r.h // r.h_kv, dim=1)
+        s = (seen["q"] @ k.transpose(-2, -1)) * v.scale(t.D // r.h, r.h)
+        return s.masked_fill(~causal_pattern(x.size(1), x.size(1)), 0).abs().max().item()
+    return Reference(r.h, v.pattern, lambda x: layer_output(r, f.rotary, v, f.switches, x),
+                     max_score, grads)
 
 
 # ----------------------------------------------------------------------------- the probes
@@ -310,10 +282,10 @@ def run(t, report, found) -> None:
                            rand(*t.lead(B), nk, t.d_k)) for nq, nk in UNEQUAL]
               if "unequal" in t.probe_items else []}
     inputs = [inp for batch in probes.values() for inp in batch]
-    got = t.probe(inputs, [0, 0, 1] + [0] * (len(inputs) - 3))
+    got = t.forward(inputs, [0, 0, 1] + [0] * (len(inputs) - 3))
     outs, at = {}, 0
     for name, batch in probes.items():  # each probe's own outputs and errors
-        outs[name] = got["outs"][at:at + len(batch)], got["errors"][at:at + len(batch)]
+        outs[name] = got["ys"][at:at + len(batch)], got["errors"][at:at + len(batch)]
         at += len(batch)
     report.set("deterministic", *_determinism(*outs["same"], t.info.get("dropouts", 0)))
     report.set("input_kept", *_kept(got["changed"]))
@@ -376,9 +348,9 @@ def _judge_lengths(t, report, ref, cap, lengths, longs, outs, moved) -> None:
             skip = ref.pattern == "mask_no_diagonal"
             if skip:
                 out, right = out[..., 1:, :], right[..., 1:, :]
-            p, worst = _first_bad(out, right, t.tol, t.axis) if out.shape == right.shape else \
+            p, most = _first_bad(out, right, t.tol, t.axis) if out.shape == right.shape else \
                 (0, math.inf)
-            results.append((n, None, p + (p >= 0 and skip), worst))
+            results.append((n, None, p + (p >= 0 and skip), most))
         else:
             results.append((n, None, -1, 0.0))
     cap_words = f" (the layer's context is {cap})" if cap and cap < LONGEST else ""
@@ -416,7 +388,7 @@ def _backward(t, report, ref, x, y, rand, B: int, T: int) -> None:
                                        "key), which reaches every gradient")
         return
     g = rand(*t.out_shape(B, T))
-    back = t.probe([x], [0], [g])
+    back = t.forward([x], [0], grad_outputs=[g])
     if back["errors"][0] is not None:
         report.set("backward", "FAIL", f"backward raises: {back['errors'][0]}")
         return

@@ -115,18 +115,14 @@ class Target:
     def out_shape(self, B: int, n: int) -> list:
         return [*self.lead(B), n, self.d_k if self.function else self.D]
 
-    def forward(self, inputs: list, seeds=None, capture=None) -> dict:
-        """The child's answer to forward on each input (outputs None where it raised)."""
+    def forward(self, inputs: list, seeds=None, capture=None, grad_outputs=None) -> dict:
+        """The child's answer to forward on each input under its seed (outputs None where it
+        raised): with capture, its Linears' inputs and outputs; with grad_outputs, the
+        gradients; else the inputs it changed in place."""
+        n = len(inputs)
         return ask(self.child, "forward", xs=[self.wire(i) for i in inputs],
-                   seeds=seeds or [0] * len(inputs), capture=capture or [False] * len(inputs))
-
-    def call(self, inputs: list) -> list:
-        return self.forward(inputs)["ys"]
-
-    def probe(self, inputs: list, seeds: list, grad_outputs: Optional[list] = None) -> dict:
-        """probes.py's request: seeded calls; with grad_outputs, the gradients."""
-        return ask(self.child, "probe", inputs=[self.wire(i) for i in inputs], seeds=seeds,
-                   grad_outputs=grad_outputs or [None] * len(inputs))
+                   seeds=seeds or [0] * n, capture=capture or [False] * n,
+                   grad_outputs=grad_outputs or [None] * n)
 
     def context(self) -> Optional[int]:
         """The shortest context length a layer registers (block_size, a [T, T] buffer)."""

@@ -8,11 +8,10 @@ Requests (dicts with a `cmd`):
     load     shut this process in to what FILE may read (host.py), import FILE, find NAME (and
              check it is the object check() was given), build the layer (or wrap the function
              as one over (q, k, v, mask): FunctionLayer), eval() it
-    forward  run the layer on each input, (x,) or (q, k, v, mask); optionally record each
-             Linear's first input and output
+    forward  run the layer on each input, (x,) or (q, k, v, mask), under a seed; record each
+             Linear's first input and output, or backpropagate a given output gradient, or
+             report which inputs the call changed in place (probes.py)
     rebuild  build it again with another head count and report the output's shape
-    probe    run it under a seed; backpropagate a given output gradient, or report which
-             inputs the call changed in place (probes.py)
     context  the context lengths the layer registers (block_size, square mask buffers)
     exit     return (the host then reports the child's exit)
 """
@@ -49,8 +48,8 @@ DROPOUT = {"dropout", "p", "attn_pdrop", "resid_pdrop", "dropout_p", "attn_dropo
            "attention_dropout", "resid_dropout", "dropout_rate", "drop", "attn_drop",
            "proj_drop", "pdrop", "dropout_prob", "attention_probs_dropout_prob", "embd_pdrop"}
 TRUE = {"bias", "qkv_bias", "use_bias", "causal", "is_causal", "masked"}
-# A modern layer's sizes (modern.py reads what the layer did with them from its weights): the
-# key/value heads (half the query heads, so a grouped layer is built grouped), rotary theta, eps
+# A modern layer's sizes (the checker reads what the layer did with them from its weights): the
+# key/value heads, rotary theta, norm eps
 KV_HEADS = {"n_kv_heads", "n_kv_head", "num_kv_heads", "num_key_value_heads", "kv_heads",
             "n_kv", "num_kv", "n_kv_groups", "num_query_groups", "n_query_groups", "n_groups",
             "num_groups"}
@@ -92,19 +91,14 @@ class LayerConfig:
         object.__setattr__(self, "read", {})
 
     def _value(self, name: str):
-        s = self._sizes
-        for names, value in ((D_MODEL, s["d_model"]), (N_HEAD, s["n_head"]),
-                             (HEAD_SIZE, s["d_model"] // s["n_head"]),
-                             (BLOCK, s["block_size"]), (DROPOUT, 0.0), (TRUE, True),
-                             (KV_HEADS, kv_heads(s["n_head"])), (THETA, 10000.0),
-                             (EPS, 1e-6)):
-            if name in names:
-                return value
-        raise AttributeError(
-            f"the layer reads config.{name}, which the checker does not know (it offers the "
-            f"width, head count, head size, context length, dropout, bias, key/value heads, "
-            f"rotary theta and norm eps); write a "
-            f"zero-argument factory in the file and check that instead")
+        found = next((value for names, value, *_ in offered(self._sizes) if name in names), None)
+        if found is None:
+            raise AttributeError(
+                f"the layer reads config.{name}, which the checker does not know (it offers the "
+                f"width, head count, head size, context length, dropout, bias, key/value "
+                f"heads, rotary theta and norm eps); write a zero-argument factory in the file "
+                f"and check that instead")
+        return found
 
     def __getattr__(self, name: str):
         if name.startswith("__"):
@@ -128,10 +122,15 @@ class LayerConfig:
         self._sizes[name] = value
 
 
-def kv_heads(n_head: int) -> int:
-    """Key/value heads for a grouped layer built with n_head query heads: half of them (2 for 4),
-    or as many when n_head is odd."""
-    return n_head // 2 if n_head % 2 == 0 else n_head
+def offered(s: dict) -> tuple:
+    """(names, value, the size it consumes, passed even where the parameter has a default) for
+    each size the checker offers a constructor: the key/value heads are half the query heads (2
+    for 4, so that a grouped layer is built grouped; as many when n_head is odd)."""
+    h = s["n_head"]
+    return ((D_MODEL, s["d_model"], "d_model", True), (N_HEAD, h, "n_head", True),
+            (HEAD_SIZE, s["d_model"] // h, "n_head", True), (BLOCK, s["block_size"], None, True),
+            (KV_HEADS, h // 2 if h % 2 == 0 else h, None, False), (THETA, 10000.0, None, False),
+            (EPS, 1e-6, None, False), (DROPOUT, 0.0, None, False), (TRUE, True, None, False))
 
 
 def bind(fn, sizes: dict) -> tuple[list, dict, str, set]:
@@ -153,26 +152,13 @@ def bind(fn, sizes: dict) -> tuple[list, dict, str, set]:
         return [d, h], {}, f"{name}({d}, {h})", {"d_model", "n_head"}  # Name(d_model, n_head)
     kwargs, consumed, config = {}, set(), None
     for p in params:
-        if p.name in D_MODEL:
-            kwargs[p.name], _ = d, consumed.add("d_model")
-        elif p.name in N_HEAD:
-            kwargs[p.name], _ = h, consumed.add("n_head")
-        elif p.name in HEAD_SIZE:
-            kwargs[p.name], _ = d // h, consumed.add("n_head")
-        elif p.name in BLOCK:
-            kwargs[p.name] = sizes["block_size"]
+        names, value, size, always = next((e for e in offered(sizes) if p.name in e[0]),
+                                          (None, None, None, False))
+        if names is not None and (always or p.default is p.empty):
+            kwargs[p.name] = value
+            consumed |= {size} - {None}
         elif p.default is not p.empty:
             continue  # its own default (dropout is off in eval mode anyway)
-        elif p.name in KV_HEADS:
-            kwargs[p.name] = kv_heads(h)
-        elif p.name in THETA:
-            kwargs[p.name] = 10000.0
-        elif p.name in EPS:
-            kwargs[p.name] = 1e-6
-        elif p.name in DROPOUT:
-            kwargs[p.name] = 0.0
-        elif p.name in TRUE:
-            kwargs[p.name] = True
         elif p.name in CONFIG and config is None:
             config = kwargs[p.name] = LayerConfig(dict(sizes))
             consumed |= {"d_model", "n_head"}
@@ -363,97 +349,70 @@ class Session:
 
     # -- running the layer
 
-    def _dtype(self, layer) -> torch.dtype:
-        """The dtype the inputs are given in: the layer's, or the one asked for a function."""
-        return getattr(torch, self.dtype or "float32") if self.function else next_dtype(layer)
-
-    def _inputs(self, layer, inp) -> list:
-        return [t.to(self.device, self._dtype(layer) if t.is_floating_point() else t.dtype)
-                for t in inp]
-
-    def _output(self, out, who: str) -> torch.Tensor:
-        if isinstance(out, (tuple, list)) and out:
-            out = out[0]
-        if not isinstance(out, torch.Tensor):
-            raise SubmissionError(f"{who} returned a {type(out).__name__}, not a tensor"
-                                  + ("" if self.function else
-                                     " or a tuple whose first element is one"))
-        return out
-
-    def _forward(self, layer, inp, seed: int) -> torch.Tensor:
+    def _run(self, layer, inp, seed: int, g=None):
+        """The layer on one input under a seed: (its output; the inputs the call changed in
+        place; with an output gradient g, the inputs' and parameters' gradients)."""
+        names, who = (["q", "k", "v", "mask"], "it") if self.function else (["x"], "forward")
+        dtype = getattr(torch, self.dtype or "float32") if self.function else next_dtype(layer)
+        given = [t.to(self.device, dtype if t.is_floating_point() else t.dtype) for t in inp]
+        if g is not None:
+            given = [t.requires_grad_() if n != "mask" else t for n, t in zip(names, given)]
+        args = [t.clone() for t in given]  # what the call may write into; `given` stays as sent
+        params = [(n, p) for n, p in layer.named_parameters()
+                  if p.requires_grad and p.is_floating_point()]
         torch.manual_seed(seed)
-        with torch.no_grad():
-            out = layer(*self._inputs(layer, inp))
-        who = "it" if self.function else "forward"
-        return plain(self._output(out, who), who)
+        with torch.set_grad_enabled(g is not None):
+            out = layer(*args)
+            out = out[0] if isinstance(out, (tuple, list)) and out else out
+            if not isinstance(out, torch.Tensor):
+                raise SubmissionError(f"{who} returned a {type(out).__name__}, not a tensor"
+                                      + ("" if self.function else
+                                         " or a tuple whose first element is one"))
+            if g is not None:
+                out.backward(g.to(out.device, out.dtype))
+        if g is None:
+            return plain(out, who), [n for n, a, t in zip(names, args, given)
+                                     if not torch.equal(a, t)], None
+        grad = {n: None if t.grad is None else plain(t.grad, "backward")
+                for n, t in zip(names, given) if n != "mask"}
+        grad.update({"param:" + n: None if p.grad is None else plain(p.grad, "backward")
+                     for n, p in params})
+        return plain(out, who), [], grad
 
     def forward(self, req: dict) -> dict:
-        ys, errors, captures = [], [], []
+        """Run the layer on each input under its seed; with capture, record each Linear's first
+        input and output; with a grad_output, backpropagate it and report the gradients (else
+        which inputs the call changed in place)."""
+        out = {"ys": [], "errors": [], "captures": [], "changed": [], "grads": []}
         names = [n for n, m in self.layer.named_modules() if linear_like(m)]
-        for x, seed, capture in zip(req["xs"], req["seeds"], req["capture"]):
+        n = len(req["xs"])
+        for x, seed, capture, g in zip(req["xs"], req["seeds"], req.get("capture") or [False] * n,
+                                       req.get("grad_outputs") or [None] * n):
             self.captures = {n: {"calls": 0} for n in names} if capture else {}
             try:
-                ys.append(self._forward(self.layer, x, seed))
-                errors.append(None)
-            except SubmissionError as exc:
-                ys.append(None), errors.append(str(exc))
+                answer = (*self._run(self.layer, x, seed, g), None)
             except BaseException as exc:
-                ys.append(None), errors.append(describe(exc, self.file))
-            captures.append(self.captures)
+                answer = (None, [], None, str(exc) if isinstance(exc, SubmissionError)
+                          else describe(exc, self.file))
+            finally:
+                for p in self.layer.parameters():
+                    p.grad = None
+            for key, value in zip(("ys", "changed", "grads", "errors"), answer):
+                out[key].append(value)
+            out["captures"].append(self.captures)
         self.captures = {}
-        return {"ys": ys, "errors": errors, "captures": captures}
+        return out
 
     def rebuild(self, req: dict) -> dict:
         sizes = dict(self.sizes, n_head=req["n_head"])
         torch.manual_seed(0)
         try:
             layer, _, _ = self._build(self.obj, sizes)
-            return {"shape": list(self._forward(layer, req["x"], 0).shape)}
+            return {"shape": list(self._run(layer, req["x"], 0)[0].shape)}
         except SubmissionError as exc:
             return {"error": str(exc)}
         except BaseException as exc:
             return {"error": describe(exc, self.file)}
-
-    # -- probes.py's requests: seeded calls, gradients, inputs left as given, the context
-
-    def probe(self, req: dict) -> dict:
-        """Call the layer (or the function) on each input under the given seed. With a
-        grad_output, backpropagate it and report the inputs' and the parameters' gradients;
-        without one, report which inputs the call changed in place."""
-        outs, errors, changed, grads = [], [], [], []
-        for inp, seed, g in zip(req["inputs"], req["seeds"], req["grad_outputs"]):
-            try:
-                out, moved, grad = self._probe_one(inp, seed, g)
-                outs.append(out), errors.append(None), changed.append(moved), grads.append(grad)
-            except BaseException as exc:
-                why = str(exc) if isinstance(exc, SubmissionError) else describe(exc, self.file)
-                outs.append(None), errors.append(why), changed.append([]), grads.append(None)
-            finally:
-                for p in self.layer.parameters():
-                    p.grad = None
-        return {"outs": outs, "errors": errors, "changed": changed, "grads": grads}
-
-    def _probe_one(self, inp, seed: int, g):
-        names = ["q", "k", "v", "mask"] if self.function else ["x"]
-        given = self._inputs(self.layer, inp)
-        if g is not None:
-            given = [t.requires_grad_() if n != "mask" else t for n, t in zip(names, given)]
-        args = [t.clone() for t in given]  # what the call may write into; `given` stays as sent
-        params = [(n, p) for n, p in self.layer.named_parameters()
-                  if p.requires_grad and p.is_floating_point()]
-        torch.manual_seed(seed)
-        with torch.set_grad_enabled(g is not None):
-            out = self._output(self.layer(*args), "it")
-            if g is not None:
-                out.backward(g.to(out.device, out.dtype))
-        if g is not None:
-            grad = {n: None if t.grad is None else plain(t.grad, "backward")
-                    for n, t in zip(names, given) if n != "mask"}
-            grad.update({"param:" + n: None if p.grad is None else plain(p.grad, "backward")
-                         for n, p in params})
-            return plain(out, "it"), [], grad
-        moved = [n for n, a, t in zip(names, args, given) if not torch.equal(a, t)]
-        return plain(out, "it"), moved, None
 
     def context(self, req: dict) -> dict:
         """Context lengths the layer registers: int attributes named like one (block_size, ...)
@@ -535,7 +494,7 @@ def serve(proto_in: int, proto_out: int, user_cwd: str, read_frame, write_frame,
     process before the file in `folder` is imported."""
     session = Session(user_cwd, shut_in)
     handlers = {"load": session.load, "forward": session.forward, "rebuild": session.rebuild,
-                "probe": session.probe, "context": session.context}
+                "context": session.context}
     while True:
         try:
             req = read_frame(proto_in)
