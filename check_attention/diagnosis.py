@@ -30,17 +30,6 @@ from check_attention.report import Report
 from check_attention.variants import (Variant, all_variants, fit, layer_output, mistake_words,
                                       num, switch_of)
 
-SWITCHES = {  # the second study's switches a layer called as layer(x) can show
-    "rope_on_values": "values are rotated too (rotary positions applied to v as well as q and "
-                      "k): the output then carries each key's absolute position",
-    "gqa_repeat_mismatch": "query head i reads key/value head i % n_kv_head instead of "
-                           "i // (n_head / n_kv_head): each query head reads another group's keys"
-                           " (with weights trained in Llama's order, llama_weights=true)",
-    "rotary_interleaved": "rotary pairs are interleaved, (2j, 2j + 1), where the weights were "
-                          "trained with rotate-half pairs (j, j + d_k / 2), as transformers' "
-                          "Llama weights are (llama_weights=true): each dimension is turned with "
-                          "the wrong partner; pair dimension j with j + d_k / 2 (rotate_half)",
-}
 # Tiled key/value heads on weights the layer trains itself: a relabelling of the query heads
 # (the second study's gqa_repeat_mismatch arm trains as well as the correct one), so correct.
 TILED = ("the key/value heads are tiled (query head i reads key/value head i % n_kv_head, "
@@ -49,8 +38,6 @@ TILED = ("the key/value heads are tiled (query head i reads key/value head i % n
          "absorbs, so the layer is judged correct; its weights are not interchangeable with "
          "Llama's (Llama's weights loaded into it, or its weights into Llama, read other "
          "groups' keys): check it with llama_weights=true if it holds weights trained that way")
-OWN_O = ("each head has its own output projection ({name} [{shape}]) and the heads are only "
-         "concatenated: nothing mixes them; apply one W_O [{D} -> {D}] to the concatenated heads")
 
 
 @dataclass
@@ -209,44 +196,35 @@ def layout_words(f: Match, D: int) -> str:
 def report_found(rep: Report, f: Match, d_k: int, h: int, tol: float, info: dict,
                  captures: Optional[dict] = None, llama_weights: bool = False) -> None:
     """The checklist's items and the diagnosis from a match, a layer's or a function's: the
-    mistakes its variant, its reading, its switches or its fit name."""
+    mistakes its variant, its reading, its switches or its fit name (variants.WORDS)."""
     r, v = f.reading, f.variant
-    words = mistake_words(v, d_k, h) + ([f.fitted] if f.fitted else [])
-    switches = [s for s in f.switches if s != "gqa_repeat_mismatch" or llama_weights]
-    if llama_weights and f.rotary.layout == "interleaved":
-        switches.append("rotary_interleaved")
-    names = list(switches)
-    ours = "our scaled_dot_product_attention"
-    if r is not None:
+    switches = tuple(s for s in f.switches if s != "gqa_repeat_mismatch" or llama_weights) + (
+        ("rotary_interleaved",) * (llama_weights and f.rotary.layout == "interleaved"))
+    own = ("own_out_proj",) if r is not None and r.own_o else ()
+    words = mistake_words(v, d_k, h, own + switches, r and r.own_o) + (
+        [(None, *f.fitted)] if f.fitted else [])
+    fails, over = {}, {}
+    for _, item, w in words:
+        if item:
+            fails.setdefault(item, w)
+    if v.attn.softmax_over_queries:  # the mask is before the softmax; the softmax's axis is wrong
+        over["before_softmax"] = "the mask is added to the scores before the softmax"
+    if r is None:
+        ours, over["scale"] = "our scaled_dot_product_attention", \
+            f"divided by sqrt(d_k) = {num(math.sqrt(d_k))}, d_k = q.size(-1)"
+    else:
         rep.header["layout"] = layout_words(f, d_k * h)
-        if r.own_o:
-            words.append(("w_o", OWN_O.format(name=r.own_o, shape=f"{d_k} -> {d_k}", D=d_k * h)))
-            names.append("own_out_proj")
         ours = "our CausalSelfAttention with the layer's weights" + (
             f", {r.h_kv} key/value head{'s' * (r.h_kv > 1)}" if r.h_kv < r.h else "") + (
             ", QK-norm" if r.norm else "") + ("" if f.rotary.layout is None else
                                               f", {f.rotary.layout} rotary positions")
-    words += [("", SWITCHES[s]) for s in switches]
-    # said in the diagnosis too, so that a grading table's one-line diagnosis names the cause:
-    # what no checklist line names, and the checker's own mistakes (no study's switch names them)
-    own = {"w_o": "own_out_proj" in names, "scale": "scale_after_softmax" in v.mistakes}
-    said = "".join(w + "; " for item, w in words if not item or own.get(item))
-    fails = {}
-    for item, w in words:
-        if item:
-            fails.setdefault(item, w)
-    if "w_o" in fails and r is not None:
+        over["o"] = r.names.get("o")
         unused = [e["name"] for e in info["linears"] if layouts.role_of(e["name"]) == "o"
                   and (captures or {}).get(e["name"], {}).get("calls") == 0]
-        if unused:
+        if "w_o" in fails and unused:
             fails["w_o"] = f"{unused[0]} is defined but never applied: the concatenated " \
                            f"heads are the output"
-    over = {"before_softmax": "the mask is added to the scores before the softmax"} \
-        if v.attn.softmax_over_queries else {}
-    if r is None:
-        over["scale"] = f"divided by sqrt(d_k) = {num(math.sqrt(d_k))}, d_k = q.size(-1)"
-    rep.sheet(fails, f.unresolved, sqrt_d_k=num(math.sqrt(d_k)), **over,
-              **({} if r is None else {"o": r.names.get("o")}))
+    rep.sheet(fails, f.unresolved, sqrt_d_k=num(math.sqrt(d_k)), **over)
     if "gqa_repeat_mismatch" in f.switches and not llama_weights:
         cost = costs.words("gqa_repeat_mismatch", costs.load())
         rep.diagnosis.append(TILED + (f"; {cost}" if cost else ""))
@@ -259,17 +237,18 @@ def report_found(rep: Report, f: Match, d_k: int, h: int, tol: float, info: dict
     if not words:
         rep.set("equation", "PASS", f"{ours}: {err}")
         return
-    rep.set("equation", "FAIL", "; ".join(w for _, w in words))
-    fit_words = err + (f", tolerance {tol:.0e}" if r is not None else "")
+    rep.set("equation", "FAIL", "; ".join(w for *_, w in words))
     if f.fitted:
-        what = "divisor" if f.fitted[0] == "scale" else "mask value"
-        rep.diagnosis.append(f"no variant of ours reproduces it; a fitted {what} does"
+        rep.diagnosis.append(f"no variant of ours reproduces it; a fitted "
+                             f"{'divisor' if f.fitted[0] == 'scale' else 'mask value'} does"
                              + ("" if r is None else f" ({ours})") + f": {f.fitted[1]}")
-    else:
-        name = "+".join(([v.name] if v.mistakes else []) + names)
-        study = "the second study's switches: scripts/llama_pitfalls.py; " if switches else ""
-        rep.diagnosis.append(f"{ours} reproduces {'it' if r is None else 'this layer'} as "
-                             f"attention={name} ({study}{said}{fit_words})")
+    else:  # said: what no checklist line names, and the checker's own mistakes
+        said = "".join(w + "; " for name, item, w in words if not item or not switch_of(name))
+        rep.diagnosis.append(
+            f"{ours} reproduces {'it' if r is None else 'this layer'} as attention="
+            f"{'+'.join(([v.name] if v.mistakes else []) + list(own + switches))} ("
+            + "the second study's switches: scripts/llama_pitfalls.py; " * bool(switches)
+            + f"{said}{err}" + ("" if r is None else f", tolerance {tol:.0e}") + ")")
     rep.named(*filter(None, map(switch_of, v.mistakes)), *switches)
 
 

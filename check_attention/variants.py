@@ -6,15 +6,16 @@ of which those a forward pass `layer(x)` shows (FORWARD_FIELDS: the scale, the m
 head split and the softmax's axis; the rotary and grouped-head switches are tried with rotary
 positions, diagnosis.py; the cache and padding ones need a cache), plus the checker's own
 mistakes, which the model has no switch for (CHECKER): masks off by one or inverted, the scores
-K Q^T, the scale after the softmax, the heads joined without the transpose. A layer with a sliding window (`windowed`) gets the window as
-part of every variant's pattern, and `window_off_by_one` (w + 1 keys) besides. Mistakes that
-touch different fields combine, so a layer with two of them is named with both.
+K Q^T, the scale after the softmax, the heads joined without the transpose. A layer with a
+sliding window gets the window as part of every variant's pattern, and `window_off_by_one`
+(w + 1 keys) besides. Mistakes that touch different fields combine, so a layer with two of them
+is named with both. WORDS says each in plain words, with its fix where it is not obvious.
 
 Two references compute the equation: `layer_output` runs our `CausalSelfAttention` with a
 layer's weights (a layouts.Reading) through torch.func.functional_call, so that it is
 differentiable in them (the gradient probe), and `Variant.equation` runs our
-`scaled_dot_product_attention` on given q, k, v (a function's reference, and the step-by-step
-diagnosis's). `fit` finds a divisor or a mask value no variant has, for either.
+`scaled_dot_product_attention` on given q, k, v (a function's reference). `fit` finds a divisor
+or a mask value no variant has, for either.
 """
 from __future__ import annotations
 
@@ -261,53 +262,25 @@ def fit(ref: Callable, y: torch.Tensor, d_k: int, h: int, tol: float, probes: in
 # ----------------------------------------------------------------------------- words
 
 
-def num(x: float) -> str:
-    """8.0, 4.0, 2.83: a square root as the sheet writes it."""
-    return f"{x:.1f}" if abs(x - round(x)) < 1e-9 else f"{x:.3g}"
-
-
-def mistake_words(variant: Variant, d_k: int, h: int) -> list[tuple[str, str]]:
-    """(item, plain words) for each mistake in `variant`; item '' when it is none of the
-    checklist's five (the head split, the softmax's axis, the masks off by one or inverted,
-    the window, the scores K Q^T)."""
-    a, out = variant.attn, []
-    if a.split_heads_no_transpose:
-        out.append(("", split_words(h, d_k)))
-    if a.scale is Scale.d_model:
-        out.append(("scale", f"scores are divided by sqrt(d_model) = {num(math.sqrt(d_k * h))}, "
-                             f"not sqrt(d_k) = {num(math.sqrt(d_k))}"))
-    elif a.scale is Scale.none:
-        out.append(("scale", f"scores QK^T are not divided at all; they should be divided by "
-                             f"sqrt(d_k) = {num(math.sqrt(d_k))}"))
-    if not a.out_proj:
-        out.append(("w_o", "the concatenated heads are the output: W_O is never applied"))
-    if a.mask_mode is MaskMode.after_softmax:
-        out.append(("before_softmax", "softmax runs over every key and the future weights are "
-                    "zeroed afterwards: rows sum to less than 1, and the future still shapes "
-                    "the past through the softmax's denominator"))
-    elif a.mask_value > -1e3:
-        if a.mask_mode is MaskMode.fill:
-            out.append(("mask_value", f"future scores are set to {a.mask_value:g} instead of "
-                        f"-inf: exp({a.mask_value:g}) = {math.exp(a.mask_value):.3g} still "
-                        f"competes with the real scores"))
-        else:
-            out.append(("mask_value", f"the mask adds {a.mask_value:g} to the future scores, "
-                        f"which does not hide them: every query attends to the future"))
-    out += [(item, words.format(sqrt_d_k=num(math.sqrt(d_k))))
-            for m, (item, words) in CHECKER_WORDS.items() if m in variant.mistakes]
-    if a.softmax_over_queries:
-        out.append(("", "softmax runs over the queries (dim=-2) instead of the keys (dim=-1): "
-                        "each key's column of weights sums to 1, not each query's row, and a "
-                        "query's weights are divided by the scores of the queries after it"))
-    if a.window_off_by_one and variant.window is not None:
-        w = variant.window
-        out.append(("", f"the sliding window holds {w + 1} keys, not {w}: query i sees keys "
-                        f"i - {w} .. i (j >= i - {w}) where i - {w - 1} .. i (j > i - {w}), "
-                        f"its own included, belongs"))
-    return out
-
-
-CHECKER_WORDS = {
+# The words for each mistake a variant can make, in the order a report says them, with the
+# checklist item it fails ('' where no checklist line names it). Filled in with the layer's sizes.
+WORDS = {
+    "split_heads_no_transpose": ("", "heads are split by reshaping to (B, {h}, T, {d_k}), which "
+                                     "mixes positions and heads, instead of .view(B, T, {h}, "
+                                     "{d_k}).transpose(1, 2)"),
+    "scale_d_model": ("scale", "scores are divided by sqrt(d_model) = {sqrt_d_model}, not "
+                               "sqrt(d_k) = {sqrt_d_k}"),
+    "no_scale": ("scale", "scores QK^T are not divided at all; they should be divided by "
+                          "sqrt(d_k) = {sqrt_d_k}"),
+    "no_out_proj": ("w_o", "the concatenated heads are the output: W_O is never applied"),
+    "mask_after_softmax": ("before_softmax", "softmax runs over every key and the future weights "
+                           "are zeroed afterwards: rows sum to less than 1, and the future still "
+                           "shapes the past through the softmax's denominator"),
+    "mask_fill_zero": ("mask_value", "future scores are set to {value:g} instead of -inf: "
+                                     "exp({value:g}) = {exp_value:.3g} still competes with the "
+                                     "real scores"),
+    "mask_zero": ("mask_value", "the mask adds {value:g} to the future scores, which does not "
+                                "hide them: every query attends to the future"),
     "mask_no_diagonal": ("", "the mask also hides each query's own position (diagonal "
                              "excluded): position i sees only 0..i-1, and position 0 sees no "
                              "key at all"),
@@ -327,13 +300,51 @@ CHECKER_WORDS = {
     "join_no_transpose": ("", "heads are joined with .reshape(B, T, d_model) without first "
                               "transposing [B, h, T, d_k] back, which mixes positions and "
                               "heads; y.transpose(1, 2).reshape(B, T, d_model) belongs"),
+    "softmax_over_queries": ("", "softmax runs over the queries (dim=-2) instead of the keys "
+                                 "(dim=-1): each key's column of weights sums to 1, not each "
+                                 "query's row, and a query's weights are divided by the scores "
+                                 "of the queries after it"),
+    "window_off_by_one": ("", "the sliding window holds {w1} keys, not {w}: query i sees keys "
+                              "i - {w} .. i (j >= i - {w}) where i - {w_1} .. i (j > i - {w}), "
+                              "its own included, belongs"),
+    "own_out_proj": ("w_o", "each head has its own output projection ({own} [{d_k} -> {d_k}]) "
+                            "and the heads are only concatenated: nothing mixes them; apply one "
+                            "W_O [{d_model} -> {d_model}] to the concatenated heads"),
+    # the second study's switches a layer called as layer(x) can show (diagnosis.py)
+    "rope_on_values": ("", "values are rotated too (rotary positions applied to v as well as q "
+                           "and k): the output then carries each key's absolute position"),
+    "gqa_repeat_mismatch": ("", "query head i reads key/value head i % n_kv_head instead of "
+                                "i // (n_head / n_kv_head): each query head reads another "
+                                "group's keys (with weights trained in Llama's order, "
+                                "llama_weights=true)"),
+    "rotary_interleaved": ("", "rotary pairs are interleaved, (2j, 2j + 1), where the weights "
+                               "were trained with rotate-half pairs (j, j + d_k / 2), as "
+                               "transformers' Llama weights are (llama_weights=true): each "
+                               "dimension is turned with the wrong partner; pair dimension j "
+                               "with j + d_k / 2 (rotate_half)"),
 }
 
 
-def split_words(h: int, d_k: int) -> str:
-    """The head split without the transpose, in words (a variant, or found step by step)."""
-    return (f"heads are split by reshaping to (B, {h}, T, {d_k}), which mixes positions and "
-            f"heads, instead of .view(B, T, {h}, {d_k}).transpose(1, 2)")
+def num(x: float) -> str:
+    """8.0, 4.0, 2.83: a square root as the sheet writes it."""
+    return f"{x:.1f}" if abs(x - round(x)) < 1e-9 else f"{x:.3g}"
+
+
+def mistake_words(variant: Variant, d_k: int, h: int, more: tuple = (), own: str = ""
+                  ) -> list[tuple[str, str, str]]:
+    """(name, item, plain words) for each mistake of `variant` and the others named in `more`
+    (the second study's switches, a reading's own), in WORDS's order."""
+    w, value = variant.window or 0, variant.attn.mask_value
+    sizes = dict(h=h, d_k=d_k, sqrt_d_k=num(math.sqrt(d_k)), sqrt_d_model=num(math.sqrt(d_k * h)),
+                 d_model=d_k * h, value=value, exp_value=math.exp(min(value, 700)), w=w,
+                 w1=w + 1, w_1=w - 1, own=own)
+    return [(name, item, words.format(**sizes)) for name, (item, words) in WORDS.items()
+            if name in variant.mistakes + more and (name != "window_off_by_one" or w)]
+
+
+def split_words(h: int, d_k) -> str:
+    """The head split without the transpose, in words."""
+    return WORDS["split_heads_no_transpose"][1].format(h=h, d_k=d_k)
 
 
 def divisor_words(scale: float, d_k: int, h: int, tol: float = 2e-3) -> str:
