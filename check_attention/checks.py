@@ -3,11 +3,10 @@
 Black-box checks need nothing but the layer's outputs on seeded random inputs: causality (change
 one position, see which earlier outputs move), the output's shape for several head counts, and
 whether identical tokens give identical outputs at every position (they do exactly when each row
-of attention weights sums to 1). White-box checks map the layer's weights onto our reference
-(layouts.py) and find which of our variants (variants.py) reproduces its output (diagnosis.py);
-when none does, the layer's own intermediate results (the inputs and outputs of its Linears)
-locate the first step that differs. Every comparison (compare.py) is in float64 against the
-layer's output, with a tolerance set by the layer's dtype.
+of attention weights sums to 1). White-box checks read the layer's weights in every layout
+(layouts.py) and find which of our variants (variants.py) reproduces its output (diagnosis.py),
+which decides the sheet's items (checklist.py). Every comparison (compare.py) is in float64
+against the layer's output, with a tolerance set by the layer's dtype.
 """
 from __future__ import annotations
 
@@ -27,12 +26,8 @@ from check_attention.layouts import Rotary
 from check_attention.options import Options
 from check_attention.report import Report
 from check_attention.sandbox.host import CheckError, Sandbox, SandboxError, ask, project_snapshot
-from check_attention.target import Target, infer
-from check_attention.target import view_hint as _view_hint  # noqa: F401 (its tests' name)
+from check_attention.target import Target
 from check_attention.variants import all_variants, fit
-
-# What a layer may call its sliding window (keys, its own included), read from its attributes.
-WINDOW = {"window", "window_size", "sliding_window", "attention_window", "attn_window"}
 
 # ----------------------------------------------------------------------------- entry point
 
@@ -156,7 +151,7 @@ def _judge_module(t: Target, report: Report, leaks: Optional[Leaks], rows_sum_to
     classic = [r for r in rs if r.classic]
     if classic and not h and not any(isinstance(r.names.get("q"), list) for r in classic):
         report.header["heads"] = f"n_head not known: tried {', '.join(map(str, heads))}"
-    found, near = match(rs, info, t.xs, t.ys[:3], tol, window=infer(info, WINDOW))
+    found, near = match(rs, info, t.xs, t.ys[:3], tol, window=info["window"])
     if found:
         report_found(report, found, D // found.reading.h, found.reading.h, tol, info,
                      captures[0], t.opts.llama_weights)

@@ -150,18 +150,6 @@ def _large_words(levels: list, what: str) -> tuple[str, str]:
     return "PASS", f"no leak and no overflow at {clean[-1]}" if clean else ""
 
 
-def _leak(base: torch.Tensor, moved: torch.Tensor, axis: int) -> Optional[float]:
-    """How far positions before the last moved (relative), or None under LEAK."""
-    per = worst(moved, base, axis)[:-1]
-    return per.max().item() if per.numel() and per.max().item() > LEAK else None
-
-
-def _new_nonfinite(y: torch.Tensor, y1: torch.Tensor) -> int:
-    if y.shape != y1.shape:
-        return 0
-    return int((~torch.isfinite(y) & torch.isfinite(y1)).sum())
-
-
 def _determinism(outs: list, errors: list, dropouts: int) -> tuple[str, str]:
     """outs: the same input with seeds 0, 0, 1."""
     if any(e for e in errors[:3]):
@@ -273,11 +261,11 @@ def run(t, report, found) -> None:
         base = tuple(a * s for a in x)
         large.append([base, t.changed(base, -1, rand, s, t.large_moves)])
     longest = t.draw(rand, B, max(lengths, default=1))
-    moved = _moved_positions(longest[0].size(-2), T) if t.long_leaks else []
+    shifts = _moved_positions(longest[0].size(-2), T) if t.long_leaks else []
     probes = {"same": [x, x, x], "other": [other],
               "large": [inp for pair in large for inp in pair],
               "lengths": [tuple(a[..., :n, :].contiguous() for a in longest) for n in lengths],
-              "leaks": [t.changed(longest, j, rand, 4.0) for j in moved],  # no earlier output
+              "leaks": [t.changed(longest, j, rand, 4.0) for j in shifts],  # no earlier output
               "unequal": [(rand(*t.lead(B), nq, t.d_k), rand(*t.lead(B), nk, t.d_k),   # moves
                            rand(*t.lead(B), nk, t.d_k)) for nq, nk in UNEQUAL]
               if "unequal" in t.probe_items else []}
@@ -291,17 +279,18 @@ def run(t, report, found) -> None:
     report.set("input_kept", *_kept(got["changed"]))
     y = outs["same"][0][0]
     y = y.double() if y is not None else None
-    (moved_out,), (moved_error,) = outs["other"]
-    if not t.lead(B):
-        report.set("batch", "N/A", "it takes one sequence, q, k, v [n, d], no batch")
-    elif y is None or moved_out is None or moved_out.shape != y.shape:
-        report.set("batch", "SKIP", f"not judged: {moved_error or 'the output changes shape'}")
-    else:
-        moved_by = rel_err(moved_out[1:], y[1:])
-        report.set("batch", "FAIL" if moved_by > LEAK else "PASS",
-                   f"changing sample 0 moves the other samples' outputs by up to {moved_by:.2g} "
-                   f"(relative): samples attend to each other (batch mixing)" if moved_by > LEAK
-                   else "changing sample 0 leaves the other samples' outputs bit for bit")
+    (moved,), (error,) = outs["other"]
+    moved_by = rel_err(moved[1:], y[1:]) if y is not None and moved is not None and \
+        moved.shape == y.shape else None
+    report.set("batch", *(("N/A", "it takes one sequence, q, k, v [n, d], no batch")
+                          if not t.lead(B) else
+                          ("SKIP", f"not judged: {error or 'the output changes shape'}")
+                          if moved_by is None else
+                          ("FAIL", f"changing sample 0 moves the other samples' outputs by up "
+                                   f"to {moved_by:.2g} (relative): samples attend to each other "
+                                   f"(batch mixing)") if moved_by > LEAK else
+                          ("PASS", "changing sample 0 leaves the other samples' outputs bit for "
+                                   "bit")))
     if y is None or list(y.shape) != t.out_shape(B, T):
         for item in t.probe_items:
             report.set(item, "SKIP", f"not judged: the output's shape is not {t.shape_words}")
@@ -311,7 +300,7 @@ def run(t, report, found) -> None:
         for item in ("lengths", "backward", "unequal"):
             report.set(item, "SKIP", "not judged: no variant of ours reproduces the forward pass")
         return
-    _judge_lengths(t, report, ref, cap, lengths, probes["lengths"], outs, moved)
+    _judge_lengths(t, report, ref, cap, lengths, probes["lengths"], outs, shifts)
     if probes["unequal"]:
         report.set("unequal", *_unequal(t, ref, *outs["unequal"], probes["unequal"]))
     _backward(t, report, ref, x, y, rand, B, T)
@@ -328,10 +317,11 @@ def _large_scores(t, report, ref, x, sigmas, outs, y) -> None:
     else:
         levels = []
         for target, s, a, b in zip(SCORE_TARGETS, sigmas, outs[::2], outs[1::2]):
-            words = t.scale_words(None if a is None or b is None else ref, x, target, s)
-            levels.append((words, None if a is None or b is None else
-                           _leak(a.double(), b.double(), t.axis),
-                           0 if a is None else _new_nonfinite(a, y)))
+            ok = a is not None and b is not None
+            leak = worst(b, a, t.axis)[:-1].max().item() if ok and a.size(t.axis) > 1 else 0.0
+            levels.append((t.scale_words(ref if ok else None, x, target, s),
+                           leak if leak > LEAK else None, 0 if a is None or a.shape != y.shape
+                           else int((~torch.isfinite(a) & torch.isfinite(y)).sum())))
         report.set("large_scores", *_large_words(levels, t.large_words))
 
 

@@ -349,14 +349,6 @@ def view_hint(error: str, file: str, D: int, h: int) -> str:
     return hint + (f"; {cost}" if cost else "")
 
 
-def infer(info: dict, names: set) -> Optional[int]:
-    """A positive int attribute of the layer under one of these names (its window)."""
-    for key, value in info["attrs"].items():
-        if key in names and isinstance(value, int) and value > 0:
-            return value
-    return None
-
-
 def _width(info: dict, opts: Options) -> int:
     """The width the layer's projections read: the most common input size of its Linears."""
     sizes = [p.size(1) for n, p in info["params"].items() if p.dim() == 2 and n.endswith("weight")]

@@ -23,8 +23,9 @@ import pytest
 from helpers import REPO_ROOT
 from check_helpers import failing, run, sandbox, text  # noqa: F401 (a fixture)
 from check_attention import costs
-from check_attention.checks import CheckError, _view_hint
+from check_attention.checks import CheckError
 from check_attention.grade import Row
+from check_attention.target import view_hint as _view_hint
 
 FIXTURE = REPO_ROOT / "tests" / "fixtures" / "pitfall_costs.json"
 

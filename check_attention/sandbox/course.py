@@ -1,21 +1,13 @@
 """A course's adapter functions as layers: Stanford CS336's signatures, recognised as they are.
 
-CS336 (assignment 1) tests attention through adapters that take the weights as arguments:
-
-    run_multihead_self_attention(d_model, num_heads, q_proj_weight, k_proj_weight,
-                                 v_proj_weight, o_proj_weight, in_features)
-    run_multihead_self_attention_with_rope(d_model, num_heads, max_seq_len, theta, q_proj_weight,
-                                           k_proj_weight, v_proj_weight, o_proj_weight,
-                                           in_features, token_positions=None)
-
-weights [d_out, d_in] (as nn.Linear keeps them), in_features [..., seq, d_in], causal. The
-checker builds the weights itself (seeded, nn.Linear's default initialisation) and wraps the
-function in a module holding them, so the adapter is judged by the same checklist as a layer:
-the Linears below are only holders, named as the course names them, and the function is what
-runs. (`run_scaled_dot_product_attention(Q, K, V, mask=None)` needs nothing of this: it is a
-scaled dot-product function, judged as one.)
-
-Runs in the sandboxed child, like runner.py: torch only, nothing of the project.
+CS336 (assignment 1) tests attention through adapters that take the weights as arguments,
+run_multihead_self_attention(d_model, num_heads, q_proj_weight, k_proj_weight, v_proj_weight,
+o_proj_weight, in_features) and its `_with_rope` twin (max_seq_len, theta after num_heads;
+token_positions last): weights [d_out, d_in], in_features [..., seq, d_in], causal. The checker
+makes the weights itself (seeded, nn.Linear's initialisation) and wraps the function in a module
+holding them, so the adapter is judged by the same checklist as a layer: the Linears are only
+holders, named as the course names them. (`run_scaled_dot_product_attention(Q, K, V, mask)` is a
+scaled dot-product function, judged as one.) Runs in the sandboxed child, like runner.py.
 """
 from __future__ import annotations
 

@@ -1,10 +1,7 @@
-"""What the sandboxed child does with the user's file: import it, build the layer, run it.
+"""What the sandboxed child does with the user's file: import it, build the layer, run it. The
+only code that touches the user's objects, in the child process only (host.py); it imports
+nothing of the project and never judges: it reports what the layer returned. Requests:
 
-This is the only code that touches the user's objects, and it runs in the child process only
-(see host.py). It imports nothing from the project, answers one frame per request and never
-judges anything: it reports what the layer returned, and the checker compares.
-
-Requests (dicts with a `cmd`):
     load     shut this process in to what FILE may read (host.py), import FILE, find NAME (and
              check it is the object check() was given), build the layer (or wrap the function
              as one over (q, k, v, mask): FunctionLayer), eval() it
@@ -54,6 +51,7 @@ KV_HEADS = {"n_kv_heads", "n_kv_head", "num_kv_heads", "num_key_value_heads", "k
             "n_kv", "num_kv", "n_kv_groups", "num_query_groups", "n_query_groups", "n_groups",
             "num_groups"}
 THETA = {"rope_theta", "theta", "rope_base", "rotary_base", "base"}
+WINDOW = {"window", "window_size", "sliding_window", "attention_window", "attn_window"}
 EPS = {"eps", "norm_eps", "rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon"}
 CONFIG = {"config", "cfg", "args", "params", "hparams", "conf", "model_config", "configs", "c",
           "opt", "options", "hp"}
@@ -316,8 +314,8 @@ class Session:
         attrs = {k: v for k, v in vars(layer).items() if not k.startswith("_")
                  and isinstance(v, (int, float)) and not isinstance(v, bool)}
         sizes = {size: next((v for k, v in attrs.items() if k in names and isinstance(v, int)
-                             and v > 0), None) for size, names in (("d_model", D_MODEL),
-                                                                   ("n_head", N_HEAD))}
+                             and v > 0), None)  # as the layer keeps them: width, heads, window
+                 for size, names in (("d_model", D_MODEL), ("n_head", N_HEAD), ("window", WINDOW))}
         self.captures = {}
         for entry in linears:
             module = layer.get_submodule(entry["name"]) if entry["name"] else layer
@@ -332,9 +330,7 @@ class Session:
                 "dtype": str(dtype).replace("torch.", ""), "device": self.device,
                 "params": {n: p.detach().cpu() for n, p in params.items()},
                 "linears": linears, "attrs": attrs, "dropouts": dropouts,
-                "norms": norms, "buffers": buffers, **sizes,
-                "class": type(layer).__name__,
-                "modules": [(n, type(m).__name__) for n, m in layer.named_modules()][:200]}
+                "norms": norms, "buffers": buffers, **sizes}
 
     def _hook(self, name: str):
         def hook(module, inputs, output):
