@@ -6,10 +6,10 @@ tests:
     report = check("path/file.py:Name")          # or check(TheClass), check(the_function)
     assert report.passed, report.text
 
-sandbox/ runs the file in a child that it shuts in, and checks what the child sends back;
-layouts.py, variants.py and diagnosis.py map its weights onto our layer and name the mistake;
-checks.py runs the checklist and probes.py the deeper probes, each written once over target.py's
-interface to a module or a function; compare.py and report.py judge and print; costs.py quotes
+checklist.py holds the checks, one table. sandbox/ runs the file in a child that it shuts in
+(a function wrapped as a layer), and checks what the child sends back; layouts.py, variants.py
+and diagnosis.py read its weights onto our layer and name the mistake; checks.py runs the
+checklist and probes.py the deeper probes, over target.py's one interface to the object; compare.py and report.py judge and print; costs.py quotes
 what each mistake it names measurably costs (docs/pitfall_costs.json, the studies' own file);
 inert.py makes every text a submission chose (names, messages) inert before it is shown or
 written.

@@ -28,6 +28,8 @@ from typing import Optional
 
 import torch
 
+from check_attention.compare import rel_err
+
 ROLE_TOKENS = {"q": {"q", "query", "queries", "qry"}, "k": {"k", "key", "keys"},
                "v": {"v", "value", "values", "val"}, "o": {"o", "out", "output", "outs"}}
 NOISE = {"w", "proj", "projection", "to", "lin", "linear", "layer", "fc", "c", "self", "weight",
@@ -49,7 +51,6 @@ class Lin:
     b: Optional[torch.Tensor]
     role: Optional[str]
     order: int
-    calls: Optional[int] = None   # times it ran on the first probe (None: cannot be observed)
     oriented: bool = True         # False: a bare Parameter, read as [out, in] or [in, out]
 
     def shape(self) -> str:
@@ -157,16 +158,9 @@ def orient(w: torch.Tensor, b: Optional[torch.Tensor], cls: str, capture: Option
     it computes something else than a linear map (then it is no projection of ours)."""
     if capture and "input" in capture:
         x, y = capture["input"].double(), capture["output"].double()
-        bias = 0 if b is None else b
-        for cand in (w, w.t()):
-            if x.size(-1) == cand.size(1) and y.size(-1) == cand.size(0):
-                ref = x @ cand.t() + bias
-                both = torch.isnan(ref) & torch.isnan(y)  # a NaN row (a query seeing no key)
-                diff = (ref - y).abs().masked_fill(both, 0)
-                if not diff.isnan().any() and \
-                        diff.max() <= 1e-2 * (ref.nan_to_num(0).abs().max() + 1e-6):
-                    return cand
-        return None
+        return next((cand for cand in (w, w.t()) if x.size(-1) == cand.size(1)
+                     and y.size(-1) == cand.size(0) and rel_err(
+                         y, x @ cand.t() + (0 if b is None else b)) <= 1e-2), None)
     return w.t() if cls == "Conv1D" else w
 
 
@@ -182,8 +176,7 @@ def find_linears(info: dict, captures: dict) -> list[Lin]:
         oriented = orient(w, b, entry["cls"], captures.get(name))
         if oriented is None:
             continue
-        calls = captures[name]["calls"] if name in captures else None
-        out.append(Lin(name, oriented, b, role_of(name), i, calls))
+        out.append(Lin(name, oriented, b, role_of(name), i))
     # bare 2-D Parameters (self.W_q = nn.Parameter(...)): orientation unknown
     for j, (name, p) in enumerate(params.items()):
         if name in used or p.dim() != 2 or name.endswith("bias"):
@@ -192,7 +185,7 @@ def find_linears(info: dict, captures: dict) -> list[Lin]:
         bias = params.get(stem + "_bias")
         if bias is None and name.endswith("weight"):
             bias = params.get(name[: -len("weight")] + "bias")
-        out.append(Lin(name, p, bias, role_of(stem), len(info["linears"]) + j, None, False))
+        out.append(Lin(name, p, bias, role_of(stem), len(info["linears"]) + j, False))
     return out
 
 
@@ -204,8 +197,7 @@ def readings(info: dict, captures: dict, D: int, heads: list[int]) -> list[Readi
     lins = find_linears(info, captures)
     out: list[Reading] = []
     for bare in (False, True):  # bare Parameters: read as [out, in], then as [in, out]
-        pool = [l if l.oriented or not bare else Lin(l.name, l.w.t(), l.b, l.role, l.order,
-                                                         l.calls, False) for l in lins]
+        pool = [l if l.oriented or not bare else replace(l, w=l.w.t()) for l in lins]
         if bare and all(l.oriented for l in lins):
             break
         out += _fused(pool, D, heads) + _separate(pool, D, heads) + _per_head(pool, D)

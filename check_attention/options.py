@@ -37,8 +37,9 @@ class Options:
     # a function's mask convention: keep (True = may attend), drop (True = masked), add (0 / -inf
     # added to the scores), or auto (found by trying all three)
     mask: str = "auto"
-    # the layer holds weights trained with Llama's key/value head order (query head i reads
-    # head i // (n_head / n_kv_head)): tiled grouped heads (i % n_kv_head) then fail
+    # the layer holds weights trained in transformers' Llama layout (query head i reads key/value
+    # head i // (n_head / n_kv_head); rotary pairs (j, j + d_k/2)): tiled heads and interleaved
+    # pairs then fail
     llama_weights: bool = False
     # seconds the layer's code may take in all before it is stopped (above 0, at most 86,400)
     timeout: float = 120.0

@@ -3,7 +3,8 @@ the course's signatures: weights [d_out, d_in], in_features [..., seq, d_in], ma
 True = may attend, rotary pairs adjacent (2j, 2j + 1) as the handout writes them. The `_wrong`
 functions take the same parameters and make one mistake each, as does `_no_transpose`.
 
-Test material for tests/test_check_modern.py; not part of the package.
+Test material for tests/test_check_modern.py and test_check_attention_causes.py; not part of
+the package.
 """
 import math
 

@@ -2,7 +2,8 @@
 K [m, d_k], V [m, d_v], written with K.T as the sheet writes it (so it takes no batch or head
 dimensions), and the mask given as an additive [n, m] matrix of 0 and -inf. Two wrong twins.
 
-Test material for tests/test_check_modern.py; not part of the package.
+Test material for tests/test_check_modern.py and test_check_attention_causes.py; not part of
+the package.
 """
 import math
 
