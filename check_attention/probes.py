@@ -100,17 +100,10 @@ def _grad_words(pairs: list) -> tuple[str, str]:
     """pairs: (name, layer grad or None or 'frozen', ref64, ref_low, floor) -> (status, detail)."""
     wrong, none, frozen = [], [], []
     for name, got, ref, low, floor in pairs:
-        if isinstance(got, str):
-            frozen.append(name)
-            continue
-        if got is None:
-            none.append(name)
-            continue
-        own = rel_err(low, ref)
-        bound = 2 * own + floor
-        err = rel_err(got, ref)
-        if not err <= bound:
-            wrong.append((name, err, bound))
+        if got is None or isinstance(got, str):
+            (none if got is None else frozen).append(name)
+        elif not rel_err(got, ref) <= 2 * rel_err(low, ref) + floor:
+            wrong.append((name, rel_err(got, ref), 2 * rel_err(low, ref) + floor))
     if none:
         return "FAIL", (f"no gradient reaches {', '.join(none)}: the output does not depend on "
                         f"{'it' if len(none) == 1 else 'them'} through autograd (computed under "
@@ -170,10 +163,9 @@ def _determinism(outs: list, errors: list, dropouts: int) -> tuple[str, str]:
 
 def _kept(changed: list) -> tuple[str, str]:
     moved = sorted({n for c in changed for n in c})
-    if moved:
-        return "FAIL", (f"the call writes into its input {', '.join(moved)} in place (x += ..., "
-                        f"x.mul_(...), masked_fill_): the caller's tensor is changed")
-    return "PASS", "compared bit for bit after each call"
+    return ("FAIL", f"the call writes into its input {', '.join(moved)} in place (x += ..., "
+                    f"x.mul_(...), masked_fill_): the caller's tensor is changed") if moved else \
+        ("PASS", "compared bit for bit after each call")
 
 
 # ----------------------------------------------------------------------------- the reference
