@@ -197,27 +197,24 @@ class Target:
         per scale), y (the outputs stacked, or None) and best ((key, variant, err) or None); the
         causality probe starts from the second scale's input."""
         B, T, h, d_k = self.opts.batch, self.T, self.h, self.d_k
-        if not self.info["takes_mask"]:
-            conventions = ["keep"]  # f(q, k, v) must mask the future itself
-        else:
-            conventions = list(MASKS) if self.opts.mask == "auto" else [self.opts.mask]
+        conventions = ["keep"] if not self.info["takes_mask"] else (  # f(q, k, v) masks itself
+            list(MASKS) if self.opts.mask == "auto" else [self.opts.mask])
         first_error = None
         for lead in ((B, h), ()):
             self.batched = bool(lead)
             probes = [tuple(rand(*lead, T, d_k, scale=s) for _ in range(3)) for s in QKV_SCALES]
-            outs, errors = {}, {}
-            for c in conventions:
-                self.convention = c
-                answer = self.forward(probes)
-                outs[c], errors[c] = answer["ys"], next((e for e in answer["errors"] if e), None)
-            usable = [c for c in conventions if errors[c] is None]
+            outs = {}
+            for self.convention in conventions:
+                outs[self.convention] = self.forward(probes)
+            usable = [c for c in conventions if not any(outs[c]["errors"])]
             if usable:
                 break
-            first_error = first_error or errors[conventions[0]]
+            first_error = first_error or next(e for e in outs[conventions[0]]["errors"] if e)
         else:
             raise CheckError(f"calling {self.info['how']} on q, k, v [{B}, {h}, {T}, {d_k}] "
                              f"(and on [{T}, {d_k}]) with a [{T}, {T}] mask failed: "
                              f"{first_error}")
+        outs = {c: outs[c]["ys"] for c in usable}
         dims = ", ".join(map(str, (*lead, T, d_k)))
         report.kind = "function"
         report.header["layer"] = (
