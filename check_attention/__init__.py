@@ -9,10 +9,10 @@ tests:
 checklist.py holds the checks, one table. sandbox/ runs the file in a child that it shuts in
 (a function wrapped as a layer), and checks what the child sends back; layouts.py, variants.py
 and diagnosis.py read its weights onto our layer and name the mistake; checks.py runs the
-checklist and probes.py the deeper probes, over target.py's one interface to the object; compare.py and report.py judge and print; costs.py quotes
-what each mistake it names measurably costs (docs/pitfall_costs.json, the studies' own file);
-inert.py makes every text a submission chose (names, messages) inert before it is shown or
-written.
+checklist and probes.py the deeper probes, over target.py's one interface to the object;
+compare.py and report.py judge and print; costs.py quotes what each mistake it names measurably
+costs (docs/pitfall_costs.json, the studies' own file); inert.py makes every text a submission
+chose (names, messages) inert before it is shown or written.
 
 May import: safeio, model. (The checker judges against the project's own equation and pitfall
 table; sandbox/ imports nothing of the project.)

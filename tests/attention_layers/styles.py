@@ -1,6 +1,7 @@
 """Layers written in others' styles, each with the mistake a learner makes in that style (or
-correct where the checker used to misjudge the style): a tutorial's boolean mask buffer, a lecture's per-head modules, Hugging Face Llama and Mistral,
-Meta's original Llama (complex rotary pairs) and LitGPT's grouped fused projection.
+correct where the checker used to misjudge the style): a tutorial's boolean mask buffer, a
+lecture's per-head modules, Hugging Face Llama and Mistral, Meta's original Llama (complex
+rotary pairs) and LitGPT's grouped fused projection.
 
 Test material for tests/test_check_attention_causes.py; not part of the package.
 """
@@ -17,7 +18,8 @@ def causal_scores(scores, T):
 
 
 def rotate_half(t, theta=10000.0):
-    """Rotary positions on pairs (j, j + d/2), as Hugging Face's Llama and LitGPT: t [B, h, T, d]."""
+    """Rotary positions on pairs (j, j + d/2), as Hugging Face's Llama and LitGPT do: t [B, h, T,
+    d]."""
     T, d = t.shape[-2], t.shape[-1]
     freqs = theta ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
     angle = torch.arange(T, dtype=torch.float64)[:, None] * freqs[None, :]
