@@ -13,7 +13,7 @@ W_O), and the black-box checks judge the rest.
 
 Tiled key/value heads (query head i reads head i % n_kv_head) and interleaved rotary pairs are
 correct on weights a layer trains itself: mistakes only for weights trained in transformers'
-Llama order (llama_weights=true), otherwise a note says why they pass.
+Llama layout (llama_weights=true); tiled heads that pass get a note saying why.
 """
 from __future__ import annotations
 
