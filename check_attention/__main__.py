@@ -20,11 +20,20 @@ sandboxed child process; see docs/check_attention.md.
 """
 from __future__ import annotations
 
+import os
 import sys
-from pathlib import Path
 
-from safeio.cli import UserError, parse_key_values, run_cli
-from check_attention.options import GRADING_ONLY, Options, check_options
+if __name__ == "__main__":  # `python -m` put the working folder first on the import path: a
+    # graded folder's yaml.py would run here at the first import. The project's folder takes its
+    # place, and the interpreters started from here (a grading's workers) start without it.
+    _project = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    sys.path[:] = [_project] + [p for p in sys.path
+                                if os.path.abspath(p or ".") not in (os.getcwd(), _project)]
+    os.environ["PYTHONSAFEPATH"] = "1"
+
+from pathlib import Path  # noqa: E402
+from safeio.cli import UserError, parse_key_values, run_cli  # noqa: E402
+from check_attention.options import GRADING_ONLY, Options, check_options  # noqa: E402
 
 USAGE = ("usage: python -m check_attention FILE.py:NAME | NOTEBOOK.ipynb:NAME | FOLDER NAME "
          "[NAME ...] [key=value ...]")
@@ -89,7 +98,7 @@ def parse_args(argv: list[str]) -> tuple[str, object, Options]:
     path = Path(file)
     if path.suffix not in SOURCES:
         raise UserError(f"{file} is not a .py file or a notebook (.ipynb)")
-    if not path.is_file():
+    if not path.exists():  # a FIFO or a device is refused as what it is when it is read
         raise UserError(f"{file}: no such file")
     given = next((k for k in GRADING_ONLY if getattr(opts, k) is not None), None)
     if given:
@@ -114,7 +123,7 @@ def grade_folder(folder: str, names: tuple, opts: Options) -> int:
 def check_one(path: str, name: str, opts: Options) -> int:
     """One file's report; a notebook is checked as the module its code cells define
     (submission.locate), and its errors name the cell."""
-    from check_attention.grade import check_file, sandbox_for
+    from check_attention.grade import check_file, inert, sandbox_for
     from check_attention.submission import NotGradable, locate, staging_dir
 
     with sandbox_for(opts) as sandbox, staging_dir() as staging:  # the host imports torch
@@ -128,7 +137,7 @@ def check_one(path: str, name: str, opts: Options) -> int:
     report.target = f"{path}:{name}"
     print(report.text)
     for note in found.notes:
-        print(f"notebook: {note}")
+        print(f"notebook: {inert(note)}")  # a cell's text: its escape sequences shown, not run
     return report.exit_code
 
 

@@ -41,11 +41,11 @@ OUT_OF_MEMORY = ("can't allocate memory", "MemoryError", "Cannot allocate memory
 # ----------------------------------------------------------------------------- one file
 
 
-def sandbox_for(opts: Options):
-    """A sandbox host for opts' device, its children held to opts.memory GiB."""
+def sandbox_for(opts: Options, reads: tuple = ()):
+    """A sandbox host for opts' device, its children held to opts.memory GiB (and `reads`)."""
     from check_attention.sandbox.host import Sandbox
     memory = None if opts.memory is None else int(opts.memory * 2**30)
-    return Sandbox(gpu=opts.device != "cpu", memory=memory)
+    return Sandbox(gpu=opts.device != "cpu", memory=memory, reads=reads)
 
 
 def check_file(file: str, name: str, opts: Options, sandbox,
@@ -106,7 +106,8 @@ class Row:
     seconds: float
 
     def __post_init__(self):
-        """A row holds only inert text (inert.py), whichever table or line it goes to."""
+        """A row holds only inert text (inert.py), and the exact names for the JSON table."""
+        self.exact = (self.file, self.name)
         self.file, self.name = inert(self.file, NAME_LIMIT), inert(self.name, NAME_LIMIT)
         self.report = self.report.made_inert()
 
@@ -267,13 +268,13 @@ def csv_text(rows: list[Row]) -> str:
 
 def json_text(rows: list[Row], folder: str, names: tuple[str, ...], opts: Options) -> str:
     """The table as JSON: every row's items with their details, the verdicts, the seconds, and the
-    options used. Every text in it is inert (Row holds only such), the folder's too."""
+    options used; every text inert (Row holds only such), but the names exact (JSON escapes)."""
     keys = item_keys(rows)
     return json.dumps({
         "folder": inert(folder), "names": [inert(n, NAME_LIMIT) for n in names],
         "options": {k: inert(v) if isinstance(v, str) else v for k, v in vars(opts).items()},
         "items": {k: ITEM_WORDS.get(k, k) for k in keys},
-        "rows": [{"file": r.file, "name": r.name, "verdict": r.report.outcome,
+        "rows": [{"file": r.exact[0], "name": r.exact[1], "verdict": r.report.outcome,
                   "summary": r.report.verdict, "error": r.report.error,
                   "items": {k: {"status": i.status, "detail": i.detail}
                             for k, i in r.report.items.items()},
@@ -290,7 +291,6 @@ def write_table(rows: list[Row], out: str, folder: str, names: tuple[str, ...],
     suffix = path.suffix.lower()
     text = (csv_text(rows) if suffix == ".csv" else
             json_text(rows, folder, names, opts) if suffix == ".json" else markdown(rows) + "\n")
-    path.absolute().parent.mkdir(parents=True, exist_ok=True)
     write_output(path, text, "out=", opts.overwrite)
 
 
@@ -330,18 +330,18 @@ _boxes: dict = {}  # one sandbox host per process and kind, started by the first
 _boxes_lock = threading.Lock()
 
 
-def shared_sandbox(opts: Options):
-    """The process's sandbox host for opts' device and memory, started (again) when needed."""
-    key = (opts.device != "cpu", opts.memory)
+def shared_sandbox(opts: Options, reads: tuple = ()):
+    """The process's host for opts' device and memory and reads, started (again) when needed."""
+    key = (opts.device != "cpu", opts.memory, tuple(reads))
     with _boxes_lock:
         box = _boxes.get(key)
         if box is None or box.closed:
-            box = _boxes[key] = sandbox_for(opts)
+            box = _boxes[key] = sandbox_for(opts, reads)
             atexit.register(box.close)
     return box
 
 
-def check(target, *, sandbox=None, **options) -> Report:
+def check(target, *, sandbox=None, reads: tuple = (), **options) -> Report:
     """Check a layer or a scaled dot-product function against the cheat sheet, sandboxed as the
     command does, and return its Report (`.passed`, `.items`, `.diagnosis`, `.text`).
 
@@ -352,7 +352,8 @@ def check(target, *, sandbox=None, **options) -> Report:
     of range is a ValueError (safeio.cli.UserError), a target or a sandbox of the wrong type a
     TypeError. A file or object that cannot be used gives a report whose `.error` says why.
     Checks share one sandbox host per process unless one is given; calls from several threads
-    take their turns (checks.check), and the caller's random states are left as they were."""
+    take their turns (checks.check), and the caller's random states are left as they were.
+    reads: folders the checked code may read beyond its file's (check_exercise: the kernel's)."""
     from check_attention.sandbox.host import Sandbox
     file, name, fingerprint = resolve(target)
     unknown = sorted(set(options) - set(Options.__dataclass_fields__))
@@ -372,7 +373,7 @@ def check(target, *, sandbox=None, **options) -> Report:
     opts = check_options(replace(Options(), **options))
     if not Path(file).is_file():
         return Report(f"{file}:{name}", error=f"{file}: no such file").made_inert()
-    return check_file(file, name, opts, sandbox or shared_sandbox(opts), fingerprint)
+    return check_file(file, name, opts, sandbox or shared_sandbox(opts, reads), fingerprint)
 
 
 def progress_line(row: Row, done: int, total: int) -> None:

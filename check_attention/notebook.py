@@ -44,9 +44,10 @@ MAX_NOTEBOOK_BYTES = 32 * MIB
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
 _LINE_MAGIC = re.compile(r"^\s*(%|!(?!=))")                      # %time f(), !ls (not !=)
-_ASSIGNED_MAGIC = re.compile(r"^\s*[\w.,\s()\[\]]+=\s*(%|!(?!=))")  # files = !ls, t = %timeit f()
+_ASSIGNED_MAGIC = re.compile(r"^[\w.,\s()\[\]]+=\s*(%|!(?!=))")  # files = !ls, t = %timeit f()
 _HELP = re.compile(r"^\s*(\?+[\w.]+|[\w.]+\?+)\s*$")              # ?obj, obj?, obj??
-_DEFINES = "^[ \\t]*(?:async[ \\t]+)?(?:def|class)[ \\t]+{}\\b|^{}[ \\t]*(?::[^=]*)?="
+_LINES = re.compile(r"\r\n|\r|\n")  # Python's line ends (not str.splitlines': \f, U+2028, ...)
+_DEFINES = "^[ \\t]*(?:async[ \\t]+)?(?:def|class)[ \\t]+{}\\b|^{}[ \\t]*(?::[^=\\n]*)?="
 
 
 @dataclass
@@ -64,10 +65,10 @@ class Broken:
     message: str
 
     def words(self) -> str:
-        lines = self.cell.source.splitlines()
+        lines = _LINES.split(self.cell.source)
         text = lines[self.line - 1].strip() if 0 < self.line <= len(lines) else ""
-        shown = f" (`{text}`)" if text else ""
-        return f"{self.cell.label}, line {self.line}: {self.message}{shown}"
+        shown = f" (`{text[:80]}{'...' if len(text) > 80 else ''}`)" if text else ""
+        return f"{self.cell.label}{f', line {self.line}' * bool(self.line)}: {self.message}{shown}"
 
 
 @dataclass
@@ -135,16 +136,16 @@ def kernel_cells(history: Optional[list] = None) -> list[Cell]:
 def python_of(cell: Cell) -> tuple[Optional[ast.Module], str, list[str], Optional[Broken]]:
     """(tree, text, notes, broken) of a cell: its text with IPython's lines as `pass`, parsed."""
     text = cell.source
-    first = next((l for l in text.splitlines() if l.strip()), "")
+    first = next((l for l in _LINES.split(text) if l.strip()), "")
     if first.lstrip().startswith("%%"):
         magic = first.split()[0]
         return None, text, [f"{cell.label} is an IPython cell magic ({magic}): left out, never "
                             f"run"], None
     try:
         return ast.parse(text), text, [], None
-    except SyntaxError:
+    except (SyntaxError, ValueError, RecursionError, MemoryError):  # said by the parse below
         pass
-    lines, notes = text.splitlines(), []
+    lines, notes = _LINES.split(text), []
     for i, line in enumerate(lines):
         if _LINE_MAGIC.match(line) or _ASSIGNED_MAGIC.match(line) or _HELP.search(line):
             indent = line[:len(line) - len(line.lstrip())]
@@ -156,8 +157,9 @@ def python_of(cell: Cell) -> tuple[Optional[ast.Module], str, list[str], Optiona
         return ast.parse(text), text, notes, None
     except SyntaxError as exc:
         return None, text, notes, Broken(cell, exc.lineno or 0, exc.msg)
-    except (ValueError, RecursionError, MemoryError) as exc:  # a NUL byte, absurd nesting
-        return None, text, notes, Broken(cell, 0, f"{type(exc).__name__}: {exc}")
+    except (ValueError, RecursionError, MemoryError) as exc:  # a NUL byte, absurd nesting, a
+        return None, text, notes, Broken(cell, 0, ": ".join(filter(None, (  # surrogate
+            type(exc).__name__, str(exc)))))
 
 
 def _names_read(node: ast.AST) -> set[str]:
@@ -209,7 +211,7 @@ def module_of(cells: list[Cell], folder: Optional[str] = None) -> Module:
             module.notes.append(f"{broken.words()}: the cell does not parse and is left out")
         if tree is None:
             continue
-        lines = text.splitlines()
+        lines = _LINES.split(text)
         kept = []
         for node in tree.body:
             if isinstance(node, ast.ImportFrom) and node.module == "__future__":
@@ -332,7 +334,8 @@ def check_cells(name: str, cells: list[Cell], folder: Optional[str] = None,
     `folder` (default: the current one, a kernel's) on the import path as in the kernel."""
     if not name.isidentifier():
         return None, f"check_exercise takes the name of your function or class, got {name!r}."
-    module = module_of(cells, folder=os.getcwd() if folder is None else folder)
+    folder = os.getcwd() if folder is None else folder
+    module = module_of(cells, folder=folder)
     latest = defining_cell(name, cells)
     broken = next((b for b in module.broken if latest is not None and b.cell is latest), None)
     if broken is not None:
@@ -349,10 +352,10 @@ def check_cells(name: str, cells: list[Cell], folder: Optional[str] = None,
     paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
     if root not in paths:
         os.environ["PYTHONPATH"] = os.pathsep.join([root] + [p for p in paths if p])
-    with tempfile.TemporaryDirectory(prefix="exercise-") as folder:
-        file = Path(folder) / FILE_NAME
+    with tempfile.TemporaryDirectory(prefix="exercise-") as staging:
+        file = Path(staging) / FILE_NAME
         file.write_text(module.source, encoding="utf-8")
-        report = check(f"{file}:{name}", **options)
+        report = check(f"{file}:{name}", reads=(folder,), **options)  # its helper modules
     if report.error is not None:
         return report, explain_error(name, report.error, module, cells)
     return report, explain(name, report)

@@ -8,8 +8,9 @@ SUBMISSION is what the platform hands over: a folder with subfolders, a .py file
 writes a result that says it did not finish, then replaces it with the real one; a submission
 that cannot be imported is score 0 with the reason (Gradescope) or `gradable: false` (PrairieLearn:
 no attempt used). Both platforms run the grader as root; their guidance is to run students' code
-as another user, so a grader started as root runs the whole check again as `nobody` on a copy of
-the submission and only moves the file it wrote into place (`as_unprivileged`).
+as another user, so a grader started as root runs the whole check again as `nobody`, handed the
+submission's path (root never opens, copies or follows anything of it), and moves into place the
+file it wrote (`as_unprivileged`).
 
 Scores: each check's points when it passes, 0 when it fails or cannot be judged (SKIP); a check
 that does not apply to this submission (N/A: a function has no W_O) counts for nothing and says
@@ -17,10 +18,10 @@ why, and the score is the points earned over the points that apply, scaled to th
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pwd
-import shutil
 import signal
 import subprocess
 import sys
@@ -32,11 +33,11 @@ from pathlib import Path
 from typing import Optional
 
 from safeio.cli import FileRefused, UserError
-from safeio.files import read_json, write_output
+from safeio.files import read_json, read_text, write_output
 from check_attention.inert import inert
 from check_attention.options import Options
 from check_attention.report import ITEM_WORDS, Report
-from check_attention.weights import Weight, load_weights
+from check_attention.weights import MAX_WEIGHTS_BYTES, Weight, load_weights
 
 # Where each platform reads the result (and the folder that says the grader runs in its layout).
 PLACES = {"gradescope": Path("/autograder/results/results.json"),
@@ -281,17 +282,18 @@ def results_path(opts: Options) -> Path:
     return place
 
 
-def write(path: Path, text: str) -> None:
-    path.absolute().parent.mkdir(parents=True, exist_ok=True)
-    write_output(path, text, "out=", True)
+def write(path: Path, text: str, overwrite: bool = True) -> None:
+    write_output(path, text, "out=", overwrite)
 
 
 def run(submission: str, names: tuple[str, ...], opts: Options) -> int:
     """Grade one submission into the platform's file; the file exists whatever happens after the
-    first write. Exit status: 0 when the results file holds a grade, 1 when it says why not."""
+    first write. An existing out= is replaced only with overwrite=true (the platform's own place
+    always). Exit status: 0 when the results file holds a grade, 1 when it says why not."""
     path = results_path(opts)
     write(path, failed_result(opts.format, "the grader did not finish (killed, out of time or "
-                                           "out of memory?)", opts.seed))
+                                           "out of memory?)", opts.seed),
+          opts.overwrite or not opts.out)
     try:
         weights = load_weights(opts.weights)
         if os.geteuid() == 0 and not os.environ.get(AS_USER_ENV):
@@ -327,49 +329,51 @@ def option_args(opts: Options, **override) -> list[str]:
 
 def as_unprivileged(submission: str, names: tuple[str, ...], opts: Options,
                     command: Optional[list] = None) -> tuple[str, bool]:
-    """Run this grading again as `nobody`, on a copy of the submission it owns, and return the
-    results it wrote (checked to be what this format writes) and whether they hold a grade. The
-    root process imports none of the submission; it only copies files and reads one back.
-    command: what runs as nobody (default: this interpreter, `-m check_attention`), given the
-    submission's copy, the names and the options."""
+    """Run this grading again as `nobody`, handed the submission's path (root never opens, copies
+    or follows anything of it), in a folder of its own (its HOME and TMPDIR); return the results
+    it wrote (read without following a link, checked) and whether they hold a grade. command:
+    what runs as nobody (default: `-m check_attention`), given the path, names and options."""
     user = pwd.getpwnam(UNPRIVILEGED_USER)
     with tempfile.TemporaryDirectory(prefix="check_attention-grading-") as work:
-        source, copy = Path(submission), Path(work) / "submission"
-        if source.is_dir():
-            shutil.copytree(source, copy, symlinks=True)
-        else:
-            copy.mkdir()
-            copy = copy / source.name
-            shutil.copy2(source, copy)
         weights = None
-        if opts.weights:  # read here (as root), handed over as a copy
+        if opts.weights:  # the instructor's file, which nobody may not read: handed over
             weights = Path(work) / "weights.txt"
-            shutil.copy2(opts.weights, weights)
+            weights.write_text(read_text(Path(opts.weights), "weights=", MAX_WEIGHTS_BYTES))
+            weights.chmod(0o644)
+        os.chown(work, user.pw_uid, user.pw_gid)
         out = Path(work) / ("results.xml" if opts.format == "junit" else "results.json")
-        for folder, dirs, files in os.walk(work):
-            for entry in [folder, *(os.path.join(folder, n) for n in dirs + files)]:
-                os.chown(entry, user.pw_uid, user.pw_gid, follow_symlinks=False)
-        env = dict(os.environ, HOME=work, **{AS_USER_ENV: "1"})
+        env = dict(os.environ, HOME=work, TMPDIR=work, **{AS_USER_ENV: "1"})
         env["PYTHONPATH"] = os.pathsep.join(p for p in [str(PROJECT_ROOT),
                                                         env.get("PYTHONPATH", "")] if p)
         args = option_args(opts, out=str(out), weights=None if weights is None else str(weights))
         proc = subprocess.Popen(
-            [*(command or [sys.executable, "-m", "check_attention"]), str(copy), *names, *args],
-            cwd=work,
+            [*(command or [sys.executable, "-m", "check_attention"]),
+             str(Path(submission).absolute()), *names, *args], cwd=work,
             env=env, user=user.pw_uid, group=user.pw_gid, extra_groups=[],
             start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        log = b""
         try:
             log, _ = proc.communicate(timeout=opts.timeout + 300)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            log, _ = proc.communicate()
+        except BaseException as exc:
+            # Out of time: killed (its first results say it did not finish). A signal to us:
+            # SIGTERM first, so that its sandbox's host ends every check it runs, then SIGKILL.
+            late = isinstance(exc, subprocess.TimeoutExpired)
+            for sig in [signal.SIGKILL] if late else [signal.SIGTERM, signal.SIGKILL]:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, sig)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    log, _ = proc.communicate(timeout=1)
+                    break
+            if not late:
+                raise
         sys.stdout.write(log.decode("utf-8", "replace")[-20_000:])  # instructors' log only
         try:
             if opts.format == "junit":
-                ET.fromstring(out.read_bytes())
-                return out.read_text(encoding="utf-8"), proc.returncode == 0
-            data = read_json(out, "results", MAX_RESULTS_BYTES)
-            return capped(data), proc.returncode == 0
+                text = read_text(out, "results", MAX_RESULTS_BYTES, follow=False)
+                ET.fromstring(text)
+                return text, proc.returncode == 0
+            return capped(read_json(out, "results", MAX_RESULTS_BYTES, follow=False)), \
+                proc.returncode == 0
         except (OSError, ValueError, ET.ParseError) as exc:
             return failed_result(opts.format, f"the grader's unprivileged run left no results "
                                               f"(exit status {proc.returncode}): {exc}",

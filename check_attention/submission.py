@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Optional
 
 from safeio.cli import FileRefused, FormatError
-from safeio.files import check_regular, read_text
+from safeio.files import read_text
 from check_attention.grade import MAX_SUBMISSION_BYTES, top_level_names
 from check_attention.notebook import module_of, notebook_cells
 
@@ -103,8 +103,7 @@ def _read(path: Path) -> _Read:
         return _Read(module.bound, sorted(module.bound & defined(module.source)),
                      [b.words() for b in module.broken],
                      "\n".join(b.cell.source for b in module.broken), module)
-    check_regular(path, "submission", MAX_SUBMISSION_BYTES)
-    source = read_text(path, "submission", MAX_SUBMISSION_BYTES)
+    source = read_text(path, "submission", MAX_SUBMISSION_BYTES)  # a regular file, not too big
     try:
         return _Read(top_level_names(source), sorted(defined(source)), [], source)
     except SyntaxError as exc:
@@ -119,8 +118,8 @@ def locate(submission: Path, names: tuple[str, ...], staging: Path) -> Located:
     or the module made of a notebook's code cells, written into `staging`. Raises NotGradable
     (nothing to import: the reason, with the names that were found) or FileRefused."""
     submission = Path(submission)
-    if not submission.exists():
-        raise NotGradable(f"there is no submission at {submission}")
+    if not os.access(submission, os.R_OK):  # (graded as nobody: a folder only root may enter)
+        raise NotGradable(f"there is no submission at {submission} that the grader may read")
     if submission.suffix == ".py" and not submission.is_dir():
         # one .py file: the sandbox imports it and says what is wrong (the syntax error and its
         # line, no such name and the names it has), as for every file the checker is given
@@ -149,11 +148,11 @@ def locate(submission: Path, names: tuple[str, ...], staging: Path) -> Located:
         for path, got in read.items():
             if got.broken and pattern.search(got.text):
                 raise NotGradable(f"{path.relative_to(top)} defines `{name}` but does not "
-                                  f"parse: {'; '.join(got.broken)}")
+                                  f"parse: {'; '.join(got.broken[:3])}")
     wanted = " or ".join(f"`{n}`" for n in names)
     found = [f"{p.relative_to(top)} defines {', '.join(g.defined)}"
              for p, g in read.items() if g.defined]
-    found += [f"{p.relative_to(top)} does not parse ({'; '.join(g.broken)})"
+    found += [f"{p.relative_to(top)} does not parse ({'; '.join(g.broken[:3])})"
               for p, g in read.items() if g.broken and not g.module]
     raise NotGradable(f"no file of the submission defines {wanted} ("
                       + ("; ".join(found) or "no class or function was found in it") + ")")

@@ -12,7 +12,9 @@ read first and anything else is refused before a node is built.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import errno
 import json
 import os
 import re
@@ -59,11 +61,13 @@ def _check_stat(st: os.stat_result, path: Path, what: str, limit: int) -> int:
     return st.st_size
 
 
-def read_bytes(path: Path, what: str, limit: int) -> bytes:
-    """The bytes of a regular file of at most limit bytes. Opened without blocking and checked
-    through the open descriptor, so a FIFO swapped in after a check cannot hang the read."""
+def read_bytes(path: Path, what: str, limit: int, follow: bool = True) -> bytes:
+    """The bytes of a regular file of at most limit bytes (follow=False: not through a link).
+    Opened without blocking and checked through the open descriptor, so a FIFO swapped in after
+    a check cannot hang the read."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0)
+                     | (0 if follow else os.O_NOFOLLOW))
     except FileNotFoundError:
         raise FileRefused(f"{what} {path} does not exist") from None
     except IsADirectoryError:
@@ -100,11 +104,44 @@ def why_not_creatable(path: Path) -> Optional[str]:
     return None
 
 
+def open_folder(path: Path, what: str, create: bool) -> int:
+    """The folder holding the file `path`, opened without following a link in any folder below
+    the anchor (made where missing, with `create`): the deepest folder the path shares with the
+    working folder as the shell names it ($PWD), or at least the root's own entry, whose system
+    links (macOS's /tmp -> /private/tmp) are followed. So `out=sub/feedback/r.json`, where a
+    submitter made `feedback` a link, is refused."""
+    here, shell = Path.cwd(), os.environ.get("PWD", "")
+    with contextlib.suppress(OSError):
+        here = Path(shell) if os.path.samefile(shell, ".") else here
+    parts = Path(here, path).parent.parts
+    n = max(2, next((i for i, (a, b) in enumerate(zip(parts, here.parts)) if a != b),
+                    len(here.parts)))
+    fd = os.open(os.path.join(*parts[:n]), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for i in range(n, len(parts)):
+            with contextlib.suppress(FileExistsError):
+                if create:
+                    os.mkdir(parts[i], dir_fd=fd)
+            try:
+                fd, up = os.open(parts[i], os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+                                 | os.O_CLOEXEC, dir_fd=fd), fd
+            except OSError as exc:  # ELOOP: a link (ENOTDIR: not a folder)
+                raise (FileRefused(f"cannot write {what} {path}: {os.path.join(*parts[:i + 1])} "
+                                   f"is a symbolic link or not a folder (nothing is written "
+                                   f"through a link)") if exc.errno in (errno.ELOOP, errno.ENOTDIR)
+                       else exc) from None
+            os.close(up)
+        return os.dup(fd)
+    finally:
+        os.close(fd)
+
+
 def check_output_file(path: Path, what: str) -> None:
     """A file about to be written (created or replaced) must not be something else already:
     writing to a FIFO blocks until someone reads it, to a device writes into the device, and
-    through a symbolic link (a dangling one included) wherever the link points."""
+    through a symbolic link (a dangling one, or one of its folders) wherever the link points."""
     try:
+        os.close(open_folder(path, what, create=False))
         st = os.lstat(path)
     except FileNotFoundError:
         return
@@ -128,10 +165,10 @@ def write_output(path: Path, text: str, what: str, overwrite: bool) -> None:
     name there, created with O_EXCL | O_NOFOLLOW (nothing planted in advance is opened, a link
     least of all), and then takes the name: `rename` replaces the name itself, never what a link
     there points to, and without overwrite `link` takes the name only while nothing holds it (a
-    dangling link included). A name that is a link, a FIFO, a device or a directory is refused;
-    an existing file without overwrite too (UserError)."""
-    name = Path(path).name
-    folder = os.open(Path(path).parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    dangling link included). A name that is a link, a FIFO, a device or a directory is refused,
+    a link among its folders (made where missing: open_folder) and an existing file without
+    overwrite too (UserError)."""
+    name, folder = Path(path).name, open_folder(path, what, create=True)
     try:
         try:
             _check_output_stat(os.stat(name, dir_fd=folder, follow_symlinks=False), path, what)
@@ -178,27 +215,25 @@ def check_outputs(files: list[Path], overwrite: bool, own: Optional[Path] = None
     study it summarises) is its to rewrite. Refuses, naming the first, files that exist outside
     `own` when overwrite is false, and outputs that are not files (a directory of that name)."""
     for path in files:
-        if path.is_dir():
-            raise UserError(f"{path} is a directory; give another out=")
-        check_output_file(path, "out=")  # a FIFO or a device is named as what it is
+        check_output_file(path, "out=")  # a FIFO, a device or a folder is named as what it is
         inside = own is not None and path.resolve().parent == own.resolve()
         if path.exists() and not inside and not overwrite:
             raise UserError(f"{path} exists (a committed picture?); add overwrite=true to replace "
                             f"it, or give another out=")
 
 
-def read_text(path: Path, what: str, limit: int) -> str:
-    """read_bytes as UTF-8 text."""
+def read_text(path: Path, what: str, limit: int, follow: bool = True) -> str:
+    """read_bytes as UTF-8 text (a byte-order mark, as Windows' Notepad writes, left out)."""
     try:
-        return read_bytes(path, what, limit).decode("utf-8")
+        return read_bytes(path, what, limit, follow).decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         raise FileRefused(f"{what} {path} is not UTF-8 text (byte {exc.start})") from None
 
 
-def read_json(path: Path, what: str, limit: int) -> dict:
+def read_json(path: Path, what: str, limit: int, follow: bool = True) -> dict:
     """The JSON object in path (a regular file of at most limit bytes)."""
     try:
-        data = json.loads(read_text(path, what, limit))
+        data = json.loads(read_text(path, what, limit, follow))
     except (ValueError, RecursionError) as exc:
         if isinstance(exc, FileRefused):
             raise

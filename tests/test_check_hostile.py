@@ -20,6 +20,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 import unicodedata
 from pathlib import Path
 
@@ -99,12 +100,17 @@ def test_text_from_a_submission_reaches_no_table_raw(tmp_path):
             assert shown_raw(cell) == [] and len(cell) <= LIMIT + 1, cell[:80]
             assert not cell.lstrip(" ").startswith(("=", "+", "-", "@")), cell
     assert parsed[4][0] == "'=HYPERLINK(\"http:x\",\"ok\").py"
-    data = json.loads(json_text(rows, "subs", ("Layer",), Options()))
+    written = json_text(rows, "subs", ("Layer",), Options())
+    data = json.loads(written)
     for row in data["rows"]:
-        for text in (row["file"], row["name"], row["error"] or "", row["diagnosis"],
+        for text in (row["error"] or "", row["diagnosis"],
                      *(i["detail"] for i in row["items"].values())):
             assert shown_raw(text) == [] and len(text) <= LIMIT
-    assert data["rows"][7]["file"] == "\\xff\\xfe.py"
+    # the names as they are (round six: the machine-readable file held them escaped), in a file
+    # of printable ASCII: JSON's own escapes
+    assert [(r["file"], r["name"]) for r in data["rows"]] == [
+        (n, "Layer" + "\u200f" * 3) for n in HOSTILE_NAMES]
+    assert written.isascii() and shown_raw(written) == []
     for suffix in (".md", ".csv", ".json"):  # a name that is not UTF-8 is written, not a traceback
         write_table(rows, str(tmp_path / f"grades{suffix}"), "subs", ("Layer",), Options())
         assert shown_raw((tmp_path / f"grades{suffix}").read_text()) == []
@@ -182,6 +188,37 @@ def test_a_link_planted_while_the_table_is_written_is_not_followed(tmp_path, mon
             write_output(out, "table\n", "out=", overwrite=False)
     assert target.read_text() == "victim\n"
     assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
+
+
+def test_no_out_is_written_through_a_link_among_its_folders(tmp_path, monkeypatch):
+    """Round six's P32: `out=sub/feedback/results.json` where the submitter made `feedback` a link
+    to a folder outside (deeper down too, and relative to the working folder): every writer
+    (write_output) and every script's check (check_outputs) refuses, and nothing appears outside.
+    Links above the anchor are the user's own: a working folder reached through one, named
+    absolutely as the shell names it ($PWD), is written into."""
+    from check_attention import platforms
+    from safeio.files import write_output
+    sub, outside = tmp_path / "sub", tmp_path / "outside"
+    (outside / "deeper").mkdir(parents=True)
+    sub.mkdir()
+    (sub / "feedback").symlink_to(outside)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(platforms.AS_USER_ENV, "1")
+    for out in (sub / "feedback" / "results.json", sub / "feedback" / "deeper" / "r.json",
+                Path("sub/feedback/new/r.json")):
+        with pytest.raises(FileRefused, match="feedback is a symbolic link"):
+            write_output(out, "{}\n", "out=", overwrite=True)
+        with pytest.raises(FileRefused, match="feedback is a symbolic link"):
+            check_outputs([out], overwrite=True)
+        with pytest.raises(FileRefused, match="feedback is a symbolic link"):
+            platforms.run(str(sub), ("Layer",), Options(format="gradescope", out=str(out)))
+    assert sorted(p.name for p in outside.rglob("*")) == ["deeper"]
+    (tmp_path / "real" / "work").mkdir(parents=True)
+    (tmp_path / "home").symlink_to(tmp_path / "real")  # a home folder reached through a link
+    monkeypatch.chdir(tmp_path / "home" / "work")
+    monkeypatch.setenv("PWD", str(tmp_path / "home" / "work"))
+    write_output(tmp_path / "home" / "work" / "out" / "t.md", "table\n", "out=", overwrite=False)
+    assert (tmp_path / "real" / "work" / "out" / "t.md").read_text() == "table\n"
 
 
 # ----------------------------------------------------------------------------- submissions
@@ -311,6 +348,108 @@ def test_check_from_two_threads_at_once(sandbox):
         t.join()
     assert failed == []
     assert {t: r.passed for t, r in got.items()} == targets, {t: r.text for t, r in got.items()}
+
+
+# ----------------------------------------------------------------------------- notebooks
+
+
+NOTEBOOK_LAYER = "import torch\nclass Layer(torch.nn.Module):\n    size = 4\n"
+
+
+def test_a_cell_the_parser_cannot_build_is_left_out_and_said(tmp_path):
+    """Round six's N13-N15, P40, P41: a cell whose syntax tree Python cannot build (200,000 minus
+    signs: MemoryError; 300,000 terms: RecursionError; a lone surrogate: UnicodeEncodeError)
+    beside a correct layer failed the whole notebook, or gave a correct layer 0 on a platform.
+    Such a cell is left out and said so, like one that does not parse."""
+    from check_attention.notebook import Cell, module_of
+    from check_attention.submission import locate
+    odd = ["x = " + "-" * 200_000 + "1\n", "y = 1" + "+1" * 300_000 + "\n", "s = '\ud800'\n"]
+    module = module_of([Cell(f"code cell {i}", c) for i, c in enumerate(odd + [NOTEBOOK_LAYER])])
+    assert "Layer" in module.bound and len(module.broken) == 3
+    assert [n.split(":")[1].strip() for n in module.notes] == [
+        "MemoryError", "RecursionError", "UnicodeEncodeError"]
+    nb = tmp_path / "lab.ipynb"
+    nb.write_text(json.dumps({"cells": [{"cell_type": "code", "source": c}
+                                        for c in odd + [NOTEBOOK_LAYER]]}))
+    found = locate(nb, ("Layer",), tmp_path)
+    assert found.name == "Layer" and len(found.notes) == 3
+
+
+def test_the_reader_numbers_lines_as_python_does():
+    """Round six's N11, N12, N24, X15: a form feed or U+2028 (kept inside a line by Python,
+    a line end to str.splitlines) shifted the reader's lines: top-level work was copied into the
+    module and ran, and a definition lost its last line."""
+    from check_attention.notebook import Cell, module_of
+    cells = [Cell("In [1]", "S = 'a\u2028b'\nraise SystemExit('ran')\ndef helper():\n"
+                            "    x = 1\n    return x\n"),
+             Cell("In [2]", "# \x0c a page\nimport math\nclass Layer:\n    def f(self):\n"
+                            "        return helper() + math.floor(0.5)\n"),
+             Cell("In [3]", "T = '\x1c\x1d\x85'\nprint('work')\ndef g():\n    return 2\n")]
+    module = module_of(cells)
+    namespace: dict = {}
+    exec(compile(module.source, "lab", "exec"), namespace)  # noqa: S102  (our own cells)
+    assert namespace["Layer"]().f() == 1 and namespace["g"]() == 2
+    assert "SystemExit" not in module.source and "print" not in module.source
+    line = module.source.split("\n").index("    return x") + 1
+    assert module.where(line) == "In [1], line 5"
+
+
+def test_the_readers_patterns_take_linear_time():
+    """Round six's N16, P39, X09, X16: on a cell that does not parse, a line of spaces made one
+    pattern backtrack with the square of its length (minutes for 150,000, outside the sandbox,
+    past timeout=); 10,000 lines `Layer: int` did the same to check_exercise's."""
+    from check_attention.notebook import Cell, defining_cell, python_of
+    start = time.monotonic()
+    tree, _, _, broken = python_of(Cell("c", "def f(:\n" + " " * 20_000 + "x\n"))
+    assert tree is None and broken.line == 1
+    assert defining_cell("Layer", [Cell("c", "Layer: int\n" * 10_000)]) is None
+    assert time.monotonic() - start < 1  # 4.6 s and 7.8 s before
+
+
+def test_a_long_line_that_does_not_parse_is_quoted_short():
+    """Round six's N23: the `error:` line quoted a 1 MB line whole."""
+    from check_attention.notebook import Cell, module_of
+    broken = module_of([Cell("c", "x = (" + "1, " * 400_000 + "\n")]).broken[0]
+    assert len(broken.words()) < 200
+
+
+# ----------------------------------------------------------------------------- the working folder
+
+
+# A graded folder's module named as one the checker imports: it says where it ran (the sandbox's
+# child, which imports it to check it, is `runner`'s; a write from there is refused anyway).
+SHADOW = ("import os, sys\n"
+          "if 'runner' not in sys.modules:\n"
+          "    open(os.environ['MARKER'], 'a').write(f'{__name__} in {sys.argv[0]}\\n')\n")
+
+
+def test_the_checker_never_imports_from_the_folder_it_is_run_in(tmp_path):
+    """Round six's P42: `cd subs && python -m check_attention ...` put the folder first on the
+    checker's own import path, so a submission named yaml.py ran in its process, outside any
+    sandbox, at the first import (safeio.cli imports hydra, which imports yaml)."""
+    (tmp_path / "yaml.py").write_text(SHADOW)
+    marker = tmp_path / "MARKER"
+    env = {**SCRIPT_ENV, "MARKER": str(marker), "PYTHONPATH": str(REPO_ROOT)}
+    result = subprocess.run([sys.executable, "-m", "check_attention", "--help"], cwd=tmp_path,
+                            env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and "usage: python -m check_attention" in result.stdout
+    assert not marker.exists(), marker.read_text()
+
+
+@pytest.mark.slow
+def test_a_folder_graded_from_inside_imports_none_of_it_outside_the_sandbox(tmp_path):
+    """The same through a grading's workers, whose interpreters start without the working folder
+    on their path (PYTHONSAFEPATH): a multiprocessing.py there would run at their first import."""
+    for name in ("yaml.py", "multiprocessing.py", "numpy.py"):
+        (tmp_path / name).write_text(SHADOW)
+    shutil.copy(LAYERS / "fused.py", tmp_path / "fused.py")
+    marker = tmp_path / "MARKER"
+    env = {**SCRIPT_ENV, "MARKER": str(marker), "PYTHONPATH": str(REPO_ROOT)}
+    result = subprocess.run([sys.executable, "-m", "check_attention", ".", "CausalSelfAttention",
+                             "workers=2"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                            timeout=600)
+    assert "| fused.py | CausalSelfAttention | PASS |" in result.stdout, result.stderr
+    assert not marker.exists(), marker.read_text()
 
 
 # ----------------------------------------------------------------------------- the command (slow)

@@ -22,7 +22,11 @@ import json
 import os
 import pwd
 import re
+import signal
+import subprocess
+import sys
 import tempfile
+import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -223,6 +227,14 @@ def test_a_wrong_weights_file_is_refused_with_its_line(text, words):
         parse_weights(text)
 
 
+def test_a_weights_file_saved_with_a_byte_order_mark_is_read(tmp_path):
+    """Round six's P26: Windows' Notepad starts the file with U+FEFF, refused as `no check
+    '\\ufeffequation'`, words that send an instructor looking for a check's name."""
+    from check_attention.weights import load_weights
+    (tmp_path / "w.txt").write_bytes(b"\xef\xbb\xbfequation = 4\n")
+    assert load_weights(tmp_path / "w.txt")["equation"] == Weight(4.0, "visible")
+
+
 # ----------------------------------------------------------------------------- submissions
 
 
@@ -343,6 +355,22 @@ def test_the_results_say_the_grader_did_not_finish_before_it_starts(tmp_path, mo
     assert "KeyboardInterrupt" in json.loads(out.read_text())["message"]
 
 
+def test_format_keeps_an_existing_out_unless_told(tmp_path, monkeypatch):
+    """Round six's P31: `format=gradescope out=notes.json` replaced the user's file without a
+    word, where every other out= refuses an existing file unless overwrite=true."""
+    out = tmp_path / "notes.json"
+    out.write_text("mine\n")
+    monkeypatch.setenv(platforms.AS_USER_ENV, "1")
+    monkeypatch.setattr(platforms, "judge", lambda *_: Graded("s", "Attn", 0, reason="none",
+                                                              gradable=False))
+    with pytest.raises(UserError, match="notes.json exists; add overwrite=true"):
+        platforms.run(str(tmp_path), ("Attn",), Options(format="gradescope", out=str(out)))
+    assert out.read_text() == "mine\n"
+    assert platforms.run(str(tmp_path), ("Attn",),
+                         Options(format="gradescope", out=str(out), overwrite=True)) == 1
+    assert json.loads(out.read_text())["score"] == 0
+
+
 def test_a_grader_bug_is_a_result_too(tmp_path, monkeypatch):
     def broken(*_):
         raise RuntimeError("a bug of ours")
@@ -380,15 +408,24 @@ FAKE_GRADER = """
 import json, os, sys
 out = next(a for a in sys.argv if a.startswith("out=")).partition("=")[2]
 sub = sys.argv[1]
-readable = sorted(os.listdir(sub))
+seen = {}
+for path in ([os.path.join(d, n) for d, _, names in os.walk(sub) for n in names]
+             if os.path.isdir(sub) else [sub]):
+    try:
+        seen[os.path.basename(path)] = open(path).read(200)
+    except OSError as exc:
+        seen[os.path.basename(path)] = type(exc).__name__
 try:
     open("/root/.probe", "w")
     wrote_root = True
 except OSError:
     wrote_root = False
-json.dump({"score": 1.0, "output": json.dumps([os.getuid(), os.getgid(), os.getgroups(),
-                                                readable, wrote_root])}, open(out, "w"))
+json.dump({"score": 1.0, "output": json.dumps([os.getuid(), os.getgid(), os.getgroups(), sub,
+                                                seen, wrote_root])}, open(out, "w"))
 """
+
+
+NOBODY_PYTHON = "/usr/bin/python3"  # the system's, which nobody may run (ours lives under /root)
 
 
 def nobody_can_run(python: str) -> bool:
@@ -405,7 +442,9 @@ def nobody_can_run(python: str) -> bool:
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the grader drops root only when it is root")
-def test_a_grader_run_as_root_runs_the_check_as_nobody_on_a_copy(tmp_path):
+def test_a_grader_run_as_root_runs_the_check_as_nobody_on_the_submissions_path():
+    """The `nobody` run is handed the submission's path and reads it with its own permissions:
+    a file only root may read stays unread (root copies nothing)."""
     python = "/usr/bin/python3"
     if not nobody_can_run(python):
         pytest.skip("no interpreter that nobody may run")
@@ -414,16 +453,18 @@ def test_a_grader_run_as_root_runs_the_check_as_nobody_on_a_copy(tmp_path):
     fake = Path(shared.name) / "fake_grader.py"
     fake.write_text(FAKE_GRADER)
     fake.chmod(0o644)
-    sub = tmp_path / "submission"
+    sub = Path(shared.name) / "submission"
     (sub / "src").mkdir(parents=True)
     (sub / "src" / "attn.py").write_text(LAYER)
-    os.chmod(sub / "src" / "attn.py", 0o600)  # root's alone: the copy is nobody's
+    (sub / "src" / "root_only.py").write_text("SECRET = 1\n")
+    os.chmod(sub / "src" / "root_only.py", 0o600)
     text, ok = platforms.as_unprivileged(str(sub), ("Attn",), Options(format="gradescope"),
                                          command=[python, str(fake)])
-    uid, gid, groups, readable, wrote_root = json.loads(json.loads(text)["output"])
+    uid, gid, groups, given, seen, wrote_root = json.loads(json.loads(text)["output"])
     nobody = pwd.getpwnam("nobody")
     assert (uid, gid, groups) == (nobody.pw_uid, nobody.pw_gid, [])
-    assert readable == ["src"] and not wrote_root and ok
+    assert given == str(sub) and seen == {"attn.py": LAYER[:200], "root_only.py": "PermissionError"}
+    assert not wrote_root and ok
     # a run that writes nothing (killed, crashed) leaves the failure, not silence
     text, ok = platforms.as_unprivileged(str(sub), ("Attn",), Options(format="prairielearn"),
                                          command=[python, "-c", "import sys; sys.exit(3)"])
@@ -431,6 +472,122 @@ def test_a_grader_run_as_root_runs_the_check_as_nobody_on_a_copy(tmp_path):
     assert not ok and results["gradable"] is False
     assert "left no results (exit status 3)" in results["message"]
     shared.cleanup()
+
+
+@pytest.fixture
+def shared():
+    """A folder `nobody` may enter (pytest's are root's alone), with FAKE_GRADER in it."""
+    if os.geteuid() != 0 or not nobody_can_run(NOBODY_PYTHON):
+        pytest.skip("needs root, and an interpreter that nobody may run")
+    with tempfile.TemporaryDirectory() as folder:
+        os.chmod(folder, 0o755)
+        (Path(folder) / "fake_grader.py").write_text(FAKE_GRADER)
+        (Path(folder) / "fake_grader.py").chmod(0o644)
+        yield Path(folder)
+
+
+def test_root_never_reads_a_submission_that_links_to_a_root_only_file(shared):
+    """Round six's P10 and P11: the submission is one file, a link to the instructor's root-only
+    solution (or a file holding a token). Root once copied it, following the link, into the
+    `nobody` run's folder; now nobody is handed the link and may not read what it points to."""
+    (shared / "instructor").mkdir(mode=0o755)
+    solution = shared / "instructor" / "solution.py"
+    solution.write_text("R6SECRETTOKEN7f3a9c = 1\n" + LAYER)
+    solution.chmod(0o600)
+    (shared / "sub").mkdir(mode=0o755)
+    (shared / "sub" / "attention.py").symlink_to(solution)
+    text, ok = platforms.as_unprivileged(str(shared / "sub" / "attention.py"), ("Attn",),
+                                         Options(format="gradescope"),
+                                         command=[NOBODY_PYTHON, str(shared / "fake_grader.py")])
+    assert "R6SECRETTOKEN7f3a9c" not in text
+    assert json.loads(json.loads(text)["output"])[4] == {"attention.py": "PermissionError"}
+
+
+@pytest.mark.parametrize("kind", ["fifo", "nested", "dev_zero", "missing"])
+def test_root_hands_nobody_any_submission_as_it_is(shared, kind):
+    """Round six's P07-P09, P36, P38: root copied the whole submission before anything, so a FIFO
+    failed the grading, 1,200 nested folders raised RecursionError, a link to /dev/zero copied
+    until the disk was full, a missing one was `the grader failed`. Now root only hands the path
+    to the `nobody` run (whose reader has limits: python_files, check_regular)."""
+    sub = shared / "sub"
+    if kind == "fifo":
+        sub.mkdir()
+        os.mkfifo(sub / "data.pipe")
+    elif kind == "nested":  # made, and removed, one level at a time (os.makedirs recurses)
+        sub.mkdir()
+        fd = os.open(sub, os.O_RDONLY)
+        for _ in range(1200):
+            os.mkdir("d", dir_fd=fd)
+            fd, up = os.open("d", os.O_RDONLY, dir_fd=fd), fd
+            os.close(up)
+        os.close(fd)
+    elif kind == "dev_zero":
+        sub.mkdir()
+        sub = sub / "attention.py"
+        sub.symlink_to("/dev/zero")
+    echo = ("import json, sys; out = [a for a in sys.argv if a.startswith('out=')][0][4:]; "
+            "json.dump({'score': 1.0, 'output': sys.argv[1]}, open(out, 'w'))")
+    text, ok = platforms.as_unprivileged(str(sub), ("Attn",), Options(format="gradescope"),
+                                         command=[NOBODY_PYTHON, "-c", echo])
+    assert ok and json.loads(text)["output"] == str(sub)
+    subprocess.run(["rm", "-rf", str(shared / "sub")], check=True)
+
+
+ROOT_GRADING = """
+import sys
+from safeio.cli import run_cli
+from check_attention import platforms
+from check_attention.options import Options
+sys.exit(run_cli(lambda: platforms.as_unprivileged(sys.argv[1], ("Attn",), Options(
+    format="gradescope"), command=sys.argv[2:]) and 0))
+"""
+SLOW_NOBODY = """
+import os, sys, tempfile, time
+os.fork()  # a second process in its group, as the check's sandbox would be
+made = tempfile.mkdtemp()  # in its TMPDIR, as the sandbox's directories are
+open(os.environ["MARKS"], "a").write(f"{os.getpid()} {made}\\n")
+time.sleep(120)
+"""
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("how", ["SIGINT", "SIGTERM"])
+def test_a_signal_to_a_root_grading_ends_its_nobody_run_within_two_seconds(shared, how):
+    """Round six's P34 and P35: Ctrl-C or SIGTERM to the root process ended it, but the `nobody`
+    run (a session of its own, out of a terminal's reach) went on running the student's code,
+    its directories left in TMPDIR. Now every process of the nobody run ends, and what it made
+    goes with the root's folder, within 2 s of the signal."""
+    (shared / "slow.py").write_text(SLOW_NOBODY)
+    marks = shared / "marks"
+    marks.touch(mode=0o666)
+    marks.chmod(0o666)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", ROOT_GRADING, str(shared), NOBODY_PYTHON, str(shared / "slow.py")],
+        cwd=REPO_ROOT, env={**os.environ, "MARKS": str(marks)}, start_new_session=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while len(marks.read_text().splitlines()) < 2:
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.05)
+    seen = [line.split() for line in marks.read_text().splitlines()]
+    start = time.monotonic()
+    os.killpg(proc.pid, getattr(signal, how))  # as Ctrl-C does, or a kill
+    while (proc.poll() is None or any(alive(int(pid)) or os.path.exists(made)
+                                      for pid, made in seen)) and time.monotonic() < start + 5:
+        time.sleep(0.02)
+    took = time.monotonic() - start
+    for pid, _ in seen:
+        if alive(int(pid)):
+            os.kill(int(pid), signal.SIGKILL)
+    assert proc.wait(timeout=5) == 128 + getattr(signal, how), proc.communicate()
+    assert took < 2, f"{took:.2f} s; still there: {seen}"
 
 
 def test_an_error_names_the_file_as_the_student_knows_it(tmp_path):

@@ -213,21 +213,31 @@ def sandbox_processes(tmp: str) -> list[int]:
     return found
 
 
+FOREVER = ("from fused import CausalSelfAttention\n\n"
+           "class Attn(CausalSelfAttention):\n    def forward(self, x):\n"
+           "        while True:\n            pass\n")
+# 256 processes that wait (bounded, so that a checker without the limit only waits for them)
+FORK_BOMB = ("import os, time\nfrom fused import CausalSelfAttention\n\n"
+             "class Attn(CausalSelfAttention):\n    def forward(self, x):\n"
+             "        for _ in range(8):\n            os.fork()\n        time.sleep(60)\n")
+
+
 @needs_linux
 @pytest.mark.slow
-@pytest.mark.parametrize("how, workers", [("SIGINT", 1), ("SIGINT", 2), ("SIGTERM", 2)])
+@pytest.mark.parametrize("how, workers", [("SIGINT", 1), ("SIGINT", 2), ("SIGTERM", 2),
+                                          ("SIGINT to the checker alone", 2)])
 def test_ctrl_c_and_sigterm_stop_every_check_at_once(tmp_path, how, workers):
-    """Grading layers that never return: Ctrl-C (SIGINT to the terminal's process group) or
-    SIGTERM (to the checker) ends the command within a second or two, not at the 120 s
-    timeout, and leaves no sandbox directory and no process behind."""
+    """Grading layers that never return (one starts processes without end): Ctrl-C (SIGINT to
+    the terminal's process group), SIGINT to the checker's process alone, or SIGTERM ends the
+    command within 2 s, not at the 120 s timeout, prints no table, and leaves no sandbox
+    directory, no process and nothing in /dev/shm behind."""
     folder, tmp = tmp_path / "subs", tmp_path / "tmp"
     folder.mkdir(), tmp.mkdir()
     shutil.copy(LAYERS / "fused.py", folder / "fused.py")
-    for name in ("a.py", "b.py", "c.py"):
-        (folder / name).write_text(
-            "from fused import CausalSelfAttention\n\n"
-            "class Attn(CausalSelfAttention):\n    def forward(self, x):\n"
-            "        while True:\n            pass\n")
+    for name, text in (("a.py", FOREVER), ("b.py", FORK_BOMB if workers == 2 else FOREVER),
+                       ("c.py", FOREVER)):
+        (folder / name).write_text(text)
+    shm = set(os.listdir("/dev/shm"))
     proc = subprocess.Popen(
         [sys.executable, "-m", "check_attention", str(folder), "Attn", f"workers={workers}"],
         cwd=REPO_ROOT, env={**SCRIPT_ENV, "TMPDIR": str(tmp)}, stdout=subprocess.PIPE,
@@ -242,19 +252,43 @@ def test_ctrl_c_and_sigterm_stop_every_check_at_once(tmp_path, how, workers):
         if how == "SIGINT":
             os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C at a terminal does
         else:
-            os.kill(proc.pid, signal.SIGTERM)
+            os.kill(proc.pid, getattr(signal, how.split()[0]))
         proc.wait(timeout=60)
         took = time.monotonic() - start
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-    err = proc.stderr.read().decode()
-    assert proc.returncode == 128 + getattr(signal, how), err
-    assert "error: interrupted" in err
-    assert took < 3, took
+    out, err = (f.read().decode() for f in (proc.stdout, proc.stderr))
+    assert proc.returncode == 128 + getattr(signal, how.split()[0]), err
+    assert "error: interrupted" in err and "| file |" not in out
+    assert took < 2, took
     time.sleep(0.5)  # a process killed as the checker ended is gone by now
     assert os.listdir(tmp) == [] and sandbox_processes(str(tmp)) == []
+    assert set(os.listdir("/dev/shm")) <= shm
+
+
+@needs_linux
+@pytest.mark.slow
+def test_a_fork_bomb_is_stopped_and_changes_no_other_verdict(tmp_path):
+    """Round five's fork bomb under workers=2 made its neighbour ERROR ("the sandbox process did
+    not start"): a check may run MAX_PROCESSES processes at once, and one that starts more is
+    stopped at once, the grading going on beside it."""
+    from check_attention.sandbox.host import MAX_PROCESSES
+    folder = tmp_path / "subs"
+    folder.mkdir()
+    shutil.copy(LAYERS / "fused.py", folder / "fused.py")
+    (folder / "bomb.py").write_text(FORK_BOMB)
+    result = subprocess.run(
+        [sys.executable, "-m", "check_attention", str(folder), "Attn", "CausalSelfAttention",
+         "workers=2", "timeout=60"], cwd=REPO_ROOT, env=SCRIPT_ENV, capture_output=True,
+        text=True, timeout=600)
+    rows = {line.split(" | ")[0][2:]: line for line in result.stdout.splitlines()
+            if line.startswith("| ") and ".py" in line}
+    assert "| CausalSelfAttention | PASS |" in rows["fused.py"], result.stdout
+    assert f"started more than {MAX_PROCESSES} processes and was stopped" in rows["bomb.py"]
+    bomb = next(line for line in result.stderr.splitlines() if "bomb.py" in line)
+    assert float(bomb.rpartition("(")[2].split()[0]) < 20, bomb  # not its 60 s timeout
 
 
 @needs_linux

@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Optional
 
 MAX_FRAME = 1 << 30  # a frame larger than 1 GiB is not an answer to anything we asked
+MAX_PROCESSES = 64   # processes one check may run at once (a fork bomb is stopped at this)
 HEADER = struct.Struct("<Q")
 # Where the project's files live, and the parts of it that are not the project (outputs,
 # caches): a child that changed anything else would have changed the project.
@@ -114,9 +115,9 @@ def _descendants() -> list[int]:
         except OSError:  # it ended meanwhile
             continue
         parent[int(entry)] = int(stat[stat.rindex(b")") + 2:].split()[1])
-    below, frontier = [], [os.getpid()]
+    below, frontier = [], {os.getpid()}
     while frontier:
-        frontier = [pid for pid, ppid in parent.items() if ppid in frontier]
+        frontier = {pid for pid, ppid in parent.items() if ppid in frontier}
         below += frontier
     return below
 
@@ -140,21 +141,24 @@ def _end_all(child: int) -> None:
         time.sleep(0.001)
 
 
-def _wait(pid: int, deadline: float) -> tuple[int, bool]:
-    """The child's exit status and whether it ran past its deadline; all it started ends too."""
-    timed_out = False
+def _wait(pid: int, deadline: float) -> tuple[int, str]:
+    """The child's exit status, and why it was stopped: "timed_out" (past its deadline), "forked"
+    (more than MAX_PROCESSES processes: a fork bomb, which would starve the next check) or ""."""
+    why, polls = "", 0
     while True:
         done, status = os.waitpid(pid, os.WNOHANG)
         if done:
             break
-        if time.monotonic() > deadline:
-            timed_out = True
+        polls += 1  # /proc is read every 20 polls (about 0.1 s): 2 ms, for a hundred processes
+        why = "timed_out" if time.monotonic() > deadline else "forked" if (
+            polls % 20 == 0 and len(_descendants()) > MAX_PROCESSES) else ""
+        if why:
             os.kill(pid, signal.SIGKILL)
             _, status = os.waitpid(pid, 0)
             break
         time.sleep(0.005)
     _end_all(pid)
-    return os.waitstatus_to_exitcode(status), timed_out
+    return os.waitstatus_to_exitcode(status), why
 
 
 def limit_memory(extra: Optional[int]) -> None:
@@ -175,7 +179,7 @@ def limit_memory(extra: Optional[int]) -> None:
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
 
-def _host(root: str, user_cwd: str, how: str, ctl: int) -> None:
+def _host(root: str, user_cwd: str, how: str, ctl: int, *extra_reads: str) -> None:
     """The host's loop: confine, import torch, then fork one child per `fork` request. What only
     the host may say (ready, the child's pid, its exit) goes over `ctl`, a pipe no child holds."""
     here = os.path.dirname(os.path.abspath(__file__))
@@ -198,7 +202,7 @@ def _host(root: str, user_cwd: str, how: str, ctl: int) -> None:
 
     torch.set_num_threads(1)  # the probes are tiny; one thread is fastest and shares the machine
     sys.path.pop(0)
-    reads = check_reads() + [str(PROJECT_ROOT)]  # the project: a file may import our model
+    reads = check_reads() + [str(PROJECT_ROOT), *extra_reads]  # a file may import our model
 
     def shut_in(workdir: str, folder: str) -> None:
         """Called by the child before it imports the file in `folder` (runner.Session.load)."""
@@ -242,10 +246,10 @@ def _host(root: str, user_cwd: str, how: str, ctl: int) -> None:
                 os._exit(code)
         current[0] = pid
         write_frame(ctl, {"pid": pid})
-        rc, timed_out = _wait(pid, time.monotonic() + float(req["timeout"]))
+        rc, why = _wait(pid, time.monotonic() + float(req["timeout"]))
         current[0] = 0
         shutil.rmtree(workdir, ignore_errors=True)
-        write_frame(ctl, {"exited": rc, "timed_out": timed_out})
+        write_frame(ctl, {"exited": rc, "timed_out": why == "timed_out", "forked": why == "forked"})
 
 
 # ----------------------------------------------------------------------------- the checker's side
@@ -308,6 +312,8 @@ class Child:
     def _exit_words(self) -> str:
         if self.exit["timed_out"]:
             return f"the layer's code took more than {self.timeout:g} s (timeout=) and was stopped"
+        if self.exit.get("forked"):
+            return f"the layer's code started more than {MAX_PROCESSES} processes and was stopped"
         rc = self.exit["exited"]
         if rc < 0:
             return f"the layer's process was killed by signal {-rc} ({signal.Signals(-rc).name})"
@@ -357,12 +363,14 @@ class Sandbox:
     serve many files one after the other (the tests check dozens with one host)."""
 
     def __init__(self, user_cwd: Optional[str] = None, project_root: Path = PROJECT_ROOT,
-                 confine: bool = True, gpu: bool = False, memory: Optional[int] = None):
+                 confine: bool = True, gpu: bool = False, memory: Optional[int] = None,
+                 reads: tuple = ()):
         """confine=False skips confine.py (as on a system without its mechanisms); project_root
         is the tree the checker watches for changes when writes are not confined; gpu grants
         the GPU's device nodes; memory: the bytes each child may map beyond what the host holds
-        (None: no limit; CUDA reserves far more address space than it uses, so none with gpu)."""
-        self.project_root = Path(project_root)
+        (None: no limit; CUDA reserves far more address space than it uses, so none with gpu);
+        reads: folders each check may also read."""
+        self.project_root, self.reads = Path(project_root), [os.path.abspath(r) for r in reads]
         self.memory = None if gpu else memory
         self.user_cwd = os.path.abspath(user_cwd or os.getcwd())
         self.how = "open" if not confine else "gpu" if gpu else "cpu"
@@ -385,7 +393,7 @@ class Sandbox:
         try:
             self.proc = subprocess.Popen(
                 [sys.executable, "-B", os.path.abspath(__file__), self.root, self.user_cwd,
-                 self.how, str(ctl)], pass_fds=(ctl,),
+                 self.how, str(ctl), *self.reads], pass_fds=(ctl,),
                 cwd=self.root, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                 stderr=subprocess.DEVNULL, start_new_session=True)  # no terminal to type into
         except OSError as exc:  # an interpreter we may not run, say
@@ -488,5 +496,5 @@ def ask(child, cmd: str, **fields) -> dict:
 
 
 if __name__ == "__main__":
-    _host(*sys.argv[1:4], int(sys.argv[4]))
+    _host(*sys.argv[1:4], int(sys.argv[4]), *sys.argv[5:])
 
