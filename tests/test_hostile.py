@@ -433,3 +433,14 @@ def test_overlapping_splits_train_when_asked_with_a_loud_warning(env, tmp_path):
     acc = EventAccumulator(str(run))
     acc.Reload()
     assert "warnings/text_summary" in acc.Tags()["tensors"]
+
+
+def test_a_prompts_file_of_long_prompts_gives_one_warning(env, tmp_path):
+    """Round six's Q10: 300 prompts past the context gave 300 warning lines; one says it all."""
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text(("ROMEO: " + "O my lord " * 20 + "\n") * 300)
+    result = ok(env["server"].run("generate.py", [f"run={env['reference']}", f"prompts={prompts}",
+                                                 "max_new_tokens=1"], cwd=tmp_path))
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1 and warnings[0].startswith(
+        "warning: 300 of the 300 prompts have more tokens than the context of "), result.stderr

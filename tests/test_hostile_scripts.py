@@ -126,6 +126,23 @@ def test_llama_pitfalls_without_transformers_says_how_to_install_it(monkeypatch)
     assert "Needs transformers" in script.__doc__.split("\n\n")[0]
 
 
+@pytest.mark.parametrize("module, args, words", [
+    ("bench.batch_generate", ["quick=true", "tokens=-5", "prompts=[1]"], "tokens from 1 to"),
+    ("bench.batch_generate", ["quick=true", "tokens=0"], "got prompts=[1, 4, 16] and tokens=0"),
+    ("bench.batch_generate", ["quick=true", "tokens=1000000000"], "tokens from 1 to 100,000"),
+    ("bench.batch_generate", ["quick=true", "prompts=[100000]"], "a KV cache of 19.8 GiB, over 4"),
+    ("scripts.mask_values", ["eval_batches=1000000000"], "eval_batches from 1 to 1,000"),
+])
+def test_sizes_a_bench_or_script_would_allocate_are_bounded(module, args, words, capsys):
+    """Round six's B01, B02, B04, B05, M05: a negative, zero or huge token count, 100,000 prompts
+    in one batch, a billion evaluation batches gave tracebacks (a SIGSEGV for the last), or
+    silently the default: each is one `error:` line before anything is allocated."""
+    import importlib
+    assert importlib.import_module(module).main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error:") and words in err and "Traceback" not in err
+
+
 @pytest.mark.slow
 def test_llama_pitfalls_with_a_huge_seed_says_so_in_one_line(tmp_path):
     line = refused(script("scripts.llama_pitfalls", "seed=18446744073709551616", cwd=tmp_path))

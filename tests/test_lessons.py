@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import os
 import re
 from pathlib import Path
 
@@ -161,6 +162,45 @@ def test_a_name_no_cell_defines_and_one_a_cell_computes_are_sentences():
     words = check_cells("attention", cells)[1]
     assert words == ("`attention` uses `d_k` (at In [3], line 2), which no cell of this notebook "
                      "defines: a typo, a missing import, or a cell not run yet?"), words
+
+
+@pytest.mark.slow
+def test_a_helper_module_in_the_learners_own_folder_imports(tmp_path):
+    """Round six's X12, X17: a kernel in the learner's own folder, outside the project, whose
+    exercise cell imports a module of that folder: the check may read the folder, as the
+    kernel does (check(..., reads=)), and the solution passes."""
+    (tmp_path / "r6helper.py").write_text((SOLUTIONS / "01_equation.py").read_text())
+    report, words = check_cells("attention", [Cell("In [1]", "from r6helper import attention\n")],
+                                str(tmp_path))
+    assert report is not None and report.passed, words
+
+
+@pytest.mark.slow
+def test_run_lessons_says_why_a_lesson_stopped_in_one_line(tmp_path):
+    """Round six's L04, L05: a cell that raises gave nbclient's traceback in colour, and Ctrl-C
+    while the kernel starts an AssertionError from nbclient's own cleanup."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    from helpers import SCRIPT_ENV, one_error_line
+    from safeio.cli import UserError
+    from tools.run_lessons import execute
+    nb = tmp_path / "lab.ipynb"
+    nb.write_text(json.dumps({"nbformat": 4, "nbformat_minor": 5, "metadata": {}, "cells": [
+        {"cell_type": "code", "source": "raise ValueError('r6 broken cell')", "metadata": {},
+         "outputs": [], "execution_count": None, "id": "c1"}]}))
+    with pytest.raises(UserError, match=r"^lab.ipynb: a cell raised ValueError: r6 broken cell$"):
+        execute(nb)
+    proc = subprocess.Popen([sys.executable, "-m", "tools.run_lessons", "lessons=01",
+                             "write=false"], cwd=REPO_ROOT, env=SCRIPT_ENV, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    time.sleep(1.5)  # the kernel is starting
+    os.killpg(proc.pid, signal.SIGINT)  # as Ctrl-C does
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode in (2, 130)
+    one_error_line(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
 
 
 # ----------------------------------------------------------------------------- the notebooks

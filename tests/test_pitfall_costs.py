@@ -89,3 +89,23 @@ def test_a_study_is_named_by_its_experiment_wherever_it_lies(tmp_path):
     plain = tmp_path / "runs" / "decoding" / "2026-12-01_10-00-00"
     plain.mkdir(parents=True)
     assert study_name(plain) == "decoding"  # no multirun.yaml: runs/<study>/<date>
+
+
+@pytest.mark.parametrize("tamper", [
+    lambda e: e.update(setting=5), lambda e: e.update(shows_in=[]),
+    lambda e: e["cached"].update(effect=1e308, se=1e-320), lambda e: e["cached"].update(se=-1)])
+def test_a_tampered_costs_entry_is_left_out_as_a_missing_one(tmp_path, tamper):
+    """Round six's C01-C03, C06: docs/pitfall_costs.json edited by hand (a number for a text, a
+    list for a loss's name, a 309-digit effect, a deep nesting) ended every check that names the
+    mistake in a traceback. An entry summarize_ablations would not write says nothing."""
+    from check_attention import costs
+    entry = {"study": "s", "regime": "r", "setting": "x", "shows_in": "cached",
+             "causal": {"effect": 0.0, "se": 0.0}, "cached": {"effect": 0.05, "se": 0.005}}
+    assert "+0.0500 nats per token, SE 0.0050 (10 SE)" in costs.words("no_scale", {"no_scale": [entry]})
+    tamper(entry)
+    assert costs.words("no_scale", {"no_scale": [entry]}) in (None, costs.words(
+        "no_scale", {"no_scale": [dict(entry, shows_in="causal")]}))
+    assert costs.words("no_scale", {"no_scale": 5}) is None
+    deep = tmp_path / "costs.json"
+    deep.write_text('{"costs": ' + "[" * 1_000_000 + "]" * 1_000_000 + "}")
+    assert costs.load(deep) == {}

