@@ -101,7 +101,8 @@ def test_a_tampered_costs_entry_is_left_out_as_a_missing_one(tmp_path, tamper):
     from check_attention import costs
     entry = {"study": "s", "regime": "r", "setting": "x", "shows_in": "cached",
              "causal": {"effect": 0.0, "se": 0.0}, "cached": {"effect": 0.05, "se": 0.005}}
-    assert "+0.0500 nats per token, SE 0.0050 (10 SE)" in costs.words("no_scale", {"no_scale": [entry]})
+    said = costs.words("no_scale", {"no_scale": [entry]})
+    assert "+0.0500 nats per token, SE 0.0050 (10 SE)" in said
     tamper(entry)
     assert costs.words("no_scale", {"no_scale": [entry]}) in (None, costs.words(
         "no_scale", {"no_scale": [dict(entry, shows_in="causal")]}))
