@@ -24,11 +24,10 @@ import os
 import sys
 
 if __name__ == "__main__":  # `python -m` put the working folder first on the import path: a
-    # graded folder's yaml.py would run here at the first import. The project's folder takes its
-    # place, and the interpreters started from here (a grading's workers) start without it.
-    _project = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    sys.path[:] = [_project] + [p for p in sys.path
-                                if os.path.abspath(p or ".") not in (os.getcwd(), _project)]
+    # graded folder's yaml.py would run here at the first import. It leaves the path (unless it
+    # is the project's own folder), and the interpreters started here (a grading's workers) too.
+    _here, _project = os.getcwd(), os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    sys.path[:] = [p for p in sys.path if _here == _project or os.path.abspath(p or ".") != _here]
     os.environ["PYTHONSAFEPATH"] = "1"
 
 from pathlib import Path  # noqa: E402
