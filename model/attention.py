@@ -42,15 +42,15 @@ def scaled_dot_product_attention(Q: torch.Tensor, K: torch.Tensor, V: torch.Tens
                                  masked_softmax=None) -> tuple[torch.Tensor, torch.Tensor]:
     """softmax(Q K^T / sqrt(d_k) + M) V, returning (output, weights).
 
-    Shapes as on the cheat sheet, with any leading dimensions: Q [n, d_k], K [m, d_k],
-    V [m, d_v] -> output [n, d_v], weights [n, m]; or [B, n, d_k] / [B, h, n, d_k] and the same
-    leading dimensions on K and V. With 4-D inputs K and V may have fewer heads than Q
+    Shapes as on the cheat sheet (docs/cheat_sheet.md), with any leading dimensions: Q [n, d_k], K
+    [m, d_k], V [m, d_v] -> output [n, d_v], weights [n, m]; or [B, n, d_k] / [B, h, n, d_k] and the
+    same leading dimensions on K and V. With 4-D inputs K and V may have fewer heads than Q
     (grouped-query attention, h_kv dividing h): query head i reads key/value head i // (h / h_kv).
     `mask` broadcasts to [..., n, m], either boolean (True = may attend, as torch's SDPA) or
-    additive (0 where a query may attend, -inf where not: M itself). `scale` defaults to
-    1 / sqrt(d_k), d_k being Q's last dimension. `dropout_p` drops attention weights (training
-    only; the returned weights are before dropout). `masked_softmax`: steps 3 and 4, replaced
-    only by the pitfalls (model/pitfalls.py).
+    additive (0 where a query may attend, -inf where not: M itself). `scale` defaults to 1 /
+    sqrt(d_k), d_k being Q's last dimension. `dropout_p` drops attention weights (training only; the
+    returned weights are before dropout). `masked_softmax`: steps 3 and 4, replaced only by the
+    pitfalls (model/pitfalls.py).
     """
     scale = 1.0 / math.sqrt(Q.size(-1)) if scale is None else scale
     K, V = repeat_kv(K, Q), repeat_kv(V, Q)  # grouped heads: query head i reads kv head i // g
