@@ -35,7 +35,8 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from data.batches import RandomWindows, check_split_lengths, fixed_windows, training_windows
 from data.config import DataConfig
 from data.prepare import PreparedCorpus, prepare_corpus
-from guard.preflight import Job, Launch, start_model
+from guard.launch import Launch
+from guard.preflight import Job, start_model
 from model.gpt import GPT
 from safeio.cli import UserError, python_command
 from training.checkpoint import (CHECKPOINTS, Progress, link_latest, restore, rng_state, save_best,
@@ -487,9 +488,9 @@ def main(job: Job) -> dict:
     final metrics ({} where there are none: a finished run resumed, a rank > 0)."""
     world = None
     try:
-        world = init_world(job.settled.device)
-        run_dir = Path(broadcast_from_main(str(job.settled.run_dir), world))
-        metrics = train(job.settled.cfg, run_dir, job.settled.resuming, world)
+        world = init_world(job.checked.device)
+        run_dir = Path(broadcast_from_main(str(job.checked.run_dir), world))
+        metrics = train(job.checked.cfg, run_dir, job.checked.resuming, world)
     finally:
         if world is not None:
             shutdown(world)
@@ -503,11 +504,13 @@ def main(job: Job) -> dict:
 
 def cli() -> None:
     """python train.py ...: the config is composed once (Hydra's Compose API), checked, and the
-    run's directory made, before a byte is written (guard/preflight.py); then each run trains (a
-    -m sweep's arms one after the other). Every mistake is one `error:` line (HYDRA_FULL_ERROR=1
-    shows the traceback), and a new run that fails before it trained leaves nothing behind."""
-    Launch(sys.argv[1:]).run(main, interrupted="interrupted; the last complete checkpoint, if "
-                                               "any, is kept")
+    run's directory made, before a byte is written (guard/preflight.py, guard/launch.py); then the
+    run trains (a -m sweep's arms: by Hydra's launcher, guard/sweep.py). Every mistake is one
+    `error:` line (HYDRA_FULL_ERROR=1 shows the traceback), and a new run that fails before it
+    trained leaves nothing behind."""
+    import train  # this file by its name: a launcher's workers import `train.main` from it
+    Launch(sys.argv[1:]).run(train.main, interrupted="interrupted; the last complete "
+                                                     "checkpoint, if any, is kept")
 
 
 if __name__ == "__main__":

@@ -86,14 +86,14 @@ def setup(args: BenchArgs) -> torch.device:
 
 
 def compose_config(overrides: Sequence[str] = ()) -> Config:
-    """The checked config `python train.py <overrides>` runs with (`guard.preflight.compose`).
+    """The checked config `python train.py <overrides>` runs with (`guard.compose.compose`).
 
     Benchmarks measure what training actually uses -- model, attention, tokenizer, optimizer,
     batch -- so they compose it from conf/ rather than restate defaults that would drift. A bad
     override ends the benchmark with Hydra's one-line reason instead of a traceback.
     """
     from safeio.cli import MISTAKES, one_line
-    from guard.preflight import compose
+    from guard.compose import compose
 
     try:
         return compose(list(overrides))

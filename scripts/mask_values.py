@@ -71,7 +71,7 @@ def train_one(value: float, dtype: torch.dtype, args: MaskArgs, device: torch.de
               corpus) -> dict:
     """The leak regime's model trained with M = value, under autocast(dtype)."""
     from data.batches import RandomWindows, fixed_windows
-    from guard.preflight import compose
+    from guard.compose import compose
     from model.gpt import GPT
     from training.evaluate import mean_loss
     from training.optim import lr_at

@@ -20,7 +20,7 @@ from model.fast_paths import relu_squared
 from model.gpt import GPT, MLP, make_norm
 from model.rotary import apply_rotary, rotary_tables
 from training.checkpoint import load_weights, weights_bytes
-from guard.preflight import compose
+from guard.compose import compose
 from training.config import Config
 from training.evaluate import qk_grad_norms
 

@@ -20,7 +20,7 @@ import pytest
 
 from bench.train_step import climb
 from safeio.cli import hydra_string
-from guard.preflight import compose
+from guard.compose import compose
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 BENCHMARKS = ("bench.attention", "bench.train_step", "bench.arm_cost", "bench.generate",

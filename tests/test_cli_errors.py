@@ -55,7 +55,7 @@ from helpers import (build_fake_sdist, corpus_args, fake_sdist_members, ok, one_
                      shakespeare_like, tree, write_corpus)
 from safeio.checkpoint import load_state, state_files
 from safeio.cli import MISTAKES, one_line
-from guard.preflight import Launch
+from guard.launch import Launch
 from safeio.run_lock import release_locks
 from safeio.system import parse_launch
 from training.checkpoint import latest_checkpoint
@@ -669,9 +669,13 @@ VALUES = [
 COMMAND_LINE = [
     Case("unknown_key", V, lambda c: ["model.n_embed=64"], "n_embed"),
     Case("unknown_top_level_key", V, lambda c: ["learning_rate=1e-3"], "learning_rate"),
-    Case("unknown_option", V, lambda c: ["model=huge"], "model/huge"),
-    Case("unknown_experiment", V, lambda c: ["+experiment=nope"], "experiment/nope"),
-    Case("wrong_type", V, lambda c: ["model.n_embd=wide"], "n_embd"),
+    Case("unknown_option", V, lambda c: ["model=huge"], "model has no option huge (its options: "),
+    Case("unknown_experiment", V, lambda c: ["+experiment=nope"], "experiment has no option nope"),
+    Case("misspelt_arm", V, lambda c: ["+arm=leak-mask_zeor"],
+         "+arm=leak-mask_zeor: arm has no option leak-mask_zeor; did you mean leak-mask_zero?"),
+    Case("wrong_type", V, lambda c: ["model.n_embd=wide"], "model.n_embd takes an integer, e.g. "),
+    Case("text_for_the_lr", V, lambda c: ["optim.lr=abc"],
+         "optim.lr=abc: optim.lr takes a number, e.g. optim.lr=0.004"),
     Case("float_for_an_int", V, lambda c: ["train.max_steps=1.5"], "max_steps"),
     Case("text_for_the_seed", V, lambda c: ["seed=abc"], "seed"),
     Case("list_for_a_string", V, lambda c: ["train.device=[cpu]"], "device"),
@@ -1194,7 +1198,7 @@ SWEEPS = [
     Case("resume_in_a_sweep", V, lambda c: ["-m", f"resume={c.ref}", "seed=1,2"],
          "cannot be part of a -m sweep"),
     Case("sweep_over_hydra", V, lambda c: ["-m", "hydra.job.chdir=true,false"], "Hydra"),
-    Case("unknown_launcher", V, lambda c: ["-m", "hydra/launcher=joblib"], "joblib"),
+    Case("unknown_launcher", V, lambda c: ["-m", "hydra/launcher=jobllib"], "did you mean joblib?"),
     Case("unknown_option", V, lambda c: ["--bogus"], "unrecognized"),
     Case("config_name_option", V, lambda c: ["-cn", "other"], "not supported"),
     Case("resolve_without_cfg", V, lambda c: ["--resolve"], "--cfg"),
@@ -1410,7 +1414,7 @@ SLOW_IN_PROCESS = {"saved_config/config_over_a_megabyte"}
 
 def refusal_in_process(script: str, argv: list[str]) -> str:
     """The error: line `python SCRIPT ARGV` ends with, from the checks the script makes first,
-    run here: train.py's torchrun environment and `Launch.jobs` (what train.py's `cli` runs first), generate.py's
+    run here: train.py's torchrun environment and `Launch.plan` (what train.py's `cli` runs first), generate.py's
     `sample` (what its `main` runs). Fails the test if they accept the command."""
     import generate
     try:
@@ -1419,7 +1423,7 @@ def refusal_in_process(script: str, argv: list[str]) -> str:
                 "a rank > 0 checks what rank 0 does, and writes nothing"
             launch = Launch(argv)
             try:
-                next(launch.jobs(), None)  # every check; the first run's directory if accepted
+                launch.plan()  # every check; the run's (or the sweep's) directory if accepted
             finally:
                 launch.undo()
                 release_locks()

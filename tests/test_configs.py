@@ -9,7 +9,7 @@ from dataclasses import asdict, fields
 
 import pytest
 
-from guard.preflight import compose
+from guard.compose import compose
 from helpers import VARIANT_NEEDS
 from training.config import CONF_DIR, Config
 
@@ -170,8 +170,10 @@ def test_the_pitfall_regimes_keep_the_architecture_they_were_measured_with(regim
 @pytest.mark.slow
 def test_train_py_composes_each_run_once(sweep, tmp_path, monkeypatch):
     """A run's config is composed once (a sweep: once per arm, and once without the swept values
-    for hydra.sweep.*), every arm before the first trains, and what is trained is that config."""
-    import guard.preflight as preflight
+    for hydra.sweep.*), every arm before the first trains, and what is trained is that config.
+    (Hydra's launcher then composes each arm once more, where it trains it.)"""
+    import guard.compose as compose_module
+    from guard.launch import Launch
     from safeio.run_lock import release_locks
     from helpers import corpus_args, write_corpus
 
@@ -181,18 +183,15 @@ def test_train_py_composes_each_run_once(sweep, tmp_path, monkeypatch):
         calls.append(kwargs["overrides"])
         return compose_with_hydra(*args, **kwargs)
 
-    compose_with_hydra = preflight.hydra_compose
-    monkeypatch.setattr(preflight, "hydra_compose", counting)
-    monkeypatch.setattr(preflight.Launch, "_begin", lambda self, job: None)  # no log, no record
+    compose_with_hydra = compose_module.hydra_compose
+    monkeypatch.setattr(compose_module, "hydra_compose", counting)
     argv = ["+experiment=smoke", *corpus_args(write_corpus(tmp_path), tmp_path / "cache"),
             *(["-m", "seed=1,2", f"hydra.sweep.dir={tmp_path / 's'}"] if sweep
               else [f"hydra.run.dir={tmp_path / 'run'}"])]
     try:
-        jobs = preflight.Launch(argv).jobs()
-        first = next(jobs)
+        first = Launch(argv).plan()[0]
         assert len(calls) == (3 if sweep else 1), calls
-        assert first.settled.cfg.seed == (1 if sweep else 1337)
-        assert first.settled.run_dir.parent == (tmp_path / "s" if sweep else tmp_path)
-        jobs.close()
+        assert first.checked.cfg.seed == (1 if sweep else 1337)
+        assert first.checked.run_dir.parent == (tmp_path / "s" if sweep else tmp_path)
     finally:
         release_locks()

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import train as train_script
-from guard.preflight import compose
+from guard.compose import compose
 from training import cpu_memory
 from training.runtime import World
 

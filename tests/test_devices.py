@@ -27,7 +27,7 @@ import training.device
 import training.evaluate
 from model.config import AttentionConfig, MaskMode, ModelConfig, Scale
 from model.gpt import GPT
-from guard.preflight import compose
+from guard.compose import compose
 from training.runtime import World
 from training.evaluate import attention_diagnostics, full_split_loss, mean_loss, qk_grad_norms
 from training.optim import make_optimizer

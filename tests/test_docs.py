@@ -259,7 +259,7 @@ def override_problem(arg: str) -> Optional[str]:
 
 def without_help(args) -> list[str]:
     """train.py's arguments less `--help` and the form it may take (`--help all`, `--help train`)."""
-    from guard.preflight import HELP_FORMS
+    from guard.compose import HELP_FORMS
 
     out, after_help = [], False
     for arg in args:
@@ -450,7 +450,7 @@ HELP_TARGETS = _distinct((t.kind, t.name) for t in map(target, (c.argv for c in 
 @pytest.mark.slow
 @pytest.mark.parametrize("overrides", TRAIN_COMMANDS, ids=" ".join)
 def test_each_train_command_composes(overrides):
-    from guard.preflight import compose
+    from guard.compose import compose
     compose(list(overrides))
 
 

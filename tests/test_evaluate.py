@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from guard.preflight import compose
+from guard.compose import compose
 from helpers import VARIANT_NEEDS
 from model.config import ModelConfig
 from model.gpt import GPT

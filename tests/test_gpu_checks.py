@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from helpers import REPO_ROOT, SCRIPT_ENV
-from guard.preflight import compose
+from guard.compose import compose
 
 SCRIPT = REPO_ROOT / "tools" / "gpu_checks.sh"
 

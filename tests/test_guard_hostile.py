@@ -169,19 +169,20 @@ def test_a_config_written_before_data_order_existed_trained_in_random_order(tmp_
 def test_a_resume_keeps_the_order_its_run_trained_in(tmp_path):
     """Round five: resume=<an epochs run> data.order=random was taken silently (the sampler's
     state fits either); a config without data.order (random) reads as random and resumes."""
-    from guard.preflight import _compose, _hydra, _task, merge_saved
+    from guard.compose import compose_with_hydra, composing, task_config
+    from guard.preflight import merge_saved
     from safeio.files import dump_run_config
     from training.config import Config
 
     text = dump_run_config(Config())
     (tmp_path / "config.yaml").write_text(text)
-    with _hydra():
+    with composing():
         for given in (["data.order=random"], ["data=text_files", "data.order=random"]):
             with pytest.raises(UserError, match="trained with data.order=epochs"):
-                merge_saved(tmp_path, _task(_compose(given)), given)
-        assert merge_saved(tmp_path, _task(_compose(["data.order=epochs"])),
+                merge_saved(tmp_path, task_config(compose_with_hydra(given)), given)
+        assert merge_saved(tmp_path, task_config(compose_with_hydra(["data.order=epochs"])),
                            ["data.order=epochs"]).data.order.value == "epochs"
         (tmp_path / "config.yaml").write_text(text.replace("  order: epochs\n", ""))
-        assert merge_saved(tmp_path, _task(_compose([])), []).data.order.value == "random"
+        assert merge_saved(tmp_path, task_config(compose_with_hydra([])), []).data.order.value == "random"
         with pytest.raises(UserError, match="trained with data.order=random"):
-            merge_saved(tmp_path, _task(_compose(["data.order=epochs"])), ["data.order=epochs"])
+            merge_saved(tmp_path, task_config(compose_with_hydra(["data.order=epochs"])), ["data.order=epochs"])

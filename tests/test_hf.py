@@ -31,7 +31,7 @@ from model.gpt import GPT
 from interop.hf import check_exportable, load_folder_tokenizer, to_gpt2_state_dict
 from safeio.cli import FormatError
 from scripts import export_hf
-from guard.preflight import compose
+from guard.compose import compose
 
 TOLERANCE = 1e-5  # fp32, max abs logit difference
 NEW_TOKENS = 50

@@ -316,7 +316,8 @@ def test_any_config_train_py_accepts_reads_back_from_its_config_yaml():
     field of a config, are written by dump_run_config and read back by load_run_config exactly
     (check_saved_config refuses a run whose config would not)."""
     from safeio.files import dump_run_config, parse_run_config
-    from guard.preflight import check_saved_config, compose
+    from guard.compose import compose
+    from guard.preflight import check_saved_config
     from omegaconf import OmegaConf
     from training.config import Config
 

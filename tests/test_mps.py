@@ -18,7 +18,7 @@ from safeio.cli import UserError
 from safeio.checkpoint import load_state
 from guard.limits import check_config, check_training_fits, parse_device
 from safeio.system import available_bytes
-from guard.preflight import compose
+from guard.compose import compose
 from model.fast_paths import fused_refusal
 from model.config import AttentionConfig
 from training.device import NATIVE_BF16_ENV, float64_home, pick_dtype

@@ -102,7 +102,7 @@ def test_a_leak_too_short_to_show_says_so(caplog):
 
 
 def test_a_misspelt_key_is_answered_with_the_key_meant():
-    from guard.preflight import compose
+    from guard.compose import compose
     from safeio.cli import UserError
 
     for given, meant in [("model.n_layers=2", "model.n_layer"), ("n_layers=2", "model.n_layer"),
@@ -118,14 +118,14 @@ def test_a_misspelt_key_is_answered_with_the_key_meant():
 
 
 def _help(form: str = "short") -> str:
-    from guard.preflight import _compose, _hydra, help_text
+    from guard.compose import compose_with_hydra, composing, help_text
 
-    with _hydra():
-        return help_text(_compose([]), form)
+    with composing():
+        return help_text(compose_with_hydra([]), form)
 
 
 def test_train_help_is_short_and_describes_the_keys_from_the_dataclasses():
-    from guard.preflight import COMMON_KEYS, config_keys
+    from guard.compose import COMMON_KEYS, config_keys
 
     short = _help()
     assert len(short.splitlines()) <= 45  # it was 140 lines of raw config

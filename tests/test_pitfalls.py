@@ -19,7 +19,7 @@ from data.batches import RandomWindows, fixed_windows
 from data.config import DataConfig, TokenizerConfig, TokenizerKind
 from data.prepare import prepare_corpus
 from safeio.cli import CorpusError
-from guard.preflight import compose
+from guard.compose import compose
 from helpers import VARIANT_NEEDS
 from model.attention import CausalSelfAttention, PitfallAttention, attention_layer
 from model.config import AttentionConfig, MaskMode, ModelConfig

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from guard.limits import check_pitfall_switches
-from guard.preflight import compose
+from guard.compose import compose
 from helpers import VARIANT_NEEDS
 from model.attention import attention_layer, visible_keys
 from model.config import BOOKKEEPING_SWITCHES, AttentionConfig, ModelConfig

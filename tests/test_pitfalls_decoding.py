@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from safeio.cli import UserError
 from guard.limits import check_pitfall_switches
-from guard.preflight import compose
+from guard.compose import compose
 from helpers import VARIANT_NEEDS
 from model.attention import CausalSelfAttention, attention_layer
 from model.fast_paths import fused_refusal

@@ -345,7 +345,7 @@ def test_a_record_names_its_commit_and_whether_the_tree_differed(tmp_path, monke
 
 
 def test_baby_gpt_is_nanogpts_cpu_recipe():
-    from guard.preflight import compose
+    from guard.compose import compose
 
     cfg = compose(["+experiment=baby_gpt"])
     m, o, t = cfg.model, cfg.optim, cfg.train
