@@ -30,8 +30,10 @@ from safeio.cli import UserError, first_line, hydra_string, one_line, python_com
 from safeio.key_help import closest, key_help, type_words
 from training.config import CONF_DIR, Config, register_configs
 
-# Hydra's launchers that requirements-cluster.txt installs (docs/cluster.md)
-CLUSTER_LAUNCHERS = ("joblib", "ray", "ray_aws", "submitit_local", "submitit_slurm")
+# Hydra's launchers of ours, and the requirements file that installs each (docs/cluster.md)
+LAUNCHER_FILES = {"joblib": "requirements.txt", "ray": "requirements-cluster.txt",
+                  "ray_aws": "requirements-cluster.txt", "submitit_local": "requirements-cluster.txt",
+                  "submitit_slurm": "requirements-cluster.txt"}
 
 def compose(overrides: Sequence[str] = ()) -> Config:
     """The checked config `python train.py <overrides>` would run with, composed by Hydra from
@@ -114,9 +116,9 @@ def unknown_option(overrides: Sequence[str]) -> Optional[str]:
         options = [] if "." in group or "," in value else loader.get_group_options(group)
         if not options or value in options:
             continue
-        if group == "hydra/launcher" and value in CLUSTER_LAUNCHERS:
+        if group == "hydra/launcher" and value in LAUNCHER_FILES:
             return (f"hydra/launcher={value} needs Hydra's {value.split('_')[0]} launcher plugin, "
-                    f"which is not installed: pip install -r requirements-cluster.txt "
+                    f"which is not installed: pip install -r {LAUNCHER_FILES[value]} "
                     f"(docs/cluster.md)")
         guess = closest(value, options)
         return f"{key}={value}: {group} has no option {value}" + (

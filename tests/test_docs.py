@@ -32,7 +32,7 @@ PAGES = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").glob("*.md"))]
 # A token whose first part is one of these is a path in the repository, and must exist.
 TOP_DIRS = {"bench", "conf", "data", "docs", "guard", "lessons", "model", "scripts", "tests",
             "tools", "training", "train.py", "generate.py", "requirements.txt",
-            "requirements-dev.txt", "requirements-lessons.txt"}
+            "requirements-dev.txt", "requirements-lessons.txt", "requirements-cluster.txt"}
 PLACEHOLDER = re.compile(r"<[^<>\s]*>")
 FENCE = re.compile(r"^\s*```(\w*)\s*$")
 
