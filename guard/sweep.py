@@ -2,36 +2,26 @@
 launcher.
 
 `python train.py -m optim.lr=3e-3,2e-3 seed=1,2` trains one run per combination (an "arm"), as
-Hydra's basic sweeper would: the swept values of the config (`hydra.sweeper.params`, e.g.
-+experiment=ablations) and then of the command line, a key given twice keeping its first place and
-its last values. guard/launch.py composes and checks every arm before the first one trains.
+Hydra's basic sweeper splits them (the config's `hydra.sweeper.params`, then the command line).
+guard/launch.py composes and checks every arm before the first one trains. An arm's directory is
+`hydra.sweep.dir/<hydra.sweep.subdir>`, by default its run_name; when the configured names do not
+tell the arms apart, each name also gets the swept values that differ among the arms sharing it
+(`correct_seed1337_lr0.003`; `-` joins a key to a value that starts with a letter).
 
-An arm's directory is `hydra.sweep.dir/<hydra.sweep.subdir>`, by default its run_name. Arms that
-differ only in a value run_name does not mention (optim.lr) would share one directory, so when the
-configured names do not tell the arms apart, every arm's name also gets the swept values that
-differ among the arms that would share a directory, e.g. `correct_seed1337_lr0.003` and
-`correct_seed1337_lr0.002` (the key's last part, then its value; `-` joins them when the value
-starts with a letter: `attention-mask_zero`).
-
-The checked arms then go to the launcher the config names (`hydra/launcher=`): Hydra's basic one
-trains them one after the other in this process; joblib (this machine), ray (a Ray cluster) and
-submitit_local / submitit_slurm (SLURM) elsewhere (docs/cluster.md). Each arm is given its
-directory by name, and trained there by `ArmTask` exactly as `python train.py` trains it alone;
-a task that finds a checkpoint there (a retried task, `resume=<sweep>`) continues it. How each
-run ended is then read from its directory, never from the launcher's exceptions, and each run
-that did not finish is named, with the command that trains those runs only.
-
-Signals, wherever the runs are: the command writes each Ctrl-C or SIGTERM it gets into the sweep's
-`.stop` file; a task not yet started returns at once, and one training reads it within a second
-and stops as `python train.py` does (the first signal: finish the step, save, stop; a second
-Ctrl-C: stop at once, keeping the last complete checkpoint). Tasks run in a process group of their
-own, so that the terminal's Ctrl-C reaches them once, through the command.
+Then the launcher the config names (`hydra/launcher=`: basic here, one run after the other;
+joblib, ray, submitit elsewhere: docs/cluster.md) runs `ArmTask` for each arm, in the directory
+given by name: the run trained as `python train.py` trains it alone, or continued from its
+checkpoint (a retried task, `resume=<sweep>`). How each run ended is read from its directory,
+never from a launcher's exceptions. Signals reach the runs wherever they are through the sweep's
+`.stop` file: the command writes each Ctrl-C or SIGTERM it gets there, a task not yet started
+returns, and a task training sends the signal to itself within a second (the first: finish the
+step, save, stop; a second Ctrl-C: stop at once). A task leaves the terminal's process group, so
+that a Ctrl-C reaches it once.
 """
 from __future__ import annotations
 
 import contextlib
 import functools
-import itertools
 import logging
 import os
 import re
@@ -48,6 +38,7 @@ from typing import Callable, Optional
 
 from filelock import FileLock, Timeout
 from hydra._internal.callbacks import Callbacks
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -71,16 +62,12 @@ def expand(overrides: list[str], config_loader) -> tuple[list[list[str]], list[s
     """(each arm's overrides, the keys swept) of a sweep's overrides, in Hydra's order. The config
     loader lists a group's options for `glob(*)`."""
     parsed = OverridesParser.create(config_loader=config_loader).parse_overrides(overrides)
-    values = {}  # key -> ["key=value", ...]: a later override of a key keeps its first place
     for o in parsed:
-        key = o.get_key_element()
         if o.is_sweep_override() and not o.is_discrete_sweep():
             raise UserError(f"{o.input_line}: a sweep over an interval cannot be listed; give the "
                             f"values (key=a,b,c) or range(start,stop,step)")
-        values[key] = [f"{key}={v}" for v in o.sweep_string_iterator()] \
-            if o.is_sweep_override() else [f"{key}={o.get_value_element_as_str()}"]
     swept = [o.get_key_element() for o in parsed if o.is_sweep_override()]
-    return [list(arm) for arm in itertools.product(*values.values())], list(dict.fromkeys(swept))
+    return BasicSweeper.split_arguments(parsed, None)[0], list(dict.fromkeys(swept))
 
 
 def _short(key: str) -> str:
