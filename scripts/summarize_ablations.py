@@ -107,6 +107,12 @@ def collect(sweep_dir: Path) -> dict:
     for run_dir in run_dirs(sweep_dir):
         match = RUN_NAME.match(run_dir.name)
         series = read_run(run_dir)
+        train = load_run_config(run_dir / "config.yaml").train
+        if "causal" in series and series["causal"][0][-1] < train.max_steps \
+                and not train.get("fewer_steps"):  # stopped: its last losses are no result
+            raise UserError(f"{run_dir} did not finish (step {series['causal'][0][-1]} of "
+                            f"{train.max_steps}): continue the study first, python train.py "
+                            f"resume={sweep_dir}")
         if "causal" in series:
             arms[(match["regime"], match["variant"])][int(match["seed"])] = series
     if not arms:
@@ -179,20 +185,23 @@ are fractions of each query row's softmax mass: its largest weight, and the mass
 the query may see (0 for a causal mask)."""
 
 
-def table(arms: dict) -> str:
-    lines = ["| regime | variant | seeds | train loss | val loss (own attention) | causal val loss "
-             "| effect vs correct | SE | 95% interval | effect / SE | max weight (layer 0) "
-             "| future weight (layer 0) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+COLUMNS = ("regime", "variant", "seeds", "train loss", "val loss (own attention)",
+           "causal val loss", "effect vs correct", "SE", "95% interval", "effect / SE",
+           "max weight (layer 0)", "future weight (layer 0)")
+SHORT = (0, 1, 5, 6, 7, 8, 9, 10, 11)  # the README's columns
+
+
+def table(arms: dict, columns=range(len(COLUMNS))) -> str:
+    lines = ["| " + " | ".join(COLUMNS[i] for i in columns) + " |", "|---" * len(columns) + "|"]
     for (regime, variant), runs in ordered(arms):
         base = arms.get((regime, "correct"))
         cells = ["", "", "", ""]
         if base is not None and variant != "correct":
             cells = effect_cells(effect(runs, base))
-        lines.append(f"| {regime} | {variant} | {len(runs)} | {fmt(final(runs, 'train'))} | "
-                     f"{fmt(final(runs, 'val'))} | {fmt(final(runs, 'causal'))} | "
-                     + " | ".join(cells) + f" | {fmt(final(runs, 'max_weight'), 2)} | "
-                     f"{fmt(final(runs, 'future_weight'), 2)} |")
+        row = [regime, variant, str(len(runs)), fmt(final(runs, "train")), fmt(final(runs, "val")),
+               fmt(final(runs, "causal")), *cells, fmt(final(runs, "max_weight"), 2),
+               fmt(final(runs, "future_weight"), 2)]
+        lines.append("| " + " | ".join(row[i] for i in columns) + " |")
     return "\n".join(lines)
 
 
@@ -414,27 +423,12 @@ def shows_in(costs: dict) -> Optional[str]:
 
 
 def study_name(sweep: Path) -> str:
-    """The study a sweep is: the +experiment= it was started with (its multirun.yaml, as Hydra
-    wrote it, interpolations left unresolved), else the sweep's parent folder
-    (runs/<study>/<date>). A study copied elsewhere keeps its name."""
-    import yaml
-
-    from safeio.files import MAX_CONFIG_BYTES, read_text
-
-    path = sweep / "multirun.yaml"
-    if path.is_file():
-        try:
-            saved = yaml.safe_load(read_text(path, "multirun.yaml", MAX_CONFIG_BYTES))
-        except yaml.YAMLError as exc:
-            raise UserError(f"{path} is not readable YAML: {str(exc).splitlines()[0]}") from None
-        task = saved
-        for key in ("hydra", "overrides", "task"):  # hydra.overrides.task: the command's keys
-            task = task.get(key) if isinstance(task, dict) else None
-        for override in task if isinstance(task, list) else []:
-            key, _, value = str(override).partition("=")
-            if key.lstrip("+") == "experiment" and value:
-                return value
-    return sweep.resolve().parent.name
+    """The study a sweep is: the +experiment= it was started with (its record, sweep.json), else
+    the sweep's parent folder (runs/<study>/<date>). A study copied elsewhere keeps its name."""
+    record = sweep / "sweep.json"
+    lines = read_json(record, "the sweep's record", MIB).get("overrides") if record.is_file() else []
+    study = [str(o).split("=", 1)[1] for o in lines or [] if str(o).startswith("+experiment=")]
+    return study[-1] if study else sweep.resolve().parent.name
 
 
 def study_costs(sweep: Path, arms: dict) -> dict:
@@ -480,6 +474,10 @@ class SummaryArgs:
     # the JSON file this study's measured costs are merged into (null: out's
     # pitfall_costs.json); docs/pitfall_costs.json holds every study's
     costs: Optional[str] = None
+    # the repository's copy: this study's tables in README.md and docs/ablations.md (between
+    # their `<!-- <study> table|short: ... -->` and `<!-- end -->` lines), its figures
+    # (docs/<study>.png, docs/<study>_maps.png) and docs/pitfall_costs.json
+    docs: bool = False
 
 
 def summarize(args: SummaryArgs) -> list[Path]:
@@ -488,10 +486,13 @@ def summarize(args: SummaryArgs) -> list[Path]:
         raise UserError(f"sweep={sweep} is not a directory (give runs/ablations/<date>)")
     if args.layer < 0:
         raise UserError(f"layer must be a non-negative integer, got {args.layer}")
-    out = Path(args.out) if args.out else sweep
-    files = [out / "ablations.md", out / "ablations.png", out / "ablation_maps.png"]
-    costs_file = Path(args.costs) if args.costs else out / "pitfall_costs.json"
-    check_outputs(files, args.overwrite, own=sweep)
+    out, study, docs = Path(args.out) if args.out else sweep, study_name(sweep), REPO / "docs"
+    files = [out / "ablations.md", *([docs / f"{study}.png", docs / f"{study}_maps.png"]
+                                     if args.docs else [out / "ablations.png",
+                                                        out / "ablation_maps.png"])]
+    costs_file = Path(args.costs) if args.costs else (docs if args.docs else out) / \
+        "pitfall_costs.json"
+    check_outputs(files[:1] if args.docs else files, args.overwrite, own=sweep)
     for path in files + [costs_file]:  # (the costs file is merged into, not replaced)
         check_output_file(path, "output")
     # everything read and checked before anything is written (or replaced)
@@ -511,14 +512,33 @@ def summarize(args: SummaryArgs) -> list[Path]:
     costs_file.parent.mkdir(parents=True, exist_ok=True)
     costs_file.write_text(costs)
     written = (files if maps else files[:2]) + [costs_file]
+    if args.docs:
+        seeds = sorted({seed for runs in arms.values() for seed in runs})
+        intro = f"Seeds {seeds[0]}-{seeds[-1]} ({len(seeds)} per arm), the runs of {sweep.name}:"
+        written += write_blocks(study, {"table": f"{intro}\n\n{md}",
+                                        "short": f"{intro}\n\n{table(arms, SHORT)}"})
     print(md)
     print(f"\nwrote {', '.join(map(str, written))}")
     return written
 
 
+def write_blocks(study: str, blocks: dict) -> list[Path]:
+    """The study's blocks of README.md and docs/ablations.md rewritten: what lies between a line
+    `<!-- <study> <block>: ... -->` and the next `<!-- end -->`."""
+    written = []
+    for path in (REPO / "README.md", REPO / "docs" / "ablations.md"):
+        text = path.read_text()
+        new = re.sub(rf"(<!-- {study} (\w+): [^\n]*-->\n).*?(<!-- end -->)",
+                     lambda m: f"{m[1]}{blocks[m[2]]}\n{m[3]}", text, flags=re.S)
+        if new != text:
+            path.write_text(new)
+            written.append(path)
+    return written
+
+
 def main(argv: list[str]) -> int:
     usage = ("usage: python -m scripts.summarize_ablations sweep=DIR [out=DIR] [layer=N] "
-             "[overwrite=true] [costs=FILE]")
+             "[overwrite=true] [costs=FILE] [docs=true]")
 
     def body() -> None:
         summarize(parse_key_values(argv, SummaryArgs, usage, about=__doc__.split("\n\n")[0]))

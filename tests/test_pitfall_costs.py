@@ -82,13 +82,12 @@ def test_a_file_that_is_not_a_costs_file_is_refused(tmp_path):
 def test_a_study_is_named_by_its_experiment_wherever_it_lies(tmp_path):
     moved = tmp_path / "shared" / "ablations_2026-12-06"
     moved.mkdir(parents=True)
-    (moved / "multirun.yaml").write_text(
-        "hydra:\n  overrides:\n    hydra:\n    - hydra.sweep.dir=/tmp/x\n    task:\n"
-        "    - seed=3\n    - +experiment=ablations\n")
+    (moved / "sweep.json").write_text(  # the sweep's record, as guard/launch.py writes it
+        '{"overrides": ["seed=3", "+experiment=ablations", "hydra.sweep.dir=/tmp/x"]}')
     assert study_name(moved) == "ablations"
     plain = tmp_path / "runs" / "decoding" / "2026-12-01_10-00-00"
     plain.mkdir(parents=True)
-    assert study_name(plain) == "decoding"  # no multirun.yaml: runs/<study>/<date>
+    assert study_name(plain) == "decoding"  # no record: runs/<study>/<date>
 
 
 @pytest.mark.parametrize("tamper", [
