@@ -109,3 +109,24 @@ def test_a_tampered_costs_entry_is_left_out_as_a_missing_one(tmp_path, tamper):
     deep = tmp_path / "costs.json"
     deep.write_text('{"costs": ' + "[" * 1_000_000 + "]" * 1_000_000 + "}")
     assert costs.load(deep) == {}
+
+
+def test_the_summary_rewrites_only_its_study_s_blocks_of_the_docs(tmp_path, monkeypatch):
+    """docs=true: the tables in README.md and docs/ablations.md are the summary's, between
+    `<!-- <study> <block>: ... -->` and `<!-- end -->`; the text around them and another study's
+    blocks stay, and a second summary replaces the first (nothing typed by hand accumulates)."""
+    import scripts.summarize_ablations as summary
+    (tmp_path / "docs").mkdir()
+    readme, page = tmp_path / "README.md", tmp_path / "docs" / "ablations.md"
+    readme.write_text("intro\n<!-- ablations short: written by the summary -->\nold\n"
+                      "<!-- end -->\nbetween\n<!-- decoding short: x -->\nkept\n<!-- end -->\n")
+    page.write_text("<!-- ablations table: written by the summary -->\n<!-- end -->\nafter\n")
+    monkeypatch.setattr(summary, "REPO", tmp_path)
+    for table in ("first", "second"):
+        written = summary.write_blocks("ablations", {"table": f"T {table}", "short": f"S {table}"})
+        assert written == [readme, page]
+    assert readme.read_text() == ("intro\n<!-- ablations short: written by the summary -->\n"
+                                  "S second\n<!-- end -->\nbetween\n<!-- decoding short: x -->\n"
+                                  "kept\n<!-- end -->\n")
+    assert page.read_text() == ("<!-- ablations table: written by the summary -->\nT second\n"
+                                "<!-- end -->\nafter\n")

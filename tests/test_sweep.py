@@ -290,3 +290,19 @@ def test_the_summary_finds_runs_in_the_study_s_seed_folders(tmp_path):
     assert [str(p.relative_to(tmp_path)) for p in run_dirs(tmp_path)] == [
         "seed10/leak-correct_seed10", "seed10/leak-mask_zero_seed10",
         "seed11/leak-correct_seed11", "smoke-correct_seed0"]
+
+
+def test_the_summary_refuses_a_run_that_did_not_finish(sweep_dir, tmp_path):
+    """A run stopped before its last step (here: its config asks for 40 steps, it trained 20)
+    has losses that are no result: the summary names it and the command that continues it."""
+    from scripts.summarize_ablations import SummaryArgs, summarize
+    from safeio.cli import UserError
+
+    study = tmp_path / "study"
+    shutil.copytree(sweep_dir, study)
+    stopped = next(study.rglob("smoke-mask_zero_seed0"))
+    config = stopped / "config.yaml"
+    config.write_text(config.read_text().replace("max_steps: 20", "max_steps: 40"))
+    with pytest.raises(UserError, match=rf"smoke-mask_zero_seed0 did not finish \(step 20 of 40\)"
+                                        rf".*resume={study}"):
+        summarize(SummaryArgs(sweep=str(study), out=str(tmp_path / "out")))
