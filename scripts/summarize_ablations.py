@@ -516,7 +516,7 @@ def summarize(args: SummaryArgs) -> list[Path]:
         seeds = sorted({seed for runs in arms.values() for seed in runs})
         intro = f"Seeds {seeds[0]}-{seeds[-1]} ({len(seeds)} per arm), the runs of {sweep.name}:"
         written += write_blocks(study, {"table": f"{intro}\n\n{md}",
-                                        "short": f"{intro}\n\n{table(arms, SHORT)}"})
+                                        "short": table(arms, SHORT)})
     print(md)
     print(f"\nwrote {', '.join(map(str, written))}")
     return written
