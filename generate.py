@@ -30,7 +30,8 @@ from data.tokenizer import IncrementalDecoder
 from safeio.cli import UserError, first_line, parse_key_values, run_cli
 from safeio.files import MIB, read_text
 from guard.limits import check_sampling, check_top_k, parse_device, prompt_ids
-from guard.run_dir import load_run, resolve_latest
+from check_attention.your_layer import open_run
+from guard.run_dir import resolve_latest
 from model.gpt import GPT
 from model.sampling import seeded_generator
 from training.checkpoint import LATEST
@@ -59,6 +60,7 @@ class GenerateConfig:
     device: str = "auto"           # auto (CUDA, else mps, else cpu) | cpu | mps | cuda | cuda:N
     threads: Optional[int] = None  # CPU threads (null: 1; the idle cores for 50M parameters and up)
     use_cache: bool = True         # KV cache; false recomputes the whole context every token
+    trust_layer: bool = False      # import the run's copy of a learner's layer (read it first)
 
 
 def main(argv: list[str]) -> int:
@@ -71,8 +73,8 @@ def sample(argv: list[str]) -> int:
     device = parse_device(cfg.device)
     run_dir = resolve_latest(Path(cfg.run))
     chosen = choose_weights(run_dir, cfg.weights)
-    model, tokenizer, run_cfg = load_run(run_dir, chosen.kind if chosen.kind != "folder"
-                                         else "best", device)
+    model, tokenizer, run_cfg = open_run(run_dir, chosen.kind if chosen.kind != "folder"
+                                         else "best", device, cfg.trust_layer)
     check_top_k(cfg.top_k, tokenizer.get_vocab_size())
     texts = read_prompts(cfg) if cfg.prompts is not None else [cfg.prompt]
     block, longer = run_cfg.model.block_size, [] if cfg.prompts is not None else None

@@ -32,6 +32,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
+from check_attention.your_layer import keep_layer, run_model
 from data.batches import RandomWindows, check_split_lengths, fixed_windows, training_windows
 from data.config import DataConfig
 from data.prepare import PreparedCorpus, prepare_corpus
@@ -46,8 +47,8 @@ from training.budget import PROBE_STEPS, StepBudget
 from training.config import Config, NonFinite, register_configs
 from training.cpu_memory import keep_freed_memory
 from training.dtype_probe import choose_dtype
-from training.evaluate import (attention_diagnostics, mean_loss, qk_grad_norms, rising_validation,
-                               sample_text)
+from training.evaluate import (attention_diagnostics, mean_loss, prefix_losses, qk_grad_norms,
+                               rising_validation, sample_text)
 from training.optim import Optimizers, lr_at, make_optimizer
 from training.runtime import (Speedometer, StopFlag, World, all_mean, all_sum, barrier,
                               broadcast_from_main, init_world, shutdown)
@@ -91,7 +92,10 @@ class Run:
 
     @property
     def leaky(self) -> bool:
-        return not self.cfg.attention.is_causal()
+        """Our variant leaks by its config; a learner's layer, by measure: its causal loss (each
+        position from its prefix alone) above its own by more than rounding."""
+        gap = self.metrics.get("causal_val_loss", 0.0) - self.metrics.get("val_loss", 0.0)
+        return not self.cfg.attention.is_causal() or bool(self.cfg.your_layer) and gap > 0.01
 
 
 @dataclass
@@ -184,12 +188,16 @@ def build_run(cfg: Config, run_dir: Path, resuming: bool, world: World) -> Optio
         if not resuming:  # (a resume logs it once its checkpoint has been read and judged)
             log.info(choice.line)
         run_dir.mkdir(parents=True, exist_ok=True)
-        if not resuming:
-            write_run_files(run_dir, corpus.tokenizer, cfg)
+    if cfg.your_layer and not resuming:  # the run keeps the file it trains (rank 0 writes it)
+        keep_layer(cfg, run_dir, write=world.is_main)
+        barrier(world)
+    if world.is_main and not resuming:
+        write_run_files(run_dir, corpus.tokenizer, cfg)
 
     # a new run from init_from= starts from the folder's weights; on CUDA, may impl=auto trust
     # our kernel here?
-    model = start_model(GPT(m, corpus.vocab_size, cfg.attention), cfg, resuming, device, dtype)
+    model = run_model(cfg, corpus.vocab_size, run_dir, trusted=not resuming or cfg.trust_layer)
+    model = start_model(model, cfg, resuming, device, dtype)
     optimizer = make_optimizer(model, cfg.optim, dtype)
     sampler = training_windows(cfg.data.order, corpus.train, m.block_size, t.batch_size, cfg.seed,
                                device)
@@ -382,6 +390,9 @@ def validation_losses(run: Run) -> dict:
     weights get with the correct mask (all a model has when generating). Every rank scores its
     share of the batches."""
     model = run.model
+    if run.cfg.your_layer:  # a learner's layer: the causal loss of each position from its prefix
+        own, causal = prefix_losses(model, run.eval_batches, run.amp, run.world)
+        return {"val_loss": own, "train_loss": run.last_train_loss, "causal_val_loss": causal}
     metrics = {"val_loss": mean_loss(model, run.eval_batches, run.amp, run.world),
                "train_loss": run.last_train_loss}
     metrics["causal_val_loss"] = metrics["val_loss"]

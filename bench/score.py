@@ -50,6 +50,7 @@ class ScoreArgs:
     weights: str = "latest"          # latest (the run's end, what a record scores) | best
     cache_dir: Optional[str] = None  # where the corpus is cached (default: .cache, as training's)
     batch_size: int = 16             # windows scored at once (the score does not depend on it)
+    trust_layer: bool = False        # import the run's copy of a learner's layer (code: read it)
 
 
 @dataclass
@@ -125,13 +126,14 @@ def total_nats(model, ids: torch.Tensor, block: int, batch_size: int) -> float:
 
 
 def score_run(run: Path, weights: str = "latest", cache_dir: Optional[Path] = None,
-              batch_size: int = 16) -> Score:
+              batch_size: int = 16, trust_layer: bool = False) -> Score:
     """A finished run's Score on the held-out text, in float32 on the CPU; the corpus from the
     cache cache_dir (default: .cache)."""
     from data.config import DataConfig
-    from guard.run_dir import load_run, resolve_latest
+    from check_attention.your_layer import open_run
+    from guard.run_dir import resolve_latest
 
-    model, tokenizer, cfg = load_run(resolve_latest(run), weights, torch.device("cpu"))
+    model, tokenizer, cfg = open_run(resolve_latest(run), weights, torch.device("cpu"), trust_layer)
     model = model.float().eval()
     text = held_out_text(cfg.data, Path(cache_dir or DataConfig.cache_dir))
     ids = torch.tensor(tokenizer.encode(text, add_special_tokens=False).ids, dtype=torch.int64)
@@ -148,7 +150,8 @@ def main(argv: list[str]) -> int:
         if args.batch_size < 1:
             raise UserError(f"batch_size must be at least 1, got {args.batch_size}")
         s = score_run(Path(args.run), args.weights,
-                      Path(args.cache_dir) if args.cache_dir else None, args.batch_size)
+                      Path(args.cache_dir) if args.cache_dir else None, args.batch_size,
+                      args.trust_layer)
         print(f"{s.nats_per_char:.4f} nats/char, {s.bits_per_byte:.4f} bits/byte "
               f"({s.tokens:,} tokens, {s.chars:,} characters, {s.bytes:,} bytes"
               + ("" if s.official else "; not the real held-out text: an unofficial score") + ")")

@@ -14,8 +14,9 @@ compare.py and report.py judge and print; costs.py quotes what each mistake it n
 costs (docs/pitfall_costs.json, the studies' own file); inert.py makes every text a submission
 chose (names, messages) inert before it is shown or written.
 
-May import: safeio, model. (The checker judges against the project's own equation and pitfall
-table; sandbox/ imports nothing of the project.)
+May import: safeio, model, training, guard. (The checker judges against the project's own
+equation and pitfall table; your_layer.py puts a learner's layer into the project's GPT and its
+runs; sandbox/ imports nothing of the project.)
 """
 
 

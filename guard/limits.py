@@ -303,6 +303,32 @@ def check_config(cfg: Config, device: Optional[torch.device] = None) -> None:
         raise UserError("tokenizer.vocab_size must be at least 257 for byte-level BPE "
                         f"(256 bytes + 1 special token), got {tok.vocab_size}")
     check_package(cfg.data.package)  # it reaches pip and names files in the cache
+    if cfg.your_layer is not None or cfg.attention.name == "yours":
+        check_layer(cfg)
+
+
+def check_layer(cfg: Config) -> None:
+    """your_layer=FILE.py:NAME: a learner's layer in every block (check_attention/your_layer.py).
+    It sees x alone: no rotary tables, no KV cache, no switch of ours, and returns no weights to
+    map; so whatever of ours the run would need is refused, naming everything to set at once."""
+    if cfg.your_layer is None:  # (conf/arm/*-yours.yaml)
+        raise UserError("attention.name=yours trains your layer: give your_layer=FILE.py:NAME")
+    file, sep, name = cfg.your_layer.rpartition(":")
+    if not (sep and file.endswith(".py") and name.isidentifier()):
+        raise UserError(f"your_layer={cfg.your_layer}: give FILE.py:NAME, a file and its class")
+    m, a, t = cfg.model, cfg.attention, cfg.train
+    ours = (m.positions is Positions.rope or m.n_kv_head is not None or m.qk_norm
+            or m.attn_gate or m.window is not None)
+    fixes = [fix for fix, wrong in (
+        ("+arch=gpt2 (learned positions, none of our layer's switches)", ours),
+        ("attention=correct", not a.is_correct() or a.qk_init_std is not None),
+        ("train.cached_eval_batches=0", t.cached_eval_batches > 0),
+        ("train.attention_maps=false", t.attention_maps), ("no init_from=", cfg.init_from))
+        if wrong]
+    if fixes:
+        raise UserError(f"your_layer={cfg.your_layer} runs your layer on x alone, without our "
+                        f"rotary positions, KV cache or attention maps: set {', '.join(fixes)} "
+                        f"(+arm=leak-yours sets them)")
 
 
 def check_sampling(g) -> None:

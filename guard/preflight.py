@@ -28,14 +28,14 @@ from data.config import Order, Source, TokenizerConfig, TokenizerKind
 from data.corpus import check_split_overlap
 from guard.compose import compose_with_hydra, composing, empty_config, task_config
 from guard.limits import check_config, check_fused_kernel, check_training_fits, parse_device
-from guard.run_dir import (check_resumable, corpus_of_run, is_model_folder, is_run,
-                           load_folder_weights, read_source, resolved, resume_target,
-                           saved_config)
+from guard.run_dir import (MAX_LAYER_BYTES, check_resumable, corpus_of_run, is_model_folder,
+                           is_run, layer_copy, load_folder_weights, read_source, resolved,
+                           resume_target, saved_config)
 from model.gpt import GPT
 from safeio.cli import UserError, first_line, hydra_string
 from safeio.corpus import load_tokenizer
 from safeio.files import (MAX_CONFIG_BYTES, dump_run_config, literal, parse_run_config,
-                          read_json, why_not_creatable)
+                          read_bytes, read_json, why_not_creatable)
 from training.checkpoint import holds_checkpoints, latest_checkpoint
 from training.config import Config
 
@@ -67,10 +67,11 @@ def check_run(cfg: DictConfig, task_overrides: list[str], output_dir: Path) -> C
     (corpus_of_run). A new run's config must also read back as it will be written (config.yaml),
     its init_from folder and tokenizer file are read and checked, and its training and
     validation texts must not overlap."""
-    own = cfg.data  # this command's: its command line, or conf/
+    own, trusted = cfg.data, cfg.trust_layer  # this command's: its command line, or conf/
     if cfg.resume:
         run_dir = resume_target(cfg.resume)
         cfg = merge_saved(run_dir, cfg, task_overrides)
+        cfg.trust_layer = trusted  # (a run's config.yaml never grants it)
     else:
         run_dir = output_dir
         refuse_checkpointed(run_dir)
@@ -91,6 +92,10 @@ def check_run(cfg: DictConfig, task_overrides: list[str], output_dir: Path) -> C
         conf = start_from_folder(conf)
     device = parse_device(conf.train.device, "train.device")
     check_config(conf, device)
+    if conf.your_layer and cfg.resume:  # the run's copy of its layer checked, and the consent
+        layer_copy(run_dir, conf, trusted)
+    elif conf.your_layer:  # (train.py keeps a copy in the run: check_attention/your_layer.py)
+        read_bytes(Path(conf.your_layer.rpartition(":")[0]), "layer file", MAX_LAYER_BYTES)
     vocab = None
     if conf.tokenizer.kind is TokenizerKind.file:
         vocab = load_tokenizer(Path(conf.tokenizer.path)).get_vocab_size()
@@ -169,6 +174,8 @@ def merge_saved(run_dir: Path, cfg: DictConfig, task_overrides: list[str]) -> Di
     order = merged.data.order
     for override in task_overrides:
         key = override.lstrip("+~").split("=", 1)[0]
+        if key in ("your_layer", "your_layer_sha256"):
+            raise UserError(f"resume={run_dir} continues with the layer it trained: no {key}=")
         if key == "resume" or key.startswith("hydra.") or ("." not in key and key not in cfg):
             continue
         value = OmegaConf.select(cfg, key)

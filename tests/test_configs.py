@@ -21,8 +21,15 @@ def options(group: str) -> list[str]:
     return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
 
 
+# What a learner's arm (conf/arm/<regime>-yours.yaml) trains: lesson 02's solution.
+YOURS = "your_layer=lessons/solutions/02_heads.py:MultiHeadAttention"
+
+
 def needs(group: str, option: str) -> list[str]:
-    """The overrides an attention pitfall needs to do anything (none for other options)."""
+    """The overrides an attention pitfall needs to do anything, and a learner's arm its layer
+    (none for other options)."""
+    if group == "arm" and option.endswith("-yours"):
+        return [YOURS]
     return VARIANT_NEEDS.get(option, []) if group == "attention" else []
 
 
@@ -59,7 +66,7 @@ def test_every_group_option_composes_and_validates(group, option):
 
 @pytest.mark.parametrize("package,option", [(p, o) for p in PACKAGES for o in options(p)])
 def test_every_added_config_composes_and_validates(package, option):
-    compose([f"+{package}={option}"])
+    compose([f"+{package}={option}", *needs(package, option)])
 
 
 @pytest.mark.parametrize("variant", options("attention"))
@@ -77,13 +84,16 @@ def test_each_arm_is_its_regime_with_its_variant(arm):
     """conf/arm/<regime>-<variant>.yaml: the regime's settings with that attention variant,
     nothing else, and a run name that says both."""
     regime, variant = arm.split("-", 1)
-    assert regime in options("regime") and variant in options("attention")
-    cfg = compose([f"+arm={arm}", "seed=7"])
+    yours = variant == "yours"  # a learner's layer: what it cannot run, off (docs/your_layer.md)
+    assert regime in options("regime") and (yours or variant in options("attention"))
+    cfg = compose([f"+arm={arm}", "seed=7", *needs("arm", arm)])
     # (a leak's arm in the third study's serve regime skips its served evaluation: no decoder
     # reads ahead)
     leaky_decoding = regime == "serve" and not cfg.attention.is_causal()
-    expected = compose([f"+regime={regime}", f"attention={variant}", "seed=7",
-                        *(["train.cached_eval_batches=0"] if leaky_decoding else [])])
+    expected = compose([f"+regime={regime}", "attention=correct" if yours else
+                        f"attention={variant}", "seed=7",
+                        *(["train.cached_eval_batches=0"] if leaky_decoding or yours else []),
+                        *([YOURS, "train.attention_maps=false"] if yours else [])])
     assert without_names(cfg) == without_names(expected)
     assert cfg.attention.name == variant
     assert cfg.run_name == f"{arm}_seed7"
@@ -100,7 +110,7 @@ STUDIES = {"ablations": ("leak", "scale", "heads"), "decoding": ("decode",),
 def test_each_study_sweeps_every_arm_of_its_regimes(study):
     text = (CONF_DIR / "experiment" / f"{study}.yaml").read_text()
     for arm in options("arm"):
-        if arm.split("-", 1)[0] in STUDIES[study]:
+        if arm.split("-", 1)[0] in STUDIES[study] and not arm.endswith("-yours"):
             assert arm in text, f"+experiment={study} does not run {arm}"
     assert {r for rs in STUDIES.values() for r in rs} == set(options("regime"))
 

@@ -162,6 +162,14 @@ class Config:
     # Name shown for this run in TensorBoard's run list and HParams table (and a multirun's
     # sub-directory name).
     run_name: str = "${attention.name}_seed${seed}"
+    # FILE.py:NAME, a learner's attention class in every block in place of ours (+arm=leak-yours;
+    # docs/your_layer.md). The run keeps a copy of FILE: its config.yaml names layer/FILE.py.
+    your_layer: Optional[str] = None
+    # Written by train.py, not set by hand: the sha256 of the run's copy of its layer's file.
+    your_layer_sha256: Optional[str] = None
+    # resume= imports the run's copy of its layer (code) only with this on its command line; a
+    # run's config.yaml never grants it.
+    trust_layer: bool = False
 
 
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from data.batches import sequential_windows
+from model.attention import CausalSelfAttention
 from model.decoding import Decoder
 from model.sampling import seeded_generator
 from training.attention_maps import future_weight
@@ -43,6 +44,46 @@ def mean_loss(model, batches: list, amp, world: World = World()) -> float:
     model.train(was_training)
     total, count = all_sum([total.item(), float(count)], world)  # one host sync
     return total / count
+
+
+# Cut points per batch, at most, at which `prefix_losses` scores a position from its prefix
+# alone (docs/your_layer.md measures the cost).
+PREFIX_CUTS = 2
+
+
+@torch.no_grad()
+def prefix_losses(model, batches: list, amp, world: World = World(),
+                  cuts: int = PREFIX_CUTS) -> tuple[float, float]:
+    """(own, causal) mean cross-entropy of the (x, y) batches' tokens: as the model scores each
+    whole window, and from each token's prefix alone (the window cut after it), which needs
+    nothing of the layer: after the cut there is nothing to see. The causal mean is the own plus
+    the mean difference at cut points spread evenly over the positions, `cuts` a batch: exact for
+    a causal layer (0), each position weighed alike for any other while there are as many cuts
+    as positions, at (T + 1) / 2 windows' cost instead of every batch's T / 2."""
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    T, n = max(x.size(1) for x, _ in batches), len(batches)
+    ends = torch.linspace(1, T, min(T, cuts * n)).round().long().tolist()  # [K] positions + 1
+    sums = torch.zeros(2, device=float64_home(device), dtype=torch.float64)  # own, cut - own
+    own_count = cut_count = 0
+    for i, (x, y) in list(enumerate(batches))[world.rank::world.size]:
+        x, y = x.to(device), y.to(device)  # [B, T]
+        with amp:
+            logits = model(x)[0]  # [B, T, V]
+        own = F.cross_entropy(logits.float().transpose(1, 2), y, reduction="none")  # [B, T]
+        sums[0] += own.sum().to(sums.device).double()
+        own_count += y.numel()
+        for end in (e for e in ends[i::n] if e <= x.size(1)):  # position end - 1, from x[:, :end]
+            with amp:
+                last = model(x[:, :end])[0][:, -1]  # [B, V]
+            cut = F.cross_entropy(last.float(), y[:, end - 1], reduction="none")  # [B]
+            sums[1] += (cut - own[:, end - 1]).sum().to(sums.device).double()
+            cut_count += y.size(0)
+    model.train(was_training)
+    own_sum, gap_sum, own_count, cut_count = all_sum([*sums.tolist(), float(own_count),
+                                                       float(cut_count)], world)
+    return own_sum / own_count, own_sum / own_count + gap_sum / max(cut_count, 1)
 
 
 @torch.no_grad()
@@ -203,6 +244,8 @@ def attention_diagnostics(model, x: torch.Tensor, amp) -> list[dict]:
         _, _, weights = model(x.to(next(model.parameters()).device), return_weights=True)
     model.train(was_training)
     stats = []
+    if any(w is None for w in weights):  # a learner's layer returns none (train.py your_layer=)
+        return []
     for layer_weights in weights:  # [B, h, T, T]
         w = layer_weights.float()
         T = w.size(-1)
@@ -223,6 +266,8 @@ def qk_grad_norms(model) -> torch.Tensor:
     """
     norms = []
     for block in model.blocks:
+        if not isinstance(block.attn, CausalSelfAttention):  # a learner's layer (your_layer=)
+            return torch.zeros(0, 2, device=block.ln_1.weight.device)
         weight = block.attn.qkv.weight
         grad = weight.grad if weight.grad is not None else torch.zeros_like(weight)
         q, k, _ = block.attn.qkv_rows  # qkv stacks W_Q, W_K, W_V: rows [0, q), [q, q + k), ...

@@ -10,7 +10,8 @@ from pathlib import Path
 from safeio.cli import python_command
 from training.checkpoint import CHECKPOINTS, WEIGHTS, load_weights
 from training.config import CONF_DIR
-from training.evaluate import bits_per_char, decoded_losses, full_split_loss
+from data.batches import sequential_windows
+from training.evaluate import bits_per_char, decoded_losses, full_split_loss, prefix_losses
 from training.tb import log_attention_maps, write_hparams
 
 log = logging.getLogger("train")  # train.py's: Hydra sends it to the console and to train.log
@@ -34,7 +35,7 @@ def final_metrics(run, meter) -> dict:
     cfg, p, w, model = run.cfg, run.progress, run.writer, run.model
     metrics = {"train_time_min": p.elapsed / 60, "tokens_per_sec": meter.rate(), "steps": p.step,
                "tokens_seen": p.tokens_seen, "best_val_loss": p.best_val, "best_step": p.best_step,
-               "attention": cfg.attention.name, "leaky": run.leaky,
+               "attention": cfg.attention.name, "leaky": run.leaky, "your_layer": cfg.your_layer,
                "fewer_steps": cfg.train.fewer_steps, "eval_batches": len(run.eval_batches),
                "cached_batches": min(cfg.train.cached_eval_batches, len(run.eval_batches)),
                "log_interval": cfg.train.log_interval}
@@ -43,10 +44,14 @@ def final_metrics(run, meter) -> dict:
         load_weights(model, run.run_dir / CHECKPOINTS / "best" / WEIGHTS)
     if cfg.train.final_full_eval:
         split, block, batch = run.corpus.validation, cfg.model.block_size, cfg.train.batch_size
-        full = full_split_loss(model, split, block, batch, run.amp, run.world)
+        if cfg.your_layer:  # a learner's layer: each position from its prefix alone too
+            windows = list(sequential_windows(split, block, batch))
+            full, causal = prefix_losses(model, windows, run.amp, run.world)
+        else:
+            full = causal = full_split_loss(model, split, block, batch, run.amp, run.world)
         metrics.update(val_loss_full=full, val_bpc_full=to_bpc(run, full),
-                       causal_val_loss_full=full)
-        if run.leaky:
+                       causal_val_loss_full=causal)
+        if run.leaky and not cfg.your_layer:
             with model.attention_variant(cfg.attention.causal_variant()):
                 metrics["causal_val_loss_full"] = full_split_loss(model, split, block, batch,
                                                                   run.amp, run.world)
@@ -91,7 +96,8 @@ def report(metrics: dict, run_dir: Path) -> None:
     lines = [f"run: {run_dir}"] + [f"  {label:<{width}}  {value}" for label, value in rows]
     if metrics.get("fewer_steps"):
         lines.append(f"  fewer steps than configured: {metrics['fewer_steps']}")
-    lines.append(f"sample: {python_command()} generate.py run={run_dir} prompt='ROMEO:'")
+    lines.append(f"sample: {python_command()} generate.py run={run_dir} prompt='ROMEO:'"
+                 + (" trust_layer=true use_cache=false" if metrics.get("your_layer") else ""))
     if metrics.get("leaky") and metrics["best_step"] < metrics["steps"]:
         lines.append(f"  (attention={metrics['attention']} leaks: generate.py samples its latest "
                      f"weights, what the leak learned; generating is causal, and causally they "
@@ -125,7 +131,9 @@ def leak_message(run) -> str:
     return (f"warning: step {p.step}: the leak, not overfitting: the causal validation loss has "
             f"risen for {t.overfit_patience} evaluations ({before:.4f} -> {now:.4f}) while the "
             f"training loss fell (own validation loss "
-            f"{run.metrics.get('val_loss', math.nan):.4f}): attention={run.cfg.attention.name} "
+            f"{run.metrics.get('val_loss', math.nan):.4f}): "
+            + (f"your_layer={run.cfg.your_layer} " if run.cfg.your_layer else
+               f"attention={run.cfg.attention.name} ") +
             f"lets each position see the tokens after it, the model learns to read them, and "
             f"without them, as when generating, it does ever worse. More data or dropout would "
             f"not help; the correct mask would. The weights from before it learned to read ahead "
