@@ -30,7 +30,7 @@ from data.tokenizer import IncrementalDecoder
 from safeio.cli import UserError, first_line, parse_key_values, run_cli
 from safeio.files import MIB, read_text
 from guard.limits import check_sampling, check_top_k, parse_device, prompt_ids
-from check_attention.your_layer import open_run
+from check_attention.your_layer import NO_CACHE, open_run
 from guard.run_dir import resolve_latest
 from model.gpt import GPT
 from model.sampling import seeded_generator
@@ -75,6 +75,8 @@ def sample(argv: list[str]) -> int:
     chosen = choose_weights(run_dir, cfg.weights)
     model, tokenizer, run_cfg = open_run(run_dir, chosen.kind if chosen.kind != "folder"
                                          else "best", device, cfg.trust_layer)
+    if run_cfg.your_layer and cfg.use_cache:  # (before a prompt is echoed)
+        raise UserError(NO_CACHE)
     check_top_k(cfg.top_k, tokenizer.get_vocab_size())
     texts = read_prompts(cfg) if cfg.prompts is not None else [cfg.prompt]
     block, longer = run_cfg.model.block_size, [] if cfg.prompts is not None else None

@@ -120,9 +120,8 @@ def layer_factory(code: bytes, path: Path, name: str, m: ModelConfig) -> Callabl
 
 
 def keep_layer(cfg: Config, run_dir: Path, write: bool) -> None:
-    """A new run's your_layer= file kept in the run (layer/FILE.py; written where `write`: rank
-    0), and cfg's your_layer and your_layer_sha256 made to name that copy: what config.yaml
-    records, and what the run imports from now on (run_model)."""
+    """A new run's your_layer= file kept as layer/FILE.py (written where `write`: rank 0); cfg's
+    your_layer and your_layer_sha256 name that copy, which the run imports from now on."""
     file, _, name = cfg.your_layer.rpartition(":")
     code = read_bytes(Path(file), "layer file", MAX_LAYER_BYTES)
     copy = f"{LAYER_DIR}/{Path(file).name}"
@@ -144,7 +143,6 @@ def run_model(cfg: Config, vocab_size: int, run_dir: Path, trusted: bool) -> GPT
 
 
 def open_run(run_dir: Path, which: str, device: torch.device, trust_layer: bool):
-    """guard.run_dir.load_run for generate.py and bench.score: a run that trained a learner's
-    layer too, with the user's trust_layer=true."""
+    """load_run for generate.py and bench.score: a learner's layer's run too, if trust_layer."""
     return load_run(run_dir, which, device,
                     make=lambda cfg, vocab: run_model(cfg, vocab, run_dir, trust_layer))
