@@ -33,6 +33,7 @@ from check_attention.variants import all_variants, fit
 
 
 _one_at_a_time = threading.Lock()
+OUT_OF_MEMORY = ("can't allocate memory", "MemoryError", "Cannot allocate memory")
 
 
 @contextlib.contextmanager
@@ -94,6 +95,28 @@ def _check(file: str, name: str, opts: Options, sandbox: Optional[Sandbox],
     finally:
         if own:
             sandbox.close()
+
+
+def sandbox_for(opts: Options, reads: tuple = ()) -> Sandbox:
+    """A sandbox host for opts' device, its children held to opts.memory GiB (and `reads`)."""
+    memory = None if opts.memory is None else int(opts.memory * 2**30)
+    return Sandbox(gpu=opts.device != "cpu", memory=memory, reads=reads)
+
+
+def check_file(file: str, name: str, opts: Options, sandbox,
+               fingerprint: Optional[str] = None) -> Report:
+    """The report on FILE:NAME, every text in it inert (inert.py); a file or object the checker
+    cannot use is a report whose `error` says why (the command prints it as its one `error:`
+    line). fingerprint: what the object given to check() is made of (runner.fingerprint); the
+    file's NAME must still be that object when the sandbox imports it."""
+    try:
+        return check(file, name, opts, sandbox=sandbox, fingerprint=fingerprint).made_inert()
+    except CheckError as exc:
+        words = " ".join(str(exc).split())
+        if opts.memory is not None and opts.device == "cpu" and any(
+                w in words for w in OUT_OF_MEMORY):
+            words += f" (the layer's process may use {opts.memory:g} GiB: memory=)"
+        return Report(f"{file}:{name}", error=words).made_inert()
 
 
 # ----------------------------------------------------------------------------- the checklist

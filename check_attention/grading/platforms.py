@@ -4,7 +4,8 @@ PrairieLearn's results.json, or JUnit XML, with points and visibility per check 
     python -m check_attention SUBMISSION NAME [NAME ...] format=gradescope [weights=FILE]
 
 SUBMISSION is what the platform hands over: a folder with subfolders, a .py file or a notebook
-(submission.py finds NAME in it). The file is always written, whatever happens: the grader first
+(submission.py finds NAME in it); a course's export of several students is refused, with the
+command that grades it into a table (grade.py). The file is always written, whatever happens: the grader first
 writes a result that says it did not finish, then replaces it with the real one; a submission
 that cannot be imported is score 0 with the reason (Gradescope) or `gradable: false` (PrairieLearn:
 no attempt used). Both platforms run the grader as root; their guidance is to run students' code
@@ -12,9 +13,9 @@ as another user, so a grader started as root runs the whole check again as `nobo
 submission's path (root never opens, copies or follows anything of it), and moves into place the
 file it wrote (`as_unprivileged`).
 
-Scores: each check's points when it passes, 0 when it fails or cannot be judged (SKIP); a check
-that does not apply to this submission (N/A: a function has no W_O) counts for nothing and says
-why, and the score is the points earned over the points that apply, scaled to the full total.
+Scores (grade.Graded.score): each check's points when it passes, 0 when it fails or cannot be
+judged (SKIP); a check that does not apply to this submission (N/A: a function has no W_O) earns
+its points and says why, so that every submission is scored out of the same full total.
 """
 from __future__ import annotations
 
@@ -26,208 +27,130 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 import xml.etree.ElementTree as ET
-from dataclasses import dataclass, field, fields
+from dataclasses import fields
 from pathlib import Path
 from typing import Optional
 
-from safeio.cli import FileRefused, UserError
+from safeio.cli import UserError
 from safeio.files import read_json, read_text, write_output
-from check_attention.inert import inert
+from check_attention import costs
+from check_attention.checklist import words
+from check_attention.grading.grade import Graded, judge
+from check_attention.grading.submission import several_students
+from check_attention.grading.weights import MAX_WEIGHTS_BYTES, Weight, load_weights
 from check_attention.options import Options
-from check_attention.report import ITEM_WORDS, Report
-from check_attention.weights import MAX_WEIGHTS_BYTES, Weight, load_weights
+from check_attention.report import Report
 
 # Where each platform reads the result (and the folder that says the grader runs in its layout).
 PLACES = {"gradescope": Path("/autograder/results/results.json"),
           "prairielearn": Path("/grade/results/results.json")}
-FORMATS = (*PLACES, "junit")
 # PrairieLearn reads at most 1 MB; a results file stays below it with room to spare.
 MAX_RESULTS_BYTES = 900_000
 UNPRIVILEGED_USER = "nobody"
 AS_USER_ENV = "CHECK_ATTENTION_UNPRIVILEGED"  # set in the re-run, which must not re-run again
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 
-@dataclass
-class Graded:
-    """What grading one submission came to."""
-
-    submission: str                  # the file as the student knows it ("attn.py", "lab.ipynb")
-    name: str                        # the object looked for
-    seed: int
-    report: Optional[Report] = None  # None: the checker could not use the submission
-    reason: str = ""                 # why not, in one line
-    gradable: bool = True            # False: nothing could be imported (PrairieLearn's meaning)
-    notes: list = field(default_factory=list)  # what a notebook's reader left out
-    seconds: float = 0.0
+def _text(status: str, detail: str) -> str:
+    """What the student reads under a check's name."""
+    if status == "N/A":
+        return f"Not applicable to this submission, so counted as passed: {detail}"
+    if status == "SKIP":
+        return f"Could not be judged, so no points: {detail}"
+    return f"{'Passed' if status == 'PASS' else 'Failed'}: {detail}".rstrip(": ")
 
 
-@dataclass
-class Line:
-    """One check as a platform's test."""
-
-    key: str
-    status: str       # PASS, FAIL, SKIP, N/A
-    detail: str
-    points: float     # earned
-    max_points: float  # 0 for N/A
-    visibility: str
-
-    @property
-    def words(self) -> str:
-        return ITEM_WORDS.get(self.key, self.key)
-
-    @property
-    def text(self) -> str:
-        """What the student reads under the check's name."""
-        if self.status == "N/A":
-            return (f"Not applicable to this submission, so not counted: "
-                    f"{self.detail or 'it does not apply'}")
-        if self.status == "SKIP":
-            return f"Could not be judged, so no points: {self.detail}"
-        return f"{'Passed' if self.status == 'PASS' else 'Failed'}: {self.detail}".rstrip(": ")
-
-
-# ----------------------------------------------------------------------------- grading
-
-
-def judge(submission: Path, names: tuple[str, ...], opts: Options) -> Graded:
-    """Find NAME in the submission and check it; never raises (a grader bug is a Graded too)."""
-    from check_attention.grade import check_file, sandbox_for
-    from check_attention.submission import NotGradable, locate, staging_dir
-    start = time.monotonic()
-    graded = Graded(inert(Path(submission).name), inert(names[0]), opts.seed)
-    try:  # the sandbox's host imports torch while the submission is read
-        with sandbox_for(opts) as box, staging_dir() as staging:
-            found = locate(Path(submission), names, Path(staging))
-            graded.submission, graded.name = inert(found.shown), inert(found.name)
-            graded.notes = [inert(n) for n in found.notes]
-            report = check_file(str(found.file), found.name, opts, box)
-            report.target = inert(f"{found.shown}:{found.name}")
-            if report.error is not None:  # nothing imported: PrairieLearn uses no attempt
-                graded.reason = inert(found.where(report.error))
-                graded.gradable = not report.error.startswith(("importing ", found.file.name))
-            else:
-                graded.report = report
-    except (NotGradable, FileRefused) as exc:
-        graded.reason, graded.gradable = inert(str(exc)), False
-    except Exception as exc:  # noqa: BLE001  (a grader bug: the student still gets a result)
-        graded.reason = inert(f"the grader failed: {type(exc).__name__}: {exc}")
-        graded.gradable = False
-    graded.seconds = time.monotonic() - start
-    return graded
-
-
-def lines(graded: Graded, weights: dict[str, Weight]) -> list[Line]:
-    """Each weighted check in the checklist's order; one the checker did not run on this kind of
-    submission is N/A, and says so."""
-    items = graded.report.items if graded.report else {}
-    out = []
-    for key, weight in weights.items():
-        if weight.points <= 0:
-            continue
-        item = items.get(key)
-        status, detail = (item.status, item.detail) if item else (
-            "N/A", f"the checker does not run this check on a {graded.report.kind}")
-        earned = float(weight.points) if status == "PASS" else 0.0
-        out.append(Line(key, status, detail, earned,
-                        0.0 if status == "N/A" else float(weight.points), weight.visibility))
-    return out
-
-
-def summary(graded: Graded, rows: list[Line]) -> str:
-    """The text above the tests: the verdict, the diagnosis, what was not counted and why, what
-    the notebook reader left out, and the seed that reproduces the run."""
-    out = [f"check_attention on {graded.submission}: `{graded.name}`"]
-    if graded.report is None:
-        out.append(f"Not graded: {graded.reason}")
+def summary(graded: Graded, weights: dict[str, Weight]) -> str:
+    """The text above the tests, what a student reads: the verdict, the mistake and its fix,
+    its measured cost in a sentence, what does not apply and why, what the notebook reader left
+    out, and the seed that reproduces the run."""
+    r = graded.report
+    out = [f"check_attention on {graded.student}: `{graded.name}`"
+           + (f" in {graded.file}" if graded.file else "")]
+    if r.error is not None:
+        out.append(f"Not graded: {r.error}")
     else:
-        out.append(f"Verdict: {graded.report.verdict}")
-        out += [f"Diagnosis: {d}" for d in graded.report.diagnosis]
-        out += [f"Not counted ({r.key}): {r.detail}" for r in rows if r.status == "N/A"]
+        table = costs.load()
+        out += [f"Verdict: {r.verdict}"] + [f"Diagnosis: {d}" for d in graded.told()]
+        out += filter(None, (costs.plain(s, table) for s in r.mistakes))
+        out += [f"Not applicable ({key}), counted as passed: {detail}"
+                for key, status, detail, *_ in graded.lines(weights) if status == "N/A"]
     out += [f"Notebook: {n}" for n in graded.notes]
     out.append(f"Random probes seeded with seed={graded.seed} "
                f"(python -m check_attention FILE:{graded.name} seed={graded.seed} reproduces them)")
     return "\n".join(out)
 
 
-def totals(rows: list[Line]) -> tuple[float, float, float]:
-    """(earned, applicable, full): points earned, points of the checks that apply, all points."""
-    return (sum(r.points for r in rows), sum(r.max_points for r in rows),
-            sum(r.max_points if r.status != "N/A" else 0 for r in rows))
-
-
 # ----------------------------------------------------------------------------- the formats
 
 
 def gradescope(graded: Graded, weights: dict[str, Weight]) -> dict:
-    """Gradescope's results.json (autograder_samples docs/specs.md): `score` overrides the tests'
-    sum, so it can scale the applicable points to the assignment's full total."""
-    full = float(sum(w.points for w in weights.values() if w.points > 0))
-    if graded.report is None:
-        return {"score": 0.0, "output": summary(graded, []),
-                "execution_time": round(graded.seconds),
-                "extra_data": {"seed": graded.seed, "gradable": graded.gradable},
-                "tests": [{"name": "The submission can be checked", "score": 0.0,
-                           "max_score": full, "status": "failed", "output": graded.reason,
-                           "visibility": "visible"}]}
-    rows = lines(graded, weights)
-    earned, applicable, _ = totals(rows)
-    return {"score": round(full * earned / applicable, 4) if applicable else 0.0,
-            "output": summary(graded, rows), "execution_time": round(graded.seconds),
-            "extra_data": {"seed": graded.seed, "verdict": graded.report.outcome},
-            "tests": [{"name": r.words, "number": str(i), "score": r.points,
-                       "max_score": r.max_points,
-                       "status": "passed" if r.status in ("PASS", "N/A") else "failed",
-                       "output": r.text, "tags": [r.key], "visibility": r.visibility}
-                      for i, r in enumerate(rows, 1)]}
+    """Gradescope's results.json (autograder_samples docs/specs.md): the score is the tests' sum,
+    out of the assignment's full total."""
+    earned, full = graded.score(weights)
+    out = {"score": earned, "output": summary(graded, weights),
+           "execution_time": round(graded.seconds),
+           "extra_data": {"seed": graded.seed, "verdict": graded.report.outcome}}
+    if graded.report.error is not None:
+        out["extra_data"]["gradable"] = graded.gradable
+        out["tests"] = [{"name": "The submission can be checked", "score": 0.0,
+                         "max_score": full, "status": "failed", "output": graded.report.error,
+                         "visibility": "visible"}]
+        return out
+    kind = graded.report.kind
+    out["tests"] = [{"name": words(key, kind), "number": str(i), "score": got, "max_score": points,
+                     "status": "passed" if status in ("PASS", "N/A") else "failed",
+                     "output": _text(status, detail), "tags": [key],
+                     "visibility": weights[key].visibility}
+                    for i, (key, status, detail, got, points) in enumerate(
+                        graded.lines(weights), 1)]
+    return out
 
 
 def prairielearn(graded: Graded, weights: dict[str, Weight]) -> dict:
     """PrairieLearn's results.json (docs/externalGrading.md): score in [0, 1]; a submission that
     cannot be imported is `gradable: false` (no points lost, no attempt used). PrairieLearn has no
     visibility per test: a check not `visible` is listed with its points, its details withheld."""
-    if graded.report is None:
-        if not graded.gradable:
-            return {"gradable": False, "score": 0.0, "message": summary(graded, []),
-                    "format_errors": [graded.reason]}
-        return {"gradable": True, "score": 0.0, "message": summary(graded, []), "tests": []}
-    rows = lines(graded, weights)
-    earned, applicable, _ = totals(rows)
+    message = summary(graded, weights)
+    if graded.report.error is not None:
+        return {"gradable": False, "score": 0.0, "message": message,
+                "format_errors": [graded.report.error]} if not graded.gradable else {
+            "gradable": True, "score": 0.0, "message": message, "tests": []}
+    earned, full = graded.score(weights)
     withheld = "Details are shown after the due date."
-    return {"gradable": True, "score": round(earned / applicable, 6) if applicable else 0.0,
-            "message": summary(graded, rows),
-            "tests": [{"name": r.words, "description": r.key, "points": r.points,
-                       "max_points": r.max_points,
-                       "message": r.text if r.visibility == "visible" or r.status == "N/A"
-                       else withheld} for r in rows]}
+    return {"gradable": True, "score": round(earned / full, 6) if full else 0.0,
+            "message": message,
+            "tests": [{"name": words(key, graded.report.kind), "description": key, "points": got,
+                       "max_points": points, "message": _text(status, detail)
+                       if weights[key].visibility == "visible" or status == "N/A" else withheld}
+                      for key, status, detail, got, points in graded.lines(weights)]}
 
 
 def junit(graded: Graded, weights: dict[str, Weight]) -> str:
     """JUnit XML as `pytest --junitxml` writes it: a testcase per check (failure, skipped), or
     one error for a submission the checker could not use; the seed as a property."""
-    rows = lines(graded, weights) if graded.report else []
+    error = graded.report.error
+    rows = graded.lines(weights) if error is None else []
     suite = ET.Element("testsuite", name="check_attention", tests=str(max(len(rows), 1)),
-                       failures=str(sum(r.status == "FAIL" for r in rows)),
-                       errors=str(int(graded.report is None)),
-                       skipped=str(sum(r.status in ("SKIP", "N/A") for r in rows)),
+                       failures=str(sum(r[1] == "FAIL" for r in rows)),
+                       errors=str(int(error is not None)),
+                       skipped=str(sum(r[1] in ("SKIP", "N/A") for r in rows)),
                        time=f"{graded.seconds:.2f}")
     props = ET.SubElement(suite, "properties")
     ET.SubElement(props, "property", name="seed", value=str(graded.seed))
-    ET.SubElement(props, "property", name="submission", value=graded.submission)
-    if graded.report is None:
+    ET.SubElement(props, "property", name="submission", value=graded.student)
+    if error is not None:
         case = ET.SubElement(suite, "testcase", classname=f"check_attention.{graded.name}",
                              name="load")
-        ET.SubElement(case, "error", message=graded.reason).text = graded.reason
-    for r in rows:
+        ET.SubElement(case, "error", message=error).text = error
+    for key, status, detail, *_ in rows:
         case = ET.SubElement(suite, "testcase", classname=f"check_attention.{graded.name}",
-                             name=r.key)
-        if r.status == "FAIL":
-            ET.SubElement(case, "failure", message=r.detail).text = r.text
-        elif r.status in ("SKIP", "N/A"):
-            ET.SubElement(case, "skipped", message=r.text)
+                             name=key)
+        if status == "FAIL":
+            ET.SubElement(case, "failure", message=detail).text = _text(status, detail)
+        elif status in ("SKIP", "N/A"):
+            ET.SubElement(case, "skipped", message=_text(status, detail))
     top = ET.Element("testsuites")
     top.append(suite)
     return ET.tostring(top, encoding="unicode", xml_declaration=True) + "\n"
@@ -259,10 +182,10 @@ def render(graded: Graded, fmt: str, weights: dict[str, Weight]) -> str:
     return capped((gradescope if fmt == "gradescope" else prairielearn)(graded, weights))
 
 
-def failed_result(fmt: str, reason: str, seed: int, submission: str = "submission",
-                  name: str = "?") -> str:
+def failed_result(fmt: str, reason: str, seed: int) -> str:
     """The file written before anything else, and when the grader itself fails."""
-    graded = Graded(submission, name, seed, reason=inert(reason), gradable=False)
+    graded = Graded("submission", "?", Report("submission", error=reason), gradable=False,
+                    seed=seed)
     return render(graded, fmt, load_weights(None))
 
 
@@ -299,9 +222,17 @@ def run(submission: str, names: tuple[str, ...], opts: Options) -> int:
         if os.geteuid() == 0 and not os.environ.get(AS_USER_ENV):
             text, graded_ok = as_unprivileged(submission, names, opts)
         else:
+            several = several_students(Path(submission), names)
+            if several:
+                raise UserError(
+                    f"{submission} holds {len(several)} students' submissions ("
+                    f"{', '.join(several[:3])}{', ...' * (len(several) > 3)}); format= grades "
+                    f"one: give it one student's folder, or grade them all into a table with "
+                    f"python -m check_attention {submission} {' '.join(names)} out=grades.csv")
             graded = judge(Path(submission), names, opts)
-            print(graded.report.text if graded.report else f"not graded: {graded.reason}")
-            text, graded_ok = render(graded, opts.format, weights), graded.report is not None
+            print(graded.report.text if graded.report.error is None else
+                  f"not graded: {graded.report.error}")
+            text, graded_ok = render(graded, opts.format, weights), graded.report.error is None
     except UserError as exc:  # the instructor's weights file, say
         write(path, failed_result(opts.format, f"the grader is misconfigured: {exc}", opts.seed))
         raise
