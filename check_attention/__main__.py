@@ -5,21 +5,12 @@
     python -m check_attention submissions/ Name [Name ...] [weights=FILE] [out=grades.csv]
     python -m check_attention SUBMISSION Name [Name ...] format=gradescope [weights=FILE]
 
-Name is a causal self-attention nn.Module class, built as Name(d_model, n_head) (or with the
-usual spellings: n_embd, num_heads, embed_dim, head_size, a nanoGPT-style config, ...), a
-zero-argument factory returning one, or a scaled dot-product function f(q, k, v, mask); without
-it, the one class (else function) the file defines. One file: one PASS / FAIL line per check, a
-diagnosis naming the mistake, and a verdict (verbose=true adds how the sandbox shuts the code
-in). A notebook is checked on its code cells' definitions (check_attention/notebook.py). A
-folder is a course's submissions (one file or notebook, or one folder, per student; Gradescope's
-export named by its metadata): each checked on the first of the Names it defines, in parallel,
-as one Markdown table with scores (out= also writes it as .md, .csv or .json); a broken one is a
-row that says why. format=gradescope, prairielearn or junit grades one submission (a folder
-with subfolders, a .py file or a notebook) into the platform's results file (docs/grading.md).
-Exit status: 0 every check passes (for every submission), 1 a check fails or could not be
-judged (or a submission could not be used, in a folder), 2 a mistake in the command, or the one
-file cannot be used (one `error:` line). Each file runs in a sandboxed child process; see
-docs/check_attention.md.
+Name: an nn.Module class built as Name(d_model, n_head) (or the usual spellings, a nanoGPT
+config), a zero-argument factory, or a scaled dot-product function f(q, k, v, mask); without it,
+the one class (else function) the file defines. A folder is a course's submissions, graded into
+one table; format= grades one submission for a platform. Exit status: 0 every check passes, 1 a
+check fails or could not be judged, 2 a mistake in the command or a file that cannot be used (one
+`error:` line). docs/check_attention.md and docs/grading.md say the rest.
 """
 from __future__ import annotations
 

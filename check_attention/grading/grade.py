@@ -1,12 +1,7 @@
 """Grade submissions: `judge` checks one (a .py file, a notebook, a student's folder) into a
-`Graded`, whatever happens, and `grade` a course's export (grading/submission.py: a folder of
-files, or of students' folders) into one table, printed as Markdown and written as Markdown, CSV
-or JSON (`out=`), one row per student with the score (weights.py) and the diagnosis.
-
-Each submission is checked as the command checks one (checks.check): in a fresh sandboxed
-child, with the time limit `timeout=` and the memory limit `memory=`; one the checker cannot use
-(a syntax error, no such NAME, a crash, a timeout) is a row whose diagnosis says why, like any
-other. The submissions are spread over `workers=` processes, each with its own sandbox host: the
+`Graded`, whatever happens (a submission the checker cannot use is a row that says why), and
+`grade` a course's export into one table (Markdown, CSV or JSON), one row per student with its
+score and diagnosis, spread over `workers=` processes, each with its own sandbox host: the
 references are computed in the checker's process, so threads would wait on each other.
 """
 from __future__ import annotations
@@ -20,7 +15,9 @@ import multiprocessing
 import os
 import signal
 import sys
+import tempfile
 import time
+from collections import Counter
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,8 +27,7 @@ from safeio.files import write_output
 from check_attention.checklist import ITEM_WORDS, words
 from check_attention.checks import check_file, sandbox_for
 from check_attention.costs import PREFIX
-from check_attention.grading.submission import (NotGradable, locate, outside_link, staging_dir,
-                                                submissions)
+from check_attention.grading.submission import NotGradable, locate, outside_link, submissions
 from check_attention.grading.weights import Weight, load_weights
 from check_attention.inert import NAME_LIMIT, csv_cell, inert, markdown_cell
 from check_attention.options import Options
@@ -108,7 +104,7 @@ def judge(submission, names: tuple[str, ...], opts: Options, sandbox=None,
             raise FileRefused(refused)
         # the sandbox's host imports torch while the submission is read
         with contextlib.nullcontext(sandbox) if sandbox else sandbox_for(opts) as box, \
-                staging_dir() as staging:
+                tempfile.TemporaryDirectory(prefix="check_attention-submission-") as staging:
             found = locate(path, names, Path(staging))
             graded.update(name=found.name, file=found.shown, notes=found.notes)
             graded["report"] = report = check_file(str(found.file), found.name, opts, box)
@@ -224,11 +220,9 @@ def markdown(rows: list[Graded], weights: dict) -> str:
     head, cells = table(rows, weights)
     lines = ["| " + " | ".join(map(markdown_cell, head)) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(map(markdown_cell, row)) + " |" for row in cells]
-    counts = {}
-    for row in rows:
-        counts[row.report.outcome] = counts.get(row.report.outcome, 0) + 1
+    counts = sorted(Counter(row.report.outcome for row in rows).items())
     lines += ["", f"{len(rows)} submission{'s' * (len(rows) != 1)}: "
-              + ", ".join(f"{n} {outcome}" for outcome, n in sorted(counts.items())), ""]
+              + ", ".join(f"{n} {outcome}" for outcome, n in counts), ""]
     kinds = {row.report.kind for row in rows if row.report.error is None} or {"module"}
     lines += [f"- {key}: {' / '.join(dict.fromkeys(words(key, k) for k in sorted(kinds)))}"
               for key in item_keys(rows)]
@@ -269,7 +263,6 @@ def write_table(rows: list[Graded], out: str, folder: str, names: tuple[str, ...
     through a symbolic link (safeio.files.write_output: the folder's submitters may have planted
     one at that name)."""
     path, weights = Path(out), load_weights(opts.weights)
-    suffix = path.suffix.lower()
-    text = (csv_text(rows, weights) if suffix == ".csv" else json_text(
-        rows, folder, names, opts, weights) if suffix == ".json" else markdown(rows, weights) + "\n")
+    text = {".csv": lambda: csv_text(rows, weights), ".md": lambda: markdown(rows, weights) + "\n",
+            ".json": lambda: json_text(rows, folder, names, opts, weights)}[path.suffix.lower()]()
     write_output(path, text, "out=", opts.overwrite)

@@ -1,21 +1,9 @@
 """One student's submission graded for a course platform: Gradescope's results.json,
 PrairieLearn's results.json, or JUnit XML, with points and visibility per check (weights.py).
-
-    python -m check_attention SUBMISSION NAME [NAME ...] format=gradescope [weights=FILE]
-
-SUBMISSION is what the platform hands over: a folder with subfolders, a .py file or a notebook
-(submission.py finds NAME in it); a course's export of several students is refused, with the
-command that grades it into a table (grade.py). The file is always written, whatever happens: the grader first
-writes a result that says it did not finish, then replaces it with the real one; a submission
-that cannot be imported is score 0 with the reason (Gradescope) or `gradable: false` (PrairieLearn:
-no attempt used). Both platforms run the grader as root; their guidance is to run students' code
-as another user, so a grader started as root runs the whole check again as `nobody`, handed the
-submission's path (root never opens, copies or follows anything of it), and moves into place the
-file it wrote (`as_unprivileged`).
-
-Scores (grade.Graded.score): each check's points when it passes, 0 when it fails or cannot be
-judged (SKIP); a check that does not apply to this submission (N/A: a function has no W_O) earns
-its points and says why, so that every submission is scored out of the same full total.
+The results file is written first, saying the grader did not finish, then replaced, so that it
+exists whatever happens; a grader started as root (as both platforms run it) runs the check
+again as `nobody`, handed only the submission's path (`as_unprivileged`). Scores and what the
+student reads: docs/grading.md.
 """
 from __future__ import annotations
 
@@ -205,18 +193,15 @@ def results_path(opts: Options) -> Path:
     return place
 
 
-def write(path: Path, text: str, overwrite: bool = True) -> None:
-    write_output(path, text, "out=", overwrite)
-
-
 def run(submission: str, names: tuple[str, ...], opts: Options) -> int:
     """Grade one submission into the platform's file; the file exists whatever happens after the
     first write. An existing out= is replaced only with overwrite=true (the platform's own place
     always). Exit status: 0 when the results file holds a grade, 1 when it says why not."""
     path = results_path(opts)
-    write(path, failed_result(opts.format, "the grader did not finish (killed, out of time or "
-                                           "out of memory?)", opts.seed),
-          opts.overwrite or not opts.out)
+    def write(text: str, overwrite: bool = True) -> None:
+        write_output(path, text, "out=", overwrite)
+    write(failed_result(opts.format, "the grader did not finish (killed, out of time or out of "
+                                     "memory?)", opts.seed), opts.overwrite or not opts.out)
     try:
         weights = load_weights(opts.weights)
         if os.geteuid() == 0 and not os.environ.get(AS_USER_ENV):
@@ -234,13 +219,13 @@ def run(submission: str, names: tuple[str, ...], opts: Options) -> int:
                   f"not graded: {graded.report.error}")
             text, graded_ok = render(graded, opts.format, weights), graded.report.error is None
     except UserError as exc:  # the instructor's weights file, say
-        write(path, failed_result(opts.format, f"the grader is misconfigured: {exc}", opts.seed))
+        write(failed_result(opts.format, f"the grader is misconfigured: {exc}", opts.seed))
         raise
     except BaseException as exc:
-        write(path, failed_result(opts.format, f"the grader failed: {type(exc).__name__}: {exc}",
-                                  opts.seed))
+        write(failed_result(opts.format, f"the grader failed: {type(exc).__name__}: {exc}",
+                            opts.seed))
         raise
-    write(path, text)
+    write(text)
     print(f"wrote {path} (seed {opts.seed})", file=sys.stderr)
     return 0 if graded_ok else 1
 

@@ -1,29 +1,15 @@
 """What a student hands in, and what a course's platform hands over: a .py file, a notebook, or
-a folder of them with subfolders (`locate` finds the object to check in it); and a course's
-export, a folder of every student's submissions (`submissions`).
-
-`locate` reads each file's syntax tree (nothing of it runs in the checker's process) and a
-notebook's code cells through the reader the lessons use (notebook.py: definitions only, IPython
-magics and shell lines never run); a notebook is checked as the .py module that reader makes of
-it, written to a directory of its own. A submission without the name is reported with the names
-it does define, so that a student who called the class `Attention` instead of
-`CausalSelfAttention` reads why they got no points.
-
-A course's export comes in one of three layouts (docs/grading.md), each read as it is:
-
-    flat            every student's .py file or notebook in one folder (Canvas, PrairieLearn's
-                    "download all", a course's own): a submission per file, named by the file
-    per student     a folder per student, each with its files and subfolders (Moodle's "download
-                    all submissions"): a submission per folder, named by the folder
-    Gradescope      folders submission_<id> and submission_metadata.yml, which names who made
-                    each ("Export Submissions"): named by the metadata's names
+a folder of them with subfolders (`locate` finds the object to check in it, reading syntax trees
+only: nothing of it runs in the checker's process, and a notebook is read as notebook.py's module
+of its code cells); and a course's export, a folder of every student's submissions
+(`submissions`): files side by side, a folder per student, or Gradescope's folders named by its
+submission_metadata.yml (docs/check_attention.md, "Grading a folder").
 """
 from __future__ import annotations
 
 import ast
 import os
 import re
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -172,7 +158,8 @@ def locate(submission: Path, names: tuple[str, ...], staging: Path) -> Located:
             shown = str(path.relative_to(top))
             if got.module is None:
                 return Located(path, name, shown)
-            staged = Path(staging) / f"{_identifier(path.stem)}_ipynb.py"
+            stem = re.sub(r"\W", "_", path.stem)  # a module's name: 'Lab 3 - x' -> 'Lab_3___x'
+            staged = Path(staging) / f"{'nb_' * (not stem or stem[0].isdigit())}{stem}_ipynb.py"
             staged.write_text(got.module.source, encoding="utf-8")
             return Located(staged, name, shown, got.module.notes, got.module)
     for name in names:  # defined where the text does not parse: that is the reason
@@ -189,17 +176,6 @@ def locate(submission: Path, names: tuple[str, ...], staging: Path) -> Located:
               for p, g in read.items() if g.broken and not g.module]
     raise NotGradable(f"no file of the submission defines {wanted} ("
                       + ("; ".join(found) or "no class or function was found in it") + ")")
-
-
-def _identifier(stem: str) -> str:
-    """A notebook's name as a module name ('Lab 3 - attention' -> 'Lab_3___attention')."""
-    out = re.sub(r"\W", "_", stem)
-    return out if out and not out[0].isdigit() else f"nb_{out}"
-
-
-def staging_dir() -> tempfile.TemporaryDirectory:
-    """Where a notebook's module is written: a directory of its own, removed after the check."""
-    return tempfile.TemporaryDirectory(prefix="check_attention-submission-")
 
 
 def outside_link(file: Path) -> Optional[str]:
