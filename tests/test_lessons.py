@@ -344,7 +344,7 @@ MISTAKES = [
      {"causal", "equation"}, "heads are split by reshaping to (B, 4, T, 16), which mixes "
                              "positions and heads, instead of .view(B, T, 4, 16).transpose(1, 2)"),
     ("02_heads", "no W_O", "return self.W_O(y)", "return y", {"w_o", "equation"},
-     "W_O is defined but never applied: the concatenated heads are the output"),
+     "The mistake: the concatenated heads are the output: W_O is never applied"),
     ("02_heads", "divided by sqrt(d_model)", "causal_pattern(T, T))",
      "causal_pattern(T, T), scale=d_model ** -0.5)", {"scale", "equation"},
      "scores are divided by sqrt(d_model) = 8.0, not sqrt(d_k) = 4.0"),
