@@ -1,7 +1,7 @@
 """What a check found, item by item, and how it is printed: the checklist's own words, then
 PASS / FAIL / SKIP (could not be judged) / N/A (does not apply) and the detail, a diagnosis and
 the verdict. A file or object the checker could not use is a report too (`error`), so that a
-folder of submissions (grade.py) and a course's own tests (`check`) see every file the same way."""
+folder of submissions (grading/) and a course's own tests (`check`) see every file the same way."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace

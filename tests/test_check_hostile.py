@@ -450,7 +450,7 @@ def test_a_folder_graded_from_inside_imports_none_of_it_outside_the_sandbox(tmp_
     result = subprocess.run([sys.executable, "-m", "check_attention", ".", "CausalSelfAttention",
                              "workers=2"], cwd=tmp_path, env=env, capture_output=True, text=True,
                             timeout=600)
-    assert "| fused.py | CausalSelfAttention | PASS |" in result.stdout, result.stderr
+    assert "| fused.py | fused.py | CausalSelfAttention | 16.00 | PASS |" in result.stdout, result.stderr
     assert not marker.exists(), marker.read_text()
 
 
