@@ -99,13 +99,13 @@ def judge(submission, names: tuple[str, ...], opts: Options, sandbox=None,
     graded = dict(student=student or path.name, name=names[0] if names else "?",
                   report=report, seed=opts.seed)
     try:
-        refused = student and outside_link(path)  # a course's: only the files in its folder
-        if refused:
+        if student and (refused := outside_link(path)):  # a course's: only its folder's files
             raise FileRefused(refused)
         # the sandbox's host imports torch while the submission is read
         with contextlib.nullcontext(sandbox) if sandbox else sandbox_for(opts) as box, \
-                tempfile.TemporaryDirectory(prefix="check_attention-submission-") as staging:
-            found = locate(path, names, Path(staging))
+                contextlib.ExitStack() as stack:  # a notebook's module: in a folder of its own
+            found = locate(path, names, lambda: stack.enter_context(tempfile.TemporaryDirectory(
+                prefix="check_attention-submission-")))
             graded.update(name=found.name, file=found.shown, notes=found.notes)
             graded["report"] = report = check_file(str(found.file), found.name, opts, box)
             report.target = f"{found.shown}:{found.name}"

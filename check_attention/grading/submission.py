@@ -121,11 +121,11 @@ def _read(path: Path) -> _Read:
         return _Read(set(), None, [f"{type(exc).__name__}: {exc}"], source)
 
 
-def locate(submission: Path, names: tuple[str, ...], staging: Path) -> Located:
+def locate(submission: Path, names: tuple[str, ...], staging) -> Located:
     """The first of `names` found in the submission (a .py or .ipynb file, or a folder searched
     with its subfolders in path order), as a .py file the sandbox can import: the file itself,
-    or the module made of a notebook's code cells, written into `staging`. No names (a file
-    given without :NAME): the one class or function it defines. Raises NotGradable (nothing to
+    or a notebook's module, written into `staging` (a folder, or a function making one). No
+    names (FILE without :NAME): the one class or function it defines. Raises NotGradable (nothing to
     import: the reason, with the names that were found) or FileRefused."""
     submission = Path(submission)
     if not os.access(submission, os.R_OK):  # (graded as nobody: a folder only root may enter)
@@ -159,7 +159,8 @@ def locate(submission: Path, names: tuple[str, ...], staging: Path) -> Located:
             if got.module is None:
                 return Located(path, name, shown)
             stem = re.sub(r"\W", "_", path.stem)  # a module's name: 'Lab 3 - x' -> 'Lab_3___x'
-            staged = Path(staging) / f"{'nb_' * (not stem or stem[0].isdigit())}{stem}_ipynb.py"
+            staged = Path(staging() if callable(staging) else staging) / \
+                f"{'nb_' * (not stem or stem[0].isdigit())}{stem}_ipynb.py"
             staged.write_text(got.module.source, encoding="utf-8")
             return Located(staged, name, shown, got.module.notes, got.module)
     for name in names:  # defined where the text does not parse: that is the reason
