@@ -22,6 +22,7 @@ class Check:
     passes: str = ""        # the sheet's items: the detail when it passes ({d_k}, {o}: filled in)
     points: float = 1
     visibility: str = "visible"
+    function: str = ""      # its line for a scaled dot-product function, where that differs
 
 
 CHECKS = (
@@ -38,12 +39,14 @@ CHECKS = (
           "that variant, else a fitted mask value, else the outputs alone",
           "future keys get weight 0"),
     Check("shape", "Output shape is [n, d_model] regardless of head count",
-          "the output's shape for several head counts (and d_v != d_k for a function)"),
+          "the output's shape for several head counts (and d_v != d_k for a function)",
+          function="Output shape is [n, d_v] regardless of head count"),
     Check("causal", "Causality: no future position changes an earlier output",
           "each position changed in turn, then every 16th past 64", points=2),
     Check("equation", "Matches the equation: softmax(QK^T / sqrt(d_k) + M) V per head, "
                       "concatenated, then W_O",
-          "a variant of ours without a mistake reproduces the output", points=2),
+          "a variant of ours without a mistake reproduces the output", points=2,
+          function="Matches the equation: softmax(QK^T / sqrt(d_k) + M) V"),
     Check("backward", "Backward: the gradients match autograd on the equation in float64",
           "autograd through that reference, float64 and the layer's dtype", visibility=LATER),
     Check("lengths", "Lengths past one tile: the output is right at every length",
@@ -61,4 +64,10 @@ CHECKS = (
           "a function taking a mask, at n_q = 1, n_k = 9 and 5, 12", visibility=LATER),
 )
 ITEM_WORDS = {c.key: c.words for c in CHECKS}
+
+
+def words(key: str, kind: str = "module") -> str:
+    """The check's line for a module or a function (no heads, no W_O), or the key itself."""
+    c = next((c for c in CHECKS if c.key == key), None)
+    return key if c is None else c.function if kind == "function" and c.function else c.words
 SHEET = tuple(c.key for c in CHECKS if c.passes)  # the items a variant of ours decides

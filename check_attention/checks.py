@@ -1,12 +1,8 @@
 """The cheat sheet's checklist, run on someone's attention: probes, comparisons, verdict.
 
-Black-box checks need nothing but the layer's outputs on seeded random inputs: causality (change
-one position, see which earlier outputs move), the output's shape for several head counts, and
-whether identical tokens give identical outputs at every position (they do exactly when each row
-of attention weights sums to 1). White-box checks read the layer's weights in every layout
-(layouts.py) and find which of our variants (variants.py) reproduces its output (diagnosis.py),
-which decides the sheet's items (checklist.py). Every comparison (compare.py) is in float64
-against the layer's output, with a tolerance set by the layer's dtype.
+Black-box checks need only the layer's outputs on seeded random inputs (causality, the shape,
+identical tokens at every position); white-box ones read its weights (layouts.py) and find which
+of our variants reproduces it (diagnosis.py), which decides the sheet's items (checklist.py).
 """
 from __future__ import annotations
 
@@ -33,6 +29,7 @@ from check_attention.variants import all_variants, fit
 
 
 _one_at_a_time = threading.Lock()
+OUT_OF_MEMORY = ("can't allocate memory", "MemoryError", "Cannot allocate memory")
 
 
 @contextlib.contextmanager
@@ -55,16 +52,9 @@ def check(file: str, name: str, opts: Options, sandbox: Optional[Sandbox] = None
           fingerprint: Optional[str] = None) -> Report:
     """Run the checklist on FILE:NAME. Raises CheckError when the file or object is unusable.
     fingerprint: the object check() was given (runner.fingerprint), which NAME must still be."""
-    with _callers_state_kept():
-        return _check(file, name, opts, sandbox, fingerprint)
-
-
-def _check(file: str, name: str, opts: Options, sandbox: Optional[Sandbox],
-           fingerprint: Optional[str]) -> Report:
-    own = sandbox is None
-    if own:
-        sandbox = Sandbox(gpu=opts.device != "cpu")
-    try:
+    own = Sandbox(gpu=opts.device != "cpu") if sandbox is None else contextlib.nullcontext()
+    with _callers_state_kept(), own as made:  # without one: a host of its own, closed after
+        sandbox = made or sandbox
         if opts.device != "cpu" and not sandbox.gpu:
             raise CheckError(f"device={opts.device} needs a sandbox started with gpu=True")
         try:
@@ -91,9 +81,28 @@ def _check(file: str, name: str, opts: Options, sandbox: Optional[Sandbox],
             "" if before is None else "; no Landlock here: the project's files were checked "
                                       "unchanged after")
         return report
-    finally:
-        if own:
-            sandbox.close()
+
+
+def sandbox_for(opts: Options, reads: tuple = ()) -> Sandbox:
+    """A sandbox host for opts' device, its children held to opts.memory GiB (and `reads`)."""
+    memory = None if opts.memory is None else int(opts.memory * 2**30)
+    return Sandbox(gpu=opts.device != "cpu", memory=memory, reads=reads)
+
+
+def check_file(file: str, name: str, opts: Options, sandbox,
+               fingerprint: Optional[str] = None) -> Report:
+    """The report on FILE:NAME, every text in it inert (inert.py); a file or object the checker
+    cannot use is a report whose `error` says why (the command prints it as its one `error:`
+    line). fingerprint: what the object given to check() is made of (runner.fingerprint); the
+    file's NAME must still be that object when the sandbox imports it."""
+    try:
+        return check(file, name, opts, sandbox=sandbox, fingerprint=fingerprint).made_inert()
+    except CheckError as exc:
+        words = " ".join(str(exc).split())
+        if opts.memory is not None and opts.device == "cpu" and any(
+                w in words for w in OUT_OF_MEMORY):
+            words += f" (the layer's process may use {opts.memory:g} GiB: memory=)"
+        return Report(f"{file}:{name}", error=words).made_inert()
 
 
 # ----------------------------------------------------------------------------- the checklist

@@ -1,27 +1,21 @@
 """Notebooks as modules: the code cells of a .ipynb file, or the cells a running Jupyter kernel
-has executed, read as the source of one module that defines what the cells define and runs
-nothing else.
+has executed, read as one module that defines what the cells define and runs nothing else.
 
 A learner's notebook trains, plots and prints at its top level; the checker wants only the layer.
 So each code cell is parsed (nothing of it runs here) and only its definitions are kept: imports,
 `def` and `class` statements, and assignments of simple constants (`D_MODEL = 64`, `N = D_MODEL
 // 4`: literals, names bound above, arithmetic; no calls). A training loop, a plot, a call, an
-`if __name__ == "__main__":` block are left out, so checking a notebook never runs them. IPython's
-own syntax is not Python and never runs either: a cell magic (`%%time`, `%%bash`: the whole cell)
-is left out, and a line magic (`%matplotlib inline`), a shell line (`!pip install ...`, `files =
-!ls`) or a help line (`obj?`) becomes `pass`, so that the cell's line numbers stay its own. A
-cell that still does not parse is left out, and said so. Cells are read in order, so a later
-definition overrides an earlier one, as it does in the kernel.
+`if __name__ == "__main__":` block are left out. IPython's own syntax never runs either: a cell
+magic (`%%time`, `%%bash`) leaves the whole cell out, and a line magic (`%matplotlib inline`), a
+shell line (`!pip install ...`, `files = !ls`) or a help line (`obj?`) becomes `pass`, so that
+the cell's line numbers stay its own. A cell that still does not parse is left out, and said so.
+Cells are read in order: a later definition overrides an earlier one, as in the kernel.
 
-Two callers:
-
-  - `notebook_source(path)`: a .ipynb file (a submission, a lesson) as a .py source text, for the
-    checker to run in its sandbox like any file. Read through safeio's bounded reader, without
-    nbformat: the checker is installed with requirements.txt alone, and the format it needs (a
-    JSON object whose `cells` each have a `cell_type` and a `source`) is two fields;
-  - `check_exercise(name)`: in a lesson, the learner's code as the kernel ran it (IPython's raw
-    input history), written to a temporary .py file and checked with `check("file.py:name")`;
-    it prints the verdict and the mistake in a sentence, never a traceback.
+`notebook_source(path)` reads a .ipynb file (a submission, a lesson) through safeio's bounded
+reader, without nbformat (the checker needs two fields of the format: `cells`, each with its
+`cell_type` and `source`); `check_exercise(name)`, in a lesson, checks the learner's code as the
+kernel ran it (IPython's raw input history) and prints the verdict, the mistake and its fix in a
+few sentences, never a traceback. `binds` is the one reader of a file's top-level names.
 """
 from __future__ import annotations
 
@@ -185,13 +179,21 @@ def _constant(node: ast.stmt, bound: set[str]) -> bool:
             and _names_read(value) <= bound | set(dir(builtins)))
 
 
-def _binds(node: ast.stmt) -> set[str]:
+def binds(node: ast.stmt) -> set[str]:
+    """The names a top-level statement binds (an import, a def or class, an assignment), inside
+    if/try/with/for/while blocks too: a file's top-level names, read from its syntax tree."""
     if isinstance(node, (ast.Import, ast.ImportFrom)):
         return {(a.asname or a.name).split(".")[0] for a in node.names if a.name != "*"}
     if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
         return {node.name}
-    targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-    return {t.id for t in targets}
+    if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        return {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+    if not isinstance(node, (ast.If, ast.Try, ast.With, ast.For, ast.While)):
+        return set()
+    inner = [s for part in ("body", "orelse", "finalbody") for s in getattr(node, part, [])]
+    return set().union(*map(binds, inner + [s for h in getattr(node, "handlers", [])
+                                            for s in h.body]))
 
 
 # ----------------------------------------------------------------------------- the module
@@ -221,7 +223,7 @@ def module_of(cells: list[Cell], folder: Optional[str] = None) -> Module:
                                            ast.AsyncFunctionDef, ast.ClassDef))
             if not (definition or _constant(node, module.bound)):
                 continue  # top-level work: never run when checked
-            module.bound |= _binds(node)
+            module.bound |= binds(node)
             first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
             if node.end_lineno == first == node.lineno:  # one line: maybe one of `a; b`
                 kept.append(([ast.get_source_segment(text, node)], first))
@@ -304,28 +306,34 @@ def explain_error(name: str, error: str, module: Module, cells: list[Cell]) -> s
 
 
 def explain(name: str, report) -> str:
-    """A checker's Report as a few sentences for a beginner: the verdict, what the checker found
-    (the mistake it names), and which checks fail."""
-    from check_attention.report import ITEM_WORDS  # noqa: PLC0415
+    """A checker's Report as a few sentences for a learner: the verdict, counted over the checks
+    that apply to this kind of code (the same count for a wrong and a right attempt), then the
+    mistake, its fix, what showed it, the checks that fail, and what it costs in a sentence."""
+    from check_attention import costs  # noqa: PLC0415
+    from check_attention.checklist import SHEET, words  # noqa: PLC0415
+    items = report.items
+    judged = sum(i.status != "N/A" for i in items.values())
     if report.passed:
-        return (f"`{name}` passes: {report.verdict.split(' (')[1].rstrip(')')}. It computes the "
-                f"cheat sheet's equation.")
-    failed = [(key, item) for key, item in report.items.items() if item.status == "FAIL"]
-    skipped = [(key, item) for key, item in report.items.items() if item.status == "SKIP"]
-    lines = [f"`{name}` is not right yet: {report.verdict}."]
-    found = []
-    for _, item in failed:
-        if item.detail and item.detail not in found:
-            found.append(item.detail)
-    if found:
-        lines += ["What the checker found:"] + [f"  - {words}" for words in found]
-    if failed:
-        lines += ["Checks that fail:"] + [f"  - {ITEM_WORDS.get(k, k)}" for k, _ in failed]
-    elif skipped:
-        lines += ["Checks it could not judge:"] + [
-            f"  - {ITEM_WORDS.get(k, k)}: {item.detail}" for k, item in skipped]
-    lines += [f"Diagnosis: {d}." for d in report.diagnosis]
-    return "\n".join(lines)
+        return (f"`{name}` passes all {judged} checks: it computes the equation of the cheat "
+                f"sheet (docs/cheat_sheet.md).")
+    failed = {k: i.detail for k, i in items.items() if i.status == "FAIL"}
+    if not failed:
+        return "\n".join([f"`{name}` could not be fully checked: {report.verdict}.",
+                          "Checks it could not judge:"] + [
+            f"  - {words(k, report.kind)}: {i.detail}" for k, i in items.items()
+            if i.status == "SKIP"])
+    cause = [failed["equation"]] if "equation" in failed else [
+        d for k, d in failed.items() if k != "causal" and d]
+    fix = "; ".join(words(k, report.kind) for k in SHEET if k in failed)
+    fix = fix[:1].lower() + fix[1:] if fix[1:2].islower() else fix
+    lines = [f"`{name}` is not right yet: {len(failed)} of its {judged} checks fail."]
+    lines += [f"The mistake: {'; '.join(cause)}."] if cause else []
+    lines += [f"The fix: {fix}."] if fix else []
+    lines += [f"What shows it: {failed['causal']}."] if failed.get("causal") else []
+    lines += ["Checks that fail:"] + [f"  - {words(k, report.kind)}" for k in failed]
+    table = costs.load()
+    return "\n".join(lines + list(filter(None, (costs.plain(s, table)
+                                                for s in report.mistakes))))
 
 
 def check_cells(name: str, cells: list[Cell], folder: Optional[str] = None,

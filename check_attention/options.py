@@ -55,8 +55,9 @@ class Options:
     # grade one submission (a folder, a .py file or a notebook) for a platform: gradescope,
     # prairielearn or junit, written to out= or where the platform reads it (docs/grading.md)
     format: Optional[str] = None
-    # format=: a file of `check = points [visibility]` lines (default: docs/grading.md's table)
+    # grading: a file of `check = points [visibility]` lines (default: docs/grading.md's table)
     weights: Optional[str] = None
+    verbose: bool = False      # one file's report: also how the sandbox shuts the code in
 
 
 # The range of each number, and why its ends are where they are. The causality check runs the
@@ -68,7 +69,7 @@ RANGES = {"d_model": (1, 8192), "n_head": (1, 8192), "seq_len": (2, 512), "batch
           "timeout": (0.0, 86400.0),  # seconds, above 0: a day at most
           "memory": (0.0, 1024.0)}  # GiB, above 0
 MAX_PROBE_BYTES = 2 << 30
-GRADING_ONLY = ("workers", "out")  # keys that mean something only for a folder (or format=)
+GRADING_ONLY = ("workers", "out", "weights")  # keys that mean something only for grading
 
 
 def probe_bytes(opts: Options) -> int:
@@ -98,14 +99,11 @@ def check_options(opts: Options) -> Options:
         raise UserError(f"mask must be keep, drop, add or auto, got {opts.mask!r}")
     if not (isinstance(opts.device, str) and re.fullmatch(r"cpu|cuda(:\d+)?|mps", opts.device)):
         raise UserError(f"device must be cpu, cuda, cuda:N or mps, got {opts.device!r}")
-    for key in ("overwrite", "llama_weights"):
+    for key in ("overwrite", "llama_weights", "verbose"):
         if not isinstance(getattr(opts, key), bool):
             raise UserError(f"{key} must be true or false, got {getattr(opts, key)!r}")
     if opts.format is not None and opts.format not in FORMATS:
         raise UserError(f"format must be one of {', '.join(FORMATS)}, got {opts.format!r}")
-    if opts.weights is not None and opts.format is None:
-        raise UserError("weights= gives points to a platform's results: add format=gradescope, "
-                        "format=prairielearn or format=junit")
     endings = (FORMATS[opts.format],) if opts.format else OUTPUTS
     if opts.out is not None and not (isinstance(opts.out, str)
                                      and opts.out.lower().endswith(endings)):

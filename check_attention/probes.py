@@ -301,8 +301,8 @@ def run(t, report, found) -> None:
 def _large_scores(t, report, ref, x, sigmas, outs, y) -> None:
     """The last position changed at each large scale: earlier outputs must not move."""
     if report.items.get("causal") and report.items["causal"].status == "FAIL":
-        report.set("large_scores", "N/A", "the future already leaks at ordinary scales (see "
-                                          "Causality)")
+        report.set("large_scores", "SKIP", "not judged: the future already leaks at ordinary "
+                                           "scales (see Causality)")
     elif t.dtype == torch.float16:
         report.set("large_scores", "N/A", "float16 scores cannot exceed 65,504, where -1e4 is "
                                           "the usual mask value")

@@ -1,13 +1,13 @@
 """What a check found, item by item, and how it is printed: the checklist's own words, then
 PASS / FAIL / SKIP (could not be judged) / N/A (does not apply) and the detail, a diagnosis and
 the verdict. A file or object the checker could not use is a report too (`error`), so that a
-folder of submissions (grade.py) and a course's own tests (`check`) see every file the same way."""
+folder of submissions (grading/) and a course's own tests (`check`) see every file the same way."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from typing import Optional
 
-from check_attention.checklist import CHECKS, ITEM_WORDS
+from check_attention.checklist import CHECKS, words
 from check_attention.inert import TEXT_LIMIT, inert
 
 HEADER = ("layer", "mask", "layout", "heads", "probes", "sandbox")
@@ -97,26 +97,27 @@ class Report:
                     f"not be judged)")
         return f"PASS (all {len(judged)} checks pass)"
 
-    def lines(self) -> list[str]:
+    def lines(self, verbose: bool = False) -> list[str]:
+        """The report as printed; the `sandbox:` line only when verbose or when it warns (no
+        Landlock: writes were not confined, the project's files were compared instead)."""
+        verbose = verbose or "no Landlock" in self.header.get("sandbox", "")
         out = [f"check_attention {self.target}"]
         if self.error is not None:
             out += [f"error: {self.error}"]
         else:
-            out += self._item_lines()
+            out += self._item_lines(HEADER if verbose else HEADER[:-1])
         out.append(f"verdict: {self.verdict}")
         return [inert(line, 4 * TEXT_LIMIT) for line in out]  # whatever made the report
 
-    def _item_lines(self) -> list[str]:
+    def _item_lines(self, labels: tuple) -> list[str]:
         out = [f"  {label + ':':<8} {self.header[label]}"
-               for label in HEADER if label in self.header]
+               for label in labels if label in self.header]
         for key in (c.key for c in CHECKS if c.key in self.items):
             item = self.items[key]
             sep = ": " if item.status in ("FAIL", "SKIP") else ("  " if item.detail else "")
-            words = ITEM_WORDS[key].replace("d_model]", "d_v]") \
-                if key == "shape" and self.kind == "function" else ITEM_WORDS[key]
             detail = f"({item.detail})" if item.status in ("PASS", "N/A") and item.detail \
                 else item.detail
-            out.append(f"{item.status:<4}  {words}{sep}{detail}")
+            out.append(f"{item.status:<4}  {words(key, self.kind)}{sep}{detail}")
         return out + [f"diagnosis: {d}" for d in self.diagnosis]
 
     @property

@@ -300,7 +300,8 @@ def cli(*args, cwd=REPO_ROOT) -> subprocess.CompletedProcess:
 
 @pytest.mark.parametrize("args, words", [
     (["tests/attention_layers/nope.py:X"], "no such file"),
-    (["tests/attention_layers/fused.py"], "must be FILE.py:NAME"),
+    (["tests/attention_layers/fused.py"], "defines CausalSelfAttention, NoScale,"),
+    (["docs/grading.md"], "the target must be FILE.py[:NAME]"),
     (["tests/attention_layers/fused.py:X", "heads=2"], "unknown key 'heads'"),
     (["tests/attention_layers/fused.py:X", "n_head=3"], "must be divisible by n_head (3)"),
     (["tests/attention_layers/fused.py:X", "mask=maybe"], "mask must be keep, drop, add or auto"),

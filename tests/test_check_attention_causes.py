@@ -24,7 +24,7 @@ from helpers import REPO_ROOT
 from check_helpers import failing, run, sandbox, text  # noqa: F401 (a fixture)
 from check_attention import costs
 from check_attention.checks import CheckError
-from check_attention.grade import Row
+from check_attention.grading.grade import Graded
 from check_attention.target import view_hint as _view_hint
 
 FIXTURE = REPO_ROOT / "tests" / "fixtures" / "pitfall_costs.json"
@@ -43,15 +43,15 @@ def cost_lines(report) -> list[str]:
 @pytest.mark.parametrize("target, switch, words, quoted", [
     ("fused.py:MixedHeads", "split_heads_no_transpose",
      "heads are split by reshaping to (B, 4, T, 16), which mixes positions and heads",
-     "causal validation loss +0.4123 nats per token, SE 0.0100 (41 SE), 4 paired seeds (the "
+     "causal validation loss +0.4123 nats per character, SE 0.0100 (41 SE), 4 paired seeds (the "
      "bookkeeping study, regime serve: 2 layers"),
     ("fused.py:SoftmaxOverQueries", "softmax_over_queries",
-     "softmax runs over the queries (dim=-2) instead of the keys", "+1.2345 nats per token"),
+     "softmax runs over the queries (dim=-2) instead of the keys", "+1.2345 nats per character"),
     ("functions.py:softmax_over_queries", "softmax_over_queries",
-     "softmax runs over the queries (dim=-2) instead of the keys", "+1.2345 nats per token"),
+     "softmax runs over the queries (dim=-2) instead of the keys", "+1.2345 nats per character"),
     ("separate.py:WindowOffByOne", "window_off_by_one", "the sliding window holds 5 keys, not 4",
-     "-0.0150 nats per token, SE 0.0020 (8 SE)"),
-    ("separate.py:ScaleDModel", "scale_d_model", "", "+0.0421 nats per token"),  # an old one
+     "-0.0150 nats per character, SE 0.0020 (8 SE)"),
+    ("separate.py:ScaleDModel", "scale_d_model", "", "+0.0421 nats per character"),  # an old one
 ])
 def test_each_mistake_is_named_by_its_switch_with_its_measured_cost(sandbox, measured, target,
                                                                     switch, words, quoted):
@@ -59,7 +59,7 @@ def test_each_mistake_is_named_by_its_switch_with_its_measured_cost(sandbox, mea
     assert report.mistakes == [switch], text(report)
     assert words in report.items["equation"].detail, text(report)
     # the cause is in the diagnosis, words and all, so the grading table's column says it
-    row = Row(target.split(":")[0], target.split(":")[1], report, 0.0).diagnosis
+    row = Graded(target.split(":")[0], target.split(":")[1], report).diagnosis
     assert f"attention={switch} ({words}" in row, row
     [line] = cost_lines(report)
     assert line.startswith(f"measured cost of attention={switch}: "), line
@@ -92,7 +92,7 @@ def test_a_cause_found_step_by_step_is_in_the_diagnosis(sandbox):
     # no variant of ours has a mask value of -5: the fitted value is the cause, not a symptom
     report = run(sandbox, "fused.py:SmallMask")
     assert report.diagnosis and "the mask value is -5" in report.diagnosis[0], text(report)
-    assert "the mask value is -5" in Row("fused.py", "SmallMask", report, 0.0).diagnosis
+    assert "the mask value is -5" in Graded("fused.py", "SmallMask", report).diagnosis
 
 
 def test_a_view_that_puts_the_heads_first_gets_the_fix(sandbox, measured):
@@ -138,7 +138,7 @@ def test_tiled_grouped_heads_are_correct_unless_the_weights_were_trained_for_lla
     [note] = [d for d in report.diagnosis if d.startswith("the key/value heads are tiled")]
     assert "its weights are not interchangeable with Llama's" in note
     assert "measured cost of attention=gqa_repeat_mismatch: causal validation loss +0.0012 " \
-           "nats per token, SE 0.0031, 95% interval [-0.0087, +0.0111], 4 paired seeds: no " \
+           "nats per character, SE 0.0031, 95% interval [-0.0087, +0.0111], 4 paired seeds: no " \
            "loss of the study can tell it from the correct layer" in note, note
     llama = run(sandbox, "llama_rope_gqa.py:TiledGroups", llama_weights=True)
     assert failing(llama) == {"equation"} and llama.mistakes == ["gqa_repeat_mismatch"]

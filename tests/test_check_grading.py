@@ -1,7 +1,8 @@
 """The attention checker over a folder of submissions, and as a call from a course's own tests
-(check_attention/grade.py, issue 32): every file is a row, a broken one included, with its
-diagnosis; the table is Markdown, CSV or JSON; `check(...)` returns a report a test asserts on,
-as docs/check_attention.md shows.
+(check_attention/grading/grade.py, issues 32 and 62): every submission is a row, a broken one
+included, with its score and diagnosis; a course's export (a folder per student, Gradescope's
+with its metadata) is one row per student; the table is Markdown, CSV or JSON; `check(...)`
+returns a report a test asserts on, as docs/check_attention.md shows.
 
 The fast tests build tables from reports made here and parse command lines; the slow ones run
 the sandbox (a host process importing torch: seconds each on 2 cores).
@@ -22,9 +23,12 @@ import pytest
 
 from safeio.cli import UserError
 from helpers import REPO_ROOT, SCRIPT_ENV, one_error_line
+from check_attention import resolve
 from check_attention.__main__ import parse_args
-from check_attention.grade import (Row, csv_text, defined_name, grade, json_text, markdown,
-                                           resolve, write_table)
+from check_attention.grading.grade import (Graded, csv_text, grade, json_text, markdown,
+                                           write_table)
+from check_attention.grading.submission import locate, submissions
+from check_attention.grading.weights import DEFAULT_WEIGHTS
 from check_attention.options import Options
 from check_attention.report import Report
 
@@ -39,43 +43,50 @@ def report(target: str, statuses: dict, diagnosis=(), error=None) -> Report:
     return r
 
 
-ROWS = [Row("a.py", "Attn", report("a.py:Attn", {"scale": "PASS", "w_o": "N/A"}), 1.0),
-        Row("b.py", "Attn", report("b.py:Attn", {"scale": "FAIL", "w_o": "PASS"},
-                                   ["reproduced as attention=no_scale | x"]), 1.0),
-        Row("c.py", "Attn", report("c.py:Attn", {}, error="importing c.py failed: SyntaxError"),
-            0.1)]
+ROWS = [Graded("a.py", "Attn", report("a.py:Attn", {"scale": "PASS", "w_o": "N/A"}),
+               "a.py", seconds=1.0),
+        Graded("b.py", "Attn", report("b.py:Attn", {"scale": "FAIL", "w_o": "PASS"},
+                                      ["reproduced as attention=no_scale | x"]), "b.py", seconds=1.0),
+        Graded("c.py", "Attn", report("c.py:Attn", {}, error="importing c.py failed: SyntaxError"),
+               seconds=0.1)]
+W = DEFAULT_WEIGHTS
 
 
 # ----------------------------------------------------------------------------- the table
 
 
-def test_the_table_has_a_row_per_file_with_each_item_and_the_diagnosis():
-    lines = markdown(ROWS).splitlines()
-    assert lines[0] == "| file | name | verdict | scale | w_o | diagnosis |"
-    assert lines[2] == "| a.py | Attn | PASS | PASS | N/A |  |"
-    assert lines[3] == ("| b.py | Attn | FAIL | FAIL | PASS | reproduced as attention=no_scale "
-                        "\\| x |")  # a | in a cell is escaped
-    assert lines[4] == "| c.py | Attn | ERROR |  |  | importing c.py failed: SyntaxError |"
-    assert "3 files: 1 ERROR, 1 FAIL, 1 PASS" in lines
+def test_the_table_has_a_row_per_submission_with_its_score_each_item_and_the_diagnosis():
+    lines = markdown(ROWS, W).splitlines()
+    assert lines[0] == ("| student | file | name | score (of 16) | verdict | scale | w_o | "
+                        "diagnosis |")
+    # a check that does not apply (N/A) earns its points, one that is not reported too (N/A)
+    assert lines[2] == "| a.py | a.py | Attn | 16.00 | PASS | PASS | N/A |  |"
+    assert lines[3] == ("| b.py | b.py | Attn | 15.00 | FAIL | FAIL | PASS | reproduced as "
+                        "attention=no_scale \\| x |")  # a | in a cell is escaped
+    assert lines[4] == ("| c.py |  | Attn | 0.00 | ERROR |  |  | importing c.py failed: "
+                        "SyntaxError |")
+    assert "3 submissions: 1 ERROR, 1 FAIL, 1 PASS" in lines
 
 
 def test_csv_and_json_say_the_same():
-    rows = list(csv.reader(io.StringIO(csv_text(ROWS))))
-    assert rows[0] == ["file", "name", "verdict", "scale", "w_o", "diagnosis"]
-    assert rows[2] == ["b.py", "Attn", "FAIL", "FAIL", "PASS",
+    rows = list(csv.reader(io.StringIO(csv_text(ROWS, W))))
+    assert rows[0] == ["student", "file", "name", "score (of 16)", "verdict", "scale", "w_o",
+                       "diagnosis"]
+    assert rows[2] == ["b.py", "b.py", "Attn", "15.00", "FAIL", "FAIL", "PASS",
                        "reproduced as attention=no_scale | x"]
-    data = json.loads(json_text(ROWS, "subs", ("Attn",), Options()))
+    data = json.loads(json_text(ROWS, "subs", ("Attn",), Options(), W))
     assert [r["verdict"] for r in data["rows"]] == ["PASS", "FAIL", "ERROR"]
+    assert [(r["score"], r["of"]) for r in data["rows"]] == [(16, 16), (15, 16), (0, 16)]
     assert data["rows"][1]["items"]["scale"] == {"status": "FAIL", "detail": "why scale"}
     assert data["rows"][2]["error"] == "importing c.py failed: SyntaxError"
 
 
 def test_the_diagnosis_falls_back_to_the_first_failing_item():
-    row = Row("d.py", "A", report("d.py:A", {"scale": "PASS", "causal": "FAIL"}), 0)
+    row = Graded("d.py", "A", report("d.py:A", {"scale": "PASS", "causal": "FAIL"}))
     assert row.diagnosis == "causal: why causal"
 
 
-@pytest.mark.parametrize("suffix, first", [(".md", "| file |"), (".csv", "file,name"),
+@pytest.mark.parametrize("suffix, first", [(".md", "| student |"), (".csv", "student,file"),
                                            (".json", "{")])
 def test_out_is_written_in_the_format_its_extension_names(tmp_path, suffix, first):
     out = tmp_path / "deep" / f"grades{suffix}"
@@ -95,23 +106,68 @@ def test_out_refuses_a_fifo(tmp_path):
 
 def test_each_file_is_checked_on_the_first_name_it_defines(tmp_path):
     names = ("Layer", "CausalSelfAttention", "MultiHeadSelfAttention")
-    assert defined_name(LAYERS / "fused.py", names) == "CausalSelfAttention"
-    assert defined_name(LAYERS / "escape_root.py", names) == "Layer"  # bound by an import
-    assert defined_name(LAYERS / "separate.py", names) == "MultiHeadSelfAttention"
+
+    def defined_name(path):
+        return locate(path, names, tmp_path).name
+    assert defined_name(LAYERS / "fused.py") == "CausalSelfAttention"
+    assert defined_name(LAYERS / "escape_root.py") == "Layer"  # bound by an import
+    assert defined_name(LAYERS / "separate.py") == "MultiHeadSelfAttention"
     (tmp_path / "guarded.py").write_text("try:\n    from x import MultiHeadSelfAttention\n"
                                          "except ImportError:\n    Layer = None\n")
-    assert defined_name(tmp_path / "guarded.py", names) == "Layer"
+    assert defined_name(tmp_path / "guarded.py") == "Layer"
     # unparseable, or none of them: the first name, and the child says why
-    assert defined_name(LAYERS / "broken_syntax.py", names) == "Layer"
-    assert defined_name(LAYERS / "functions.py", names) == "Layer"
+    assert defined_name(LAYERS / "broken_syntax.py") == "Layer"
+    assert defined_name(LAYERS / "functions.py") == "Layer"
+
+
+def test_a_file_without_a_name_is_checked_on_the_one_it_defines(tmp_path):
+    """Issue 60 (6): FILE.py without :NAME. The one nn.Module class (a config class beside it
+    is not one), else the one class or function; several are listed in the error line."""
+    (tmp_path / "mine.py").write_text("import torch.nn as nn\n\nclass Config:\n    n = 4\n\n"
+                                      "class Attn(nn.Module):\n    pass\n\n"
+                                      "class Wrapped(Attn):\n    pass\n")
+    assert parse_args([str(tmp_path / "mine.py")])[:2] == (str(tmp_path / "mine.py"), None)
+    with pytest.raises(Exception, match="mine.py defines Attn, Wrapped: give one as mine.py:NAME"):
+        locate(tmp_path / "mine.py", (), tmp_path)
+    (tmp_path / "mine.py").write_text("class Config:\n    pass\n\nclass Attn(nn.Module):\n"
+                                      "    pass\n\ndef _helper():\n    pass\n")
+    assert locate(tmp_path / "mine.py", (), tmp_path).name == "Attn"
+    assert locate(REPO_ROOT / "lessons/solutions/01_equation.py", (), tmp_path).name == "attention"
+
+
+def test_a_course_export_is_a_row_per_student_named_by_folder_or_metadata(tmp_path):
+    """Issue 62 (3): the layouts a platform's "download all submissions" gives."""
+    for who in ("alice", "bob"):
+        (tmp_path / "moodle" / who / "src").mkdir(parents=True)
+        (tmp_path / "moodle" / who / "src" / "attention.py").write_text("x = 1\n")
+    assert submissions(tmp_path / "moodle") == ([("alice", tmp_path / "moodle" / "alice"),
+                                                 ("bob", tmp_path / "moodle" / "bob")], [])
+    gs = tmp_path / "gradescope"
+    for sub in ("submission_101", "submission_102", "submission_103"):
+        (gs / sub).mkdir(parents=True)
+    (gs / "submission_metadata.yml").write_text(
+        "submission_101:\n  :submitters:\n  - :name: Alice Smith\n    :sid: '1'\n"
+        "  :created_at: 2026-12-01 10:00:00.000000000 -08:00\n"
+        "submission_102:\n  :submitters:\n  - :name: Bob Jones\n  - :name: Carol Wu\n")
+    assert [who for who, _ in submissions(gs)[0]] == [
+        "Alice Smith (submission_101)", "Bob Jones, Carol Wu (submission_102)", "submission_103"]
+    (gs / "submission_metadata.yml").write_text("- [unexpected\n")
+    found, notes = submissions(gs)
+    assert [who for who, _ in found] == ["submission_101", "submission_102", "submission_103"]
+    assert "students are named by their folders" in notes[0]
+    (tmp_path / "flat").mkdir()
+    (tmp_path / "flat" / "bob.py").write_text("x = 1\n")
+    (tmp_path / "flat" / "alice.ipynb").write_text("{}")
+    (tmp_path / "flat" / "data").mkdir()  # a folder beside the files is not a student
+    assert [who for who, _ in submissions(tmp_path / "flat")[0]] == ["alice.ipynb", "bob.py"]
 
 
 def test_an_object_is_found_again_by_its_file_and_name():
-    from check_attention.grade import sandbox_for
+    from check_attention.checks import sandbox_for
     assert resolve("tests/attention_layers/fused.py:NoScale") == (
         "tests/attention_layers/fused.py", "NoScale", None)
     file, name, fingerprint = resolve(sandbox_for)
-    assert (Path(file).resolve(), name) == (REPO_ROOT / "check_attention/grade.py",
+    assert (Path(file).resolve(), name) == (REPO_ROOT / "check_attention/checks.py",
                                             "sandbox_for")
     assert len(fingerprint) == 64  # what it is made of: runner.fingerprint
 
@@ -133,9 +189,11 @@ def test_the_command_line_for_a_folder():
 
 
 @pytest.mark.parametrize("args, words", [
-    (["tests/attention_layers"], "give the NAME to check in each file"),
-    (["tests/attention_layers", "fused.py:X"], "the NAMEs to check in its files, got 'fused.py:X'"),
-    (["docs", "X"], "docs holds no .py file"),
+    (["tests/attention_layers"], "give the NAME to check in each submission"),
+    (["tests/attention_layers", "fused.py:X"], "the NAMEs to check in its submissions, got "
+                                               "'fused.py:X'"),
+    (["docs/grading.md", "X"], "one FILE.py:NAME at a time"),
+    (["tests/attention_layers/fused.py:X", "weights=w.txt"], "weights= is for grading a folder"),
     (["tests/attention_layers", "X", "out=x.txt"], "out must name a .md, .csv, .json file"),
     (["tests/attention_layers", "X", "workers=0"], "workers must be a whole number from 1"),
     (["tests/attention_layers", "X", "memory=0"], "memory must be a number of GiB above 0"),
@@ -165,7 +223,7 @@ def test_grading_the_test_layers_gives_a_row_per_file_broken_ones_included(tmp_p
         cwd=REPO_ROOT, env=SCRIPT_ENV, capture_output=True, text=True, timeout=900)
     assert result.returncode == 1, result.stderr  # some fail
     files = sorted(p.name for p in LAYERS.glob("*.py"))
-    rows = {r["file"]: r for r in csv.DictReader(out.open())}
+    rows = {r["student"]: r for r in csv.DictReader(out.open())}
     assert sorted(rows) == files
     assert [line.split(" | ")[0].lstrip("| ") for line in result.stdout.splitlines()[2:]
             if line.startswith("| ")] == files
@@ -202,7 +260,7 @@ def test_grading_never_stops_at_a_broken_file(tmp_path):
         "        self.junk = torch.ones(2**31)  # 8 GiB\n        return super().forward(x)\n")
     shutil.copy(LAYERS / "fused.py", tmp_path / "fused.py")
     opts = Options(timeout=5.0, memory=1.0, workers=1)
-    rows = {r.file: r for r in grade(str(tmp_path), ("Attn", "CausalSelfAttention"), opts)}
+    rows = {r.student: r for r in grade(str(tmp_path), ("Attn", "CausalSelfAttention"), opts)}
     assert sorted(rows) == sorted(p.name for p in tmp_path.glob("*.py"))
     words = {"crash.py": "RuntimeError: no GPU here (crash.py, line 1)",
              "hang.py": "took more than 5 s (timeout=) and was stopped",

@@ -31,8 +31,10 @@ from safeio.cli import FileRefused, UserError
 from safeio.files import check_outputs
 from helpers import REPO_ROOT, SCRIPT_ENV
 from check_helpers import LAYERS, sandbox  # noqa: F401 (a fixture)
-from check_attention.grade import (Row, _grade_one, check, csv_text, json_text, markdown,
-                                   progress_line, resolve, write_table)
+from check_attention import check, resolve
+from check_attention.grading.grade import (Graded, csv_text, json_text, judge, markdown,
+                                           progress_line, write_table)
+from check_attention.grading.weights import DEFAULT_WEIGHTS
 from check_attention.options import Options
 from check_attention.report import Report
 
@@ -57,7 +59,7 @@ def shown_raw(text: str) -> list[str]:
     return [c for c in text if c != "\n" and unicodedata.category(c) in HIDDEN]
 
 
-def hostile_rows() -> list[Row]:
+def hostile_rows() -> list[Graded]:
     rows = []
     for i, name in enumerate(HOSTILE_NAMES):
         r = Report(f"{name}:Layer", error=f"importing {name} failed: RuntimeError: {ANSI_PASS}"
@@ -65,7 +67,7 @@ def hostile_rows() -> list[Row]:
         if not i % 2:
             r.set("scale", "FAIL", f"{ANSI_PASS} named {name}")
             r.diagnosis = [f"reproduced \n[9/9] forged.py:Layer PASS {name}" + "x" * 10**6]
-        rows.append(Row(name, "Layer" + "\u200f" * 3, r, 1.0))
+        rows.append(Graded(name, "Layer" + "\u200f" * 3, r, seconds=1.0))
     return rows
 
 
@@ -87,20 +89,20 @@ def test_inert_shows_each_character_that_is_not_text_as_its_escape():
 
 def test_text_from_a_submission_reaches_no_table_raw(tmp_path):
     rows = hostile_rows()
-    md = markdown(rows)
+    md = markdown(rows, DEFAULT_WEIGHTS)
     assert shown_raw(md) == []
     table = [line for line in md.splitlines() if line.startswith("| ")]
     assert len(table) == 1 + len(rows)  # the header and one line per row: no forged rows
     assert all(line.count(" | ") == table[0].count(" | ") for line in table)  # no forged cells
     assert "<script>" not in md and "\\<script\\>" in md
-    parsed = list(csv.reader(io.StringIO(csv_text(rows))))
+    parsed = list(csv.reader(io.StringIO(csv_text(rows, DEFAULT_WEIGHTS))))
     assert len(parsed) == 1 + len(rows)
     for row in parsed:
         for cell in row:
             assert shown_raw(cell) == [] and len(cell) <= LIMIT + 1, cell[:80]
             assert not cell.lstrip(" ").startswith(("=", "+", "-", "@")), cell
     assert parsed[4][0] == "'=HYPERLINK(\"http:x\",\"ok\").py"
-    written = json_text(rows, "subs", ("Layer",), Options())
+    written = json_text(rows, "subs", ("Layer",), Options(), DEFAULT_WEIGHTS)
     data = json.loads(written)
     for row in data["rows"]:
         for text in (row["error"] or "", row["diagnosis"],
@@ -108,7 +110,7 @@ def test_text_from_a_submission_reaches_no_table_raw(tmp_path):
             assert shown_raw(text) == [] and len(text) <= LIMIT
     # the names as they are (round six: the machine-readable file held them escaped), in a file
     # of printable ASCII: JSON's own escapes
-    assert [(r["file"], r["name"]) for r in data["rows"]] == [
+    assert [(r["student"], r["name"]) for r in data["rows"]] == [
         (n, "Layer" + "\u200f" * 3) for n in HOSTILE_NAMES]
     assert written.isascii() and shown_raw(written) == []
     for suffix in (".md", ".csv", ".json"):  # a name that is not UTF-8 is written, not a traceback
@@ -196,7 +198,7 @@ def test_no_out_is_written_through_a_link_among_its_folders(tmp_path, monkeypatc
     (write_output) and every script's check (check_outputs) refuses, and nothing appears outside.
     Links above the anchor are the user's own: a working folder reached through one, named
     absolutely as the shell names it ($PWD), is written into."""
-    from check_attention import platforms
+    from check_attention.grading import platforms
     from safeio.files import write_output
     sub, outside = tmp_path / "sub", tmp_path / "outside"
     (outside / "deeper").mkdir(parents=True)
@@ -233,11 +235,11 @@ def test_a_submission_linking_out_of_the_folder_is_refused(tmp_path):
     shutil.copy(LAYERS / "fused.py", folder / "carol.py")
     (folder / "dave.py").symlink_to("carol.py")  # inside the folder: graded as carol's file
     for name in ("alice.py", "bob.py"):
-        row = _grade_one(str(folder / name), ("CausalSelfAttention",), Options())
+        row = judge(folder / name, ("CausalSelfAttention",), Options(), student=name)
         assert row.report.outcome == "ERROR"
         assert "is a symbolic link to" in row.diagnosis and "outside the graded folder" in \
             row.diagnosis, row.diagnosis
-    from check_attention.grade import outside_link
+    from check_attention.grading.submission import outside_link
     assert outside_link(folder / "carol.py") is None and outside_link(folder / "dave.py") is None
 
 
@@ -362,7 +364,7 @@ def test_a_cell_the_parser_cannot_build_is_left_out_and_said(tmp_path):
     beside a correct layer failed the whole notebook, or gave a correct layer 0 on a platform.
     Such a cell is left out and said so, like one that does not parse."""
     from check_attention.notebook import Cell, module_of
-    from check_attention.submission import locate
+    from check_attention.grading.submission import locate
     odd = ["x = " + "-" * 200_000 + "1\n", "y = 1" + "+1" * 300_000 + "\n", "s = '\ud800'\n"]
     module = module_of([Cell(f"code cell {i}", c) for i, c in enumerate(odd + [NOTEBOOK_LAYER])])
     assert "Layer" in module.bound and len(module.broken) == 3
@@ -448,7 +450,7 @@ def test_a_folder_graded_from_inside_imports_none_of_it_outside_the_sandbox(tmp_
     result = subprocess.run([sys.executable, "-m", "check_attention", ".", "CausalSelfAttention",
                              "workers=2"], cwd=tmp_path, env=env, capture_output=True, text=True,
                             timeout=600)
-    assert "| fused.py | CausalSelfAttention | PASS |" in result.stdout, result.stderr
+    assert "| fused.py | fused.py | CausalSelfAttention | 16.00 | PASS |" in result.stdout, result.stderr
     assert not marker.exists(), marker.read_text()
 
 
@@ -491,7 +493,7 @@ def test_a_tiny_memory_limit_is_a_tiny_limit(tmp_path):
         "import torch\nfrom fused import CausalSelfAttention\n\n"
         "class Attn(CausalSelfAttention):\n    def forward(self, x):\n"
         "        self.junk = torch.ones(2**27)  # 512 MiB\n        return super().forward(x)\n")
-    from check_attention.grade import grade
+    from check_attention.grading.grade import grade
     rows = grade(str(tmp_path), ("Attn", "CausalSelfAttention"), Options(memory=1e-10, workers=1))
-    hog = next(r for r in rows if r.file == "hog.py")
+    hog = next(r for r in rows if r.student == "hog.py")
     assert hog.report.outcome == "ERROR" and "memory=" in hog.diagnosis, hog.diagnosis

@@ -1,5 +1,5 @@
-"""Grading for a course platform (check_attention/platforms.py, submission.py, weights.py; issue
-54): Gradescope's and PrairieLearn's results.json and JUnit XML, validated against schemas written
+"""Grading for a course platform (check_attention/grading/: platforms.py, submission.py,
+weights.py; issues 54 and 62): Gradescope's and PrairieLearn's results.json and JUnit XML, validated against schemas written
 from the platforms' published specs; points and visibility per check; N/A explained; submissions
 as folders with subfolders, .py files and notebooks; a results file whatever happens; the run
 again as `nobody` when the grader is root.
@@ -35,13 +35,15 @@ import pytest
 
 from safeio.cli import UserError
 from helpers import REPO_ROOT
-from check_attention import platforms
 from check_attention.__main__ import parse_args
+from check_attention.checklist import ITEM_WORDS
+from check_attention.grading import platforms
+from check_attention.grading.grade import Graded
+from check_attention.grading.platforms import capped, gradescope, junit, prairielearn
+from check_attention.grading.submission import NotGradable, locate
+from check_attention.grading.weights import DEFAULT_WEIGHTS, Weight, parse_weights
 from check_attention.options import Options
-from check_attention.platforms import Graded, capped, gradescope, junit, prairielearn
-from check_attention.report import ITEM_WORDS, Report
-from check_attention.submission import NotGradable, locate
-from check_attention.weights import DEFAULT_WEIGHTS, Weight, parse_weights
+from check_attention.report import Report
 
 VISIBILITY = {"enum": ["hidden", "after_due_date", "after_published", "visible"]}
 GRADESCOPE_SCHEMA = {  # docs/specs.md, "Output format"
@@ -89,10 +91,10 @@ NO_SCALE = dict(ALL_PASS, scale="FAIL", equation="FAIL")
 FUNCTION = dict(ALL_PASS, w_o="N/A", unequal="PASS")
 
 
-def graded(statuses=None, **kw) -> Graded:
-    kw.setdefault("report", None if statuses is None else report(statuses, **{
-        k: kw.pop(k) for k in ("kind", "diagnosis") if k in kw}))
-    return Graded("attn.py", "Attn", 7, **kw)
+def graded(statuses=None, reason=None, **kw) -> Graded:
+    r = Report("attn.py:Attn", error=reason) if statuses is None else report(statuses, **{
+        k: kw.pop(k) for k in ("kind", "diagnosis") if k in kw})
+    return Graded("attn.py", "Attn", r, "attn.py", seed=7, **kw)
 
 
 # ----------------------------------------------------------------------------- the formats
@@ -100,7 +102,7 @@ def graded(statuses=None, **kw) -> Graded:
 
 @pytest.mark.parametrize("case", [ALL_PASS, NO_SCALE, FUNCTION, None])
 def test_every_result_matches_the_platforms_schemas(case):
-    g = graded(case, reason="" if case else "attn.py has no 'Attn'", gradable=case is not None)
+    g = graded(case, reason=None if case else "attn.py has no 'Attn'", gradable=case is not None)
     gs, pl = gradescope(g, DEFAULT_WEIGHTS), prairielearn(g, DEFAULT_WEIGHTS)
     jsonschema.validate(gs, GRADESCOPE_SCHEMA)
     jsonschema.validate(pl, PRAIRIELEARN_SCHEMA)
@@ -133,22 +135,27 @@ def test_a_layer_without_the_scale_loses_the_scale_and_the_equation():
     failed = {t["tags"][0]: t["score"] for t in gs["tests"] if t["status"] == "failed"}
     assert failed == {"scale": 0.0, "equation": 0.0}
     lost = DEFAULT_WEIGHTS["scale"].points + DEFAULT_WEIGHTS["equation"].points
-    applicable = sum(w.points for k, w in DEFAULT_WEIGHTS.items() if k != "unequal")
     full = sum(w.points for w in DEFAULT_WEIGHTS.values())
-    assert gs["score"] == pytest.approx(full * (applicable - lost) / applicable)
-    assert pl["score"] == pytest.approx((applicable - lost) / applicable)
+    assert gs["score"] == full - lost == sum(t["score"] for t in gs["tests"])  # no rescaling
+    assert sum(t["max_score"] for t in gs["tests"]) == full
+    assert pl["score"] == pytest.approx((full - lost) / full)
     assert "attention=no_scale" in gs["output"] and "attention=no_scale" in pl["message"]
 
 
-def test_a_check_that_does_not_apply_is_not_counted_and_says_why():
+def test_a_check_that_does_not_apply_leaves_the_total_and_says_why():
+    """Issue 62 (3): a correct layer shows full marks over the same full total (no "16 over
+    tests worth 15"), and a function's check of W_O says why it does not apply."""
     g = graded(FUNCTION, kind="function")
     gs = gradescope(g, DEFAULT_WEIGHTS)
     w_o = next(t for t in gs["tests"] if t["tags"] == ["w_o"])
-    assert (w_o["score"], w_o["max_score"]) == (0.0, 0.0)
-    assert w_o["output"] == "Not applicable to this submission, so not counted: why w_o"
-    assert "Not counted (w_o): why w_o" in gs["output"]
-    # every applicable check passes: the full score, though w_o's point is not earned
-    assert gs["score"] == sum(w.points for w in DEFAULT_WEIGHTS.values())
+    assert (w_o["score"], w_o["max_score"]) == (1.0, 1.0)
+    assert w_o["output"] == "Not applicable to this submission, so counted as passed: why w_o"
+    assert "Not applicable (w_o), counted as passed: why w_o" in gs["output"]
+    full = sum(w.points for w in DEFAULT_WEIGHTS.values())
+    assert gs["score"] == full == sum(t["max_score"] for t in gs["tests"])
+    assert w_o["name"] == "W_O is applied after concatenating heads, not skipped"
+    equation = next(t for t in gs["tests"] if t["tags"] == ["equation"])
+    assert equation["name"] == "Matches the equation: softmax(QK^T / sqrt(d_k) + M) V"
     assert prairielearn(g, DEFAULT_WEIGHTS)["score"] == 1.0
     # a check the checker never ran on this kind of layer is N/A too, not silently dropped
     module = gradescope(graded(ALL_PASS), DEFAULT_WEIGHTS)
@@ -176,8 +183,8 @@ def test_a_submission_that_cannot_be_imported():
     g = graded(reason="attn.py defines `Attn` but does not parse: line 3", gradable=False)
     gs, pl = gradescope(g, DEFAULT_WEIGHTS), prairielearn(g, DEFAULT_WEIGHTS)
     assert gs["score"] == 0.0 and "does not parse: line 3" in gs["output"]
-    assert gs["tests"][0]["output"] == g.reason
-    assert pl["gradable"] is False and pl["format_errors"] == [g.reason]
+    assert gs["tests"][0]["output"] == g.report.error
+    assert pl["gradable"] is False and pl["format_errors"] == [g.report.error]
     # a layer that imports and then crashes is graded: 0, an attempt used
     crashed = prairielearn(graded(reason="forward raised", gradable=True), DEFAULT_WEIGHTS)
     assert (crashed["gradable"], crashed["score"]) == (True, 0.0)
@@ -230,7 +237,7 @@ def test_a_wrong_weights_file_is_refused_with_its_line(text, words):
 def test_a_weights_file_saved_with_a_byte_order_mark_is_read(tmp_path):
     """Round six's P26: Windows' Notepad starts the file with U+FEFF, refused as `no check
     '\\ufeffequation'`, words that send an instructor looking for a check's name."""
-    from check_attention.weights import load_weights
+    from check_attention.grading.weights import load_weights
     (tmp_path / "w.txt").write_bytes(b"\xef\xbb\xbfequation = 4\n")
     assert load_weights(tmp_path / "w.txt")["equation"] == Weight(4.0, "visible")
 
@@ -330,7 +337,7 @@ def test_the_command_line_for_a_platform():
     (["sub/", "Attn", "format=gradescope", "out=r.csv"], "out must name a .json file with "
                                                          "format=gradescope"),
     (["sub/", "Attn", "format=junit", "out=r.json"], "out must name a .xml file"),
-    (["sub/", "Attn", "weights=w.txt"], "weights= gives points to a platform's results"),
+    (["sub.py", "weights=w.txt"], "sub.py: no such file"),
     (["sub/", "Attn", "format=gradescope", "workers=2"], "workers= is for grading a folder"),
     (["nope.ipynb:Attn"], "nope.ipynb: no such file"),
 ])
@@ -361,8 +368,8 @@ def test_format_keeps_an_existing_out_unless_told(tmp_path, monkeypatch):
     out = tmp_path / "notes.json"
     out.write_text("mine\n")
     monkeypatch.setenv(platforms.AS_USER_ENV, "1")
-    monkeypatch.setattr(platforms, "judge", lambda *_: Graded("s", "Attn", 0, reason="none",
-                                                              gradable=False))
+    monkeypatch.setattr(platforms, "judge", lambda *_: Graded(
+        "s", "Attn", Report("s", error="none"), gradable=False))
     with pytest.raises(UserError, match="notes.json exists; add overwrite=true"):
         platforms.run(str(tmp_path), ("Attn",), Options(format="gradescope", out=str(out)))
     assert out.read_text() == "mine\n"
@@ -374,10 +381,45 @@ def test_format_keeps_an_existing_out_unless_told(tmp_path, monkeypatch):
 def test_a_grader_bug_is_a_result_too(tmp_path, monkeypatch):
     def broken(*_):
         raise RuntimeError("a bug of ours")
-    monkeypatch.setattr("check_attention.submission.locate", broken)
+    monkeypatch.setattr("check_attention.grading.grade.locate", broken)
     g = platforms.judge(tmp_path, ("Attn",), Options())
-    assert g.report is None and g.reason == "the grader failed: RuntimeError: a bug of ours"
+    assert g.report.error == "the grader failed: RuntimeError: a bug of ours"
     jsonschema.validate(gradescope(g, DEFAULT_WEIGHTS), GRADESCOPE_SCHEMA)
+
+
+def test_a_course_export_given_to_format_is_refused_with_the_command_that_grades_it(
+        tmp_path, monkeypatch):
+    """Issue 62 (3): several students' folders are not one submission; nothing is graded."""
+    monkeypatch.setenv(platforms.AS_USER_ENV, "1")
+    for who in ("alice", "bob", "carol"):
+        (tmp_path / "export" / who).mkdir(parents=True)
+        (tmp_path / "export" / who / "attn.py").write_text("class Attn:\n    pass\n")
+    out = tmp_path / "r.json"
+    with pytest.raises(UserError, match=r"holds 3 students' submissions \(alice, bob, carol\); "
+                                        r"format= grades one: .* python -m check_attention "
+                                        r".*export Attn out=grades.csv"):
+        platforms.run(str(tmp_path / "export"), ("Attn",),
+                      Options(format="gradescope", out=str(out)))
+    assert json.loads(out.read_text())["score"] == 0
+    # one student's folder with a helper subfolder is one submission
+    (tmp_path / "export" / "alice" / "lib").mkdir()
+    assert platforms.several_students(tmp_path / "export" / "alice", ("Attn",)) == []
+
+
+def test_scores_are_sums_of_points_rounded_and_students_read_the_cost_plainly(monkeypatch):
+    """Issue 62 (3): no 10.2857-like fraction; the studies' statistics stay in the table."""
+    from check_attention import costs
+    line = ("measured cost of attention=no_scale: causal validation loss +0.2180 nats per "
+            "character, SE 0.0100 (22 SE), 8 paired seeds (the ablations study, regime scale)")
+    monkeypatch.setattr(costs, "plain", lambda switch, table: f"Measured cost of {switch}.")
+    g = graded(NO_SCALE, diagnosis=["reproduced as attention=no_scale", line])
+    g.report.mistakes = ["no_scale"]
+    earned, full = g.score(dict(DEFAULT_WEIGHTS, w_o=Weight(1 / 3)))
+    assert (earned, round(full, 4)) == (12.33, 15.3333)  # 16 - 1 + 1/3, less scale and equation
+    out = gradescope(g, DEFAULT_WEIGHTS)["output"]
+    assert "reproduced as attention=no_scale" in out and "Measured cost of no_scale." in out
+    assert "paired seeds" not in out and "SE" not in out
+    assert line in g.diagnosis  # the instructor's table keeps it
 
 
 def test_a_misconfigured_weights_file_still_leaves_a_result(tmp_path, monkeypatch):
@@ -536,7 +578,7 @@ def test_root_hands_nobody_any_submission_as_it_is(shared, kind):
 ROOT_GRADING = """
 import sys
 from safeio.cli import run_cli
-from check_attention import platforms
+from check_attention.grading import platforms
 from check_attention.options import Options
 sys.exit(run_cli(lambda: platforms.as_unprivileged(sys.argv[1], ("Attn",), Options(
     format="gradescope"), command=sys.argv[2:]) and 0))

@@ -1,34 +1,15 @@
 """How the sandbox's host shuts itself in before it imports torch or anyone's file (Linux).
 
 The design case is an instructor running the checker over student files: a file may try to type
-into the instructor's terminal (ioctl TIOCSTI), leave a process behind, change files or their
-metadata, send data out, or leave something in /dev/shm. Each promise rests on a kernel
-mechanism, used through the kernel's own interfaces or a maintained library, never on checking
-what the file did:
-
-- no terminal, none to open and none open: a new session (the checker starts us with setsid)
-  with pipes and /dev/null for fds 0-2; Landlock grants no /dev node but null, zero, full,
-  random and urandom (and the GPU's with a GPU); seccomp refuses ioctl TIOCSTI and TIOCLINUX;
-- every process ends with its check: we are a child subreaper, so what the file starts stays
-  below us, and sandbox.py kills all of it after each check;
-- writes and metadata only in its directory: Landlock (writes, renames, links, device ioctls);
-  seccomp refuses chmod, chown, utime, xattrs and inode flags everywhere (Landlock has no
-  rights for them), and io_uring (whose operations no seccomp filter sees); each check adds a
-  layer of its own (`confine_check`): writes only to the check's directory, which is its HOME
-  and TMPDIR and is removed after it, so nothing one check leaves is there for the next;
-- reads only what a check needs: the same layer lets it read the Python installation and its
-  packages, the project, the system's libraries and the submission's folder, nothing else (not
-  the instructor's solution, /etc, or another process's /proc), so nothing outside can reach
-  the report through an exception message;
-- no network by any protocol: seccomp refuses socket() for every family (socketpair() stays);
-  a network namespace of our own where the kernel lets us make one; Landlock's TCP rule;
-- nothing left in shared places: Landlock denies /dev/shm and /tmp outside our directory;
-  seccomp refuses System V IPC, POSIX message queues and kernel keys; an IPC namespace;
-- nothing a root user could do beyond its files: its capabilities are dropped.
-
-Where a mechanism is missing (another OS, an older kernel, no libseccomp) the others still hold
-and `confine` leaves its words out of the `sandbox:` line; docs/check_attention.md says what is
-weaker then.
+into the instructor's terminal, leave a process behind, change files or their metadata, read
+what it should not, send data out, or leave something in a shared place. Each promise rests on a
+kernel mechanism (a new session, a child subreaper, Landlock, seccomp through libseccomp,
+network and IPC namespaces, dropped capabilities), used through the kernel's own interfaces or a
+maintained library, never on checking what the file did; each check adds a Landlock layer of its
+own (`confine_check`). docs/check_attention.md ("The sandbox, and why") has the table: what the
+file cannot do, what stops it, and the test that holds it. Where a mechanism is missing (another
+OS, an older kernel, no libseccomp) the others still hold and `confine` leaves its words out of
+the `sandbox:` line.
 """
 from __future__ import annotations
 

@@ -8,13 +8,8 @@ user's file and answers our requests (build, forward, call) over a pipe. So:
 
 - the user's code shares no memory with the checker: whatever it patches, it patches in its own
   process, and every reference is computed in ours;
-- the host starts in a new session with pipes for its standard streams, so no terminal is open
-  or reachable as /dev/tty; on Linux it shuts itself in before anything else (confine.py: no
-  device node but null and random, no writes or metadata changes outside its temporary
-  directory, no socket, no shared memory, every process ended with its check), and each child
-  shuts itself in further before it imports the file (its own directory, HOME and TMPDIR, the
-  only place it writes; reads only of Python, the project and the file's folder). Where Landlock
-  is missing (another OS, a kernel before 5.13) the checker also compares the project's files
+- the host shuts itself in before it imports anything (confine.py), each child further before
+  it imports the file; where Landlock is missing the checker also compares the project's files
   before and after, refusing the result if anything changed (`Sandbox.writes_confined`);
 - what comes back is read with `torch.load(weights_only=True)`, which builds tensors, numbers,
   strings and containers and never runs code;

@@ -1,5 +1,5 @@
-"""Points and visibility per check, for a platform's results (platforms.py): the default table,
-and the instructor's own from a small key=value file, one check a line:
+"""Points and visibility per check, for a platform's results and a course's table: the default
+table, and the instructor's own from a small key=value file, one check a line:
 
     # check = points [visibility]
     equation = 4
