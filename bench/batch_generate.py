@@ -23,10 +23,10 @@ from typing import Optional
 
 import torch
 
-from bench.common import (BenchArgs, compose_config, fmt, interleaved_medians, print_header,
-                          print_headline, print_table, resolve_repetitions, setup, usage)
+from bench.common import (BenchArgs, bench_main, compose_config, fmt, interleaved_medians,
+                          print_header, print_headline, print_table, resolve_repetitions, setup)
 from model.gpt import GPT
-from safeio.cli import UserError, parse_key_values, run_cli
+from safeio.cli import UserError
 
 N_TOKENS, QUICK_N_TOKENS = 100, 20
 COUNTS, QUICK_COUNTS = [1, 4, 16, 64], [1, 4, 16]
@@ -48,11 +48,7 @@ def prompt_lengths(n: int) -> list[int]:
 
 
 def main(argv: list[str]) -> int:
-    def body() -> int:
-        args, overrides = parse_key_values(argv, BatchArgs, usage("bench.batch_generate"),
-                                           about=__doc__.split("\n\n")[0], overrides=True)
-        return measure_all(args, overrides)
-    return run_cli(body)
+    return bench_main(argv, BatchArgs, "bench.batch_generate", __doc__, measure_all)
 
 
 def measure_all(args: BatchArgs, overrides: list[str]) -> int:

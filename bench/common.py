@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, Optional, Sequence
 
 import torch
 
-from safeio.cli import UserError
+from safeio.cli import UserError, parse_key_values, run_cli
 from training.cpu_memory import keep_freed_memory
 
 if TYPE_CHECKING:
@@ -56,6 +56,14 @@ def usage(module: str, overrides: bool = True) -> str:
     return f"usage: python -m {module} [key=value ...]" + (
         " [train.py overrides, e.g. model=baby train.batch_size=32, for every configuration "
         "benchmarked]" if overrides else "")
+
+
+def bench_main(argv: list[str], schema: type, module: str, doc: str,
+               measure: Callable[[BenchArgs, list[str]], int]) -> int:
+    """`python -m module`: argv's keys into schema and the rest as train.py overrides, then
+    measure(args, overrides), under run_cli's exit statuses (--help shows doc's first paragraph)."""
+    return run_cli(lambda: measure(*parse_key_values(
+        argv, schema, usage(module), about=doc.split("\n\n")[0], overrides=True)))
 
 
 def resolve_repetitions(args: BenchArgs, reps: int = DEFAULT_REPS,

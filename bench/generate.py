@@ -29,9 +29,8 @@ from typing import Callable, Optional
 
 import torch
 
-from bench.common import (BenchArgs, compose_config, fmt, interleaved_medians, print_header,
-                          print_headline, print_table, resolve_repetitions, setup, usage)
-from safeio.cli import parse_key_values, run_cli
+from bench.common import (BenchArgs, bench_main, compose_config, fmt, interleaved_medians,
+                          print_header, print_headline, print_table, resolve_repetitions, setup)
 from model.fast_paths import trust_fused_attention
 from model.gpt import GPT
 
@@ -84,11 +83,7 @@ class GenerateArgs(BenchArgs):
 
 
 def main(argv: list[str]) -> int:
-    def body() -> int:
-        args, overrides = parse_key_values(argv, GenerateArgs, usage("bench.generate"),
-                                           about=__doc__.split("\n\n")[0], overrides=True)
-        return measure_all(args, overrides)
-    return run_cli(body)
+    return bench_main(argv, GenerateArgs, "bench.generate", __doc__, measure_all)
 
 
 def measure_all(args: GenerateArgs, overrides: list[str]) -> int:

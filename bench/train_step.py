@@ -41,10 +41,10 @@ from typing import Callable, Optional, Sequence
 import torch
 import torch.nn.functional as F
 
-from bench.common import (GPU_RECIPE, BenchArgs, compose_config, fmt, interleaved_medians,
-                          print_header, print_headline, print_table, resolve_repetitions, setup,
-                          time_once, usage)
-from safeio.cli import check_choices, parse_key_values, run_cli
+from bench.common import (GPU_RECIPE, BenchArgs, bench_main, compose_config, fmt,
+                          interleaved_medians, print_header, print_headline, print_table,
+                          resolve_repetitions, setup, time_once)
+from safeio.cli import check_choices
 from model.fast_paths import trust_fused_attention
 from model.gpt import GPT
 from training.config import COMPILE_MODES, Config
@@ -265,15 +265,11 @@ class TrainStepArgs(BenchArgs):
 
 
 def main(argv: list[str]) -> int:
-    def body() -> int:
-        args, overrides = parse_key_values(argv, TrainStepArgs, usage("bench.train_step"),
-                                           about=__doc__.split("\n\n")[0], overrides=True)
-        check_choices(args, dtypes=DTYPES, compile_mode=(None, *COMPILE_MODES))
-        return measure_all(args, overrides)
-    return run_cli(body)
+    return bench_main(argv, TrainStepArgs, "bench.train_step", __doc__, measure_all)
 
 
 def measure_all(args: TrainStepArgs, overrides: list[str]) -> int:
+    check_choices(args, dtypes=DTYPES, compile_mode=(None, *COMPILE_MODES))
     device = setup(args)
     kind = "cuda" if device.type == "cuda" else "cpu"
     if kind == "cuda":

@@ -25,10 +25,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from bench.common import (BenchArgs, compose_config, fmt, print_header, print_headline,
-                          print_table, resolve_repetitions, usage)
+from bench.common import (BenchArgs, bench_main, compose_config, fmt, print_header, print_headline,
+                          print_table, resolve_repetitions)
 from bench.train_step import DTYPES, build_step
-from safeio.cli import UserError, parse_key_values, run_cli
+from safeio.cli import UserError
 from training.cpu_memory import keep_freed_memory
 
 STEPS, QUICK_STEPS = 5, 1   # timed steps per child, after 2 untimed ones
@@ -76,11 +76,7 @@ def child_measurement(step, threads: int, keep: bool, steps: int) -> tuple[float
 
 
 def main(argv: list[str]) -> int:
-    def body() -> int:
-        args, overrides = parse_key_values(argv, FreedArgs, usage("tools.freed_memory"),
-                                           about=__doc__.split("\n\n")[0], overrides=True)
-        return measure_all(args, overrides)
-    return run_cli(body)
+    return bench_main(argv, FreedArgs, "tools.freed_memory", __doc__, measure_all)
 
 
 def measure_all(args: FreedArgs, overrides: list[str]) -> int:

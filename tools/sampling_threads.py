@@ -26,9 +26,8 @@ from typing import Optional
 
 import torch
 
-from bench.common import (BenchArgs, compose_config, fmt, print_header, print_headline,
-                          print_table, resolve_repetitions, usage)
-from safeio.cli import parse_key_values, run_cli
+from bench.common import (BenchArgs, bench_main, compose_config, fmt, print_header, print_headline,
+                          print_table, resolve_repetitions)
 from model.gpt import GPT
 
 N_TOKENS, QUICK_N_TOKENS = 300, 30
@@ -67,11 +66,7 @@ class ThreadsArgs(BenchArgs):
 
 
 def main(argv: list[str]) -> int:
-    def body() -> int:
-        args, overrides = parse_key_values(argv, ThreadsArgs, usage("tools.sampling_threads"),
-                                           about=__doc__.split("\n\n")[0], overrides=True)
-        return measure_all(args, overrides)
-    return run_cli(body)
+    return bench_main(argv, ThreadsArgs, "tools.sampling_threads", __doc__, measure_all)
 
 
 def measure_all(args: ThreadsArgs, overrides: list[str]) -> int:

@@ -35,11 +35,11 @@ from typing import Optional
 
 import torch
 
-from bench.common import (REPO_ROOT, BenchArgs, compose_config, fmt, print_header,
-                          print_headline, print_table, resolve_repetitions, setup, usage)
+from bench.common import (REPO_ROOT, BenchArgs, bench_main, compose_config, fmt, print_header,
+                          print_headline, print_table, resolve_repetitions, setup)
 from data.batches import RandomWindows
 from data.prepare import prepare_corpus
-from safeio.cli import UserError, hydra_string, parse_key_values, run_cli
+from safeio.cli import UserError, hydra_string
 from model.fast_paths import trust_fused_attention
 from model.gpt import GPT
 from training.device import autocast, pick_dtype
@@ -197,11 +197,7 @@ def main(argv: list[str]) -> int:
         print(json.dumps(child(json.loads(argv[1]), device)))
         return 0
 
-    def body() -> int:
-        args, overrides = parse_key_values(argv, StartupArgs, usage("tools.startup"),
-                                           about=__doc__.split("\n\n")[0], overrides=True)
-        return measure_all(args, overrides)
-    return run_cli(body)
+    return bench_main(argv, StartupArgs, "tools.startup", __doc__, measure_all)
 
 
 def measure_all(args: StartupArgs, user: list[str]) -> int:
