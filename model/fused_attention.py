@@ -2,32 +2,18 @@
 
     Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k) + M) V
 
-`model/attention.py` computes this one step at a time: scores S = Q K^T * scale + M, then
-P = softmax(S), then O = P V. Each step is its own kernel, and kernels only talk to each other
-through memory, so the n x m matrix of scores is written out and read back, then the n x m
-weights are written out, read back for P V, and kept alive until the backward pass. Q, K, V and
-O are O(T d) per head; S and P are O(T^2). At long context that round trip, not the arithmetic,
-is what the layer spends its time and memory on, and no arrangement of PyTorch ops avoids it
-(skipping the future key blocks, as model/fast_paths.py's `query_blocks` does, halves it; it
-stays T^2).
-Only a kernel that does all the steps at once can: `F.scaled_dot_product_attention` is
-PyTorch's; this file is ours.
+`model/attention.py` computes this one step at a time (S = Q K^T * scale + M, P = softmax(S),
+O = P V), a kernel each, and kernels only talk through memory: the n x m scores and weights are
+written out, read back, and kept until the backward. At long context that O(T^2) round trip, not
+the arithmetic, is what the layer spends its time and memory on, and no arrangement of PyTorch
+ops avoids it (model/fast_paths.py's `query_blocks` halves it); only a kernel that does all the
+steps at once can. `F.scaled_dot_product_attention` is PyTorch's; this file is ours.
 
-This file computes the same equation in one kernel per pass, the way FlashAttention does:
-
-  * Tiles. A program owns a tile of BLOCK_M query rows and walks over the keys BLOCK_N at a
-    time. A [BLOCK_M, BLOCK_N] tile of scores lives in registers, is used, and is thrown away;
-    nothing n x m ever exists in memory.
-  * Online softmax. The softmax of a row needs the row's maximum and sum over *all* its keys,
-    which a tile-at-a-time walk only knows at the end. So the program keeps a running max m_i,
-    a running sum l_i and an unnormalised output acc_i, and rescales them by exp(m_old - m_new)
-    whenever a new tile raises the max (the identity is spelled out in `_fwd_key_tiles`). At the
-    end O = acc / l is exactly softmax(S) V, not an approximation.
-  * Causal tiles. Key tiles entirely in the future of a query tile are never loaded; tiles
-    entirely in its past need no mask; only the few tiles on the diagonal pay for one.
-  * Backward without P. The forward saves one number per row, the log-sum-exp
-    lse_i = log sum_j exp(S_ij), so the backward rebuilds any tile of P as exp(S - lse) from Q
-    and K: a little more arithmetic instead of n x m floats saved and read back.
+This file computes the same equation in one kernel per pass, the way FlashAttention does: a
+program walks one tile of query rows over the key tiles, keeps each tile of scores in registers
+(nothing n x m in memory), normalises with an online softmax (a running max and sum, rescaled as
+the max grows: exact, not an approximation), skips the key tiles wholly in the future, and saves
+one log-sum-exp per row so that the backward rebuilds P instead of reading it back.
 
 The mask is right-aligned, exactly like `causal_pattern(n, m)`: n new queries over m keys
 (n <= m), query i sits at absolute position m - n + i and sees keys 0 .. m - n + i. n = m is
@@ -41,12 +27,10 @@ Entry points: `fused_causal_attention` (differentiable), `fused_attention_forwar
 `fused_available(device)` (can the kernels run there?) and `self_check(device, head_dim,
 dtype)` (do they compute the right thing there, against the equation in float64? decided
 once per process, before trusting them). This module imports nothing of the project: the
-layer's fast paths (model/fast_paths.py: `fused_refusal`, `trust_fused_attention` and the
-kernel's path) call it, never the other way. Triton is optional: without it this module still imports and `fused_available` says
-False, so callers keep the reference path. Under TRITON_INTERPRET=1
-(set before triton is imported) the same kernels run on the CPU through Triton's interpreter,
-which is how the tests check them without a GPU. How it works, step by step:
-docs/fused_attention.md.
+layer's fast paths (model/fast_paths.py) call it, never the other way. Without Triton it still
+imports and `fused_available` says False, so callers keep the reference path; under
+TRITON_INTERPRET=1 (set before triton is imported) the kernels run on the CPU, which is how the
+tests check them without a GPU. How it works, step by step: docs/fused_attention.md.
 """
 from __future__ import annotations
 
