@@ -20,12 +20,8 @@ reads far below what the GPU can do, and every MFU divided by it is flattered. M
 figure needs no datasheet and compares between machines; fp32 on CUDA means TF32 matmuls, as
 train.py sets.
 
-Model FLOPs per token (nanoGPT's estimate, after the PaLM paper, appendix B):
-    6 N + 12 n_layer n_embd T
-N = parameters other than the position embeddings (the token embedding is counted: it is also
-the tied LM head, a real matmul); 6 = 2 (multiply-add) x 3 (forward, and backward twice as
-much); the second term is the QK^T and weights @ V matmuls over the full T x T (causal masking
-not discounted). Headline: MFU of the default config in the dtype and mode `python train.py`
+Model FLOPs per token: 6 N + 12 n_layer n_embd T (nanoGPT's estimate, after PaLM's appendix
+B; docs/benchmarks.md), N without the position embeddings (the tied head is a real matmul). Headline: MFU of the default config in the dtype and mode `python train.py`
 runs by default (auto dtype; compiled on CUDA, eager on a CPU).
 """
 from __future__ import annotations

@@ -9,14 +9,10 @@ renaming plus three differences of storage:
       which computes exactly the same thing (x W + 0, LayerNorm(x) * g + 0).
     * The tied head is stored once (transformers re-ties lm_head to wte on load).
 
-What GPT-2's format cannot say is refused rather than approximated: our attention pitfalls
-(no W_O, a scale other than 1/sqrt(d_k), a mask other than additive -inf), and, on import,
-GPT-2 options our model does not have (inverse-layer scaling, cross-attention, another
-LayerNorm epsilon, an untied head, an activation other than exact or tanh GELU). The folder's
-files are read by safeio/hf.py, which checks them for any architecture; this file says what
-GPT-2's names and shapes are (the shapes: those of our GPT, built on the meta device). Whether
-the values a config.json gives are in range, and the model fits in memory, is checked above this
-file, by guard/run_dir.py (folder_shape, built), before gpt2_state computes a shape from them.
+What GPT-2's format cannot say is refused rather than approximated, both ways
+(docs/huggingface.md, "What is refused, and why"). safeio/hf.py reads and checks the folder's
+files for any architecture, guard/run_dir.py a config.json's values and the memory they need;
+this file says what GPT-2's names and shapes are (ours, from a GPT built on the meta device).
 
 Nothing here imports transformers: exporting and importing need only safetensors and json, so a
 user without transformers can still produce a folder that transformers loads.

@@ -125,18 +125,11 @@ def _fwd_key_tiles(acc, l_i, m_i, q, k_head, v_head, stride_kvt, offs_m, offs_d,
                    n_q, n_k, qk_scale,
                    BLOCK_N: tl.constexpr, ON_DIAGONAL: tl.constexpr,
                    DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr):
-    """Fold the keys lo .. hi - 1 into one query tile's running softmax, BLOCK_N keys at a time.
-
-    The online softmax. For one row with scores s_j (log2 units), over the keys seen so far:
-        m_i   = max_j s_j                      the running max
-        l_i   = sum_j 2^(s_j - m_i)            the running sum (softmax's denominator)
-        acc_i = sum_j 2^(s_j - m_i) v_j        the running output, not yet divided by l_i
-    A new tile of scores s_j' moves the max to m_new = max(m_i, max_j s_j'). Every old term was
-    computed relative to m_i; multiplying by alpha = 2^(m_i - m_new) re-bases it on m_new:
-        2^(s_j - m_i) * 2^(m_i - m_new) = 2^(s_j - m_new),
-    so l_new = alpha l_i + sum_j' 2^(s_j' - m_new), and the same for acc. Subtracting the max keeps
-    every exponent <= 0: no overflow, exactly as torch.softmax does, one tile at a time.
-    """
+    """Fold the keys lo .. hi - 1 into one query tile's running softmax, BLOCK_N keys at a time:
+    m_i the running max of the scores (log2 units), l_i the running sum of 2^(s_j - m_i), acc_i
+    the output not yet divided by l_i; when a tile raises the max to m_new, both are re-based by
+    alpha = 2^(m_i - m_new), so every exponent stays <= 0 (the identity: docs/fused_attention.md,
+    "The online softmax")."""
     for start_n in range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         offs_n = start_n + tl.arange(0, BLOCK_N)                         # key positions [BLOCK_N]

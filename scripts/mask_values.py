@@ -7,20 +7,14 @@ float16, in training and on a row that sees no key.
 
 Two measurements (docs/ablations.md, the third study):
 
-1. Training. The leak regime's model (conf/regime/leak.yaml) trained `steps` steps with the
-   additive mask M = value at every future key, under autocast in each dtype (float32: none),
-   as the masking pitfalls are (attention.mask_value): the value is written where the correct
-   layer writes -inf, in the dtype of the scores (finfo.min: the scores' dtype's, as code that
-   writes torch.finfo(scores.dtype).min gets). Reported: the last training loss, the validation
-   loss under the run's own mask and under the correct one (causal), and the steps whose loss or
-   gradient was not finite (skipped, as train.on_nonfinite=skip does).
-2. A fully masked row: a query that sees no key at all (a left-padded query before its row's
-   first real token, where the pad mask hides every key it could see). Every path computes it
-   with each value in each dtype: our equation adding M (model/attention.py), filling the
-   scores with the value (a masked_fill), torch's SDPA with M as a float mask, and, value-free,
-   torch's SDPA with a boolean mask and our fast path (model/fast_paths.py: -inf inside the
-   score matmul); on CUDA also SDPA's flash, memory-efficient and math backends one by one and
-   our Triton kernel. Reported: NaN, or finite (and what the row then is).
+1. Training. The leak regime's model (conf/regime/leak.yaml) trained `steps` steps with
+   attention.mask_value = value at every future key, in the scores' dtype, under autocast in
+   each dtype: the last training loss, the validation loss under its own mask and the causal
+   one, and the steps whose loss or gradient was not finite (skipped, as on_nonfinite=skip).
+2. A fully masked row (a left-padded query before its row's first real token), computed with
+   each value in each dtype by every path: our equation adding M, a masked_fill, torch's SDPA
+   with a float mask, and, value-free, SDPA with a boolean mask and our fast path; on CUDA also
+   SDPA's backends one by one and our Triton kernel. Reported: NaN, or the finite row.
 
 The correct layer never meets 2.: a pad query sees its own key (model/attention.py's
 visible_keys). float16 on a CPU: torch 2.13 runs float16 autocast there (emulated, about 9x

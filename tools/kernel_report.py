@@ -11,21 +11,14 @@ launch the report prints shared memory, registers, spills and tensor-core instru
     python -m tools.kernel_report kernels=dkdv dtypes=fp32 tiles=16x32/4w1s  # try tiles
     python -m tools.kernel_report device=cuda          # on a GPU: what its launches compiled
 
-One row per kernel (fwd, dkdv, dq and the small delta pass of the backward) x dtype (tf32 is
-fp32 with torch's allow_tf32 switch on) x head size x target, with the tiles that
-`model.fused_attention.default_tiles` picks for that GPU generation and the constexprs the
-launch passes (`launch_constants`), compiled by `triton.compile` for a `GPUTarget`; ptxas (the
-one shipped with triton) reports registers and spills, Triton's metadata the shared memory.
-Arguments are specialised as a training launch's are (`launch=train`): 16-byte-aligned
-pointers, strides and lengths that are multiples of 16; `launch=ragged` has lengths that are
-not, and `launch=decode` is generation's one-query forward (Triton makes n = 1 a constant; the
-tiles shrink to it). `kv_group` is never specialised, so each compiled variant serves
-grouped-query attention and plain multi-head attention alike.
-
-The rules (`check=true`, and tests/test_kernel_compile.py): shared memory under the target's
-per-block limit; no spills; tensor-core instructions (mma.sync, or wgmma on sm_90) for
-fp16 / bf16 / tf32. Every variant is compiled afresh, in a cache of its own that is deleted
-afterwards, since a cached kernel comes without ptxas's report.
+One row per kernel (fwd, dkdv, dq and the backward's delta pass) x dtype (tf32: fp32 with
+allow_tf32) x head size x target, with the tiles `model.fused_attention.default_tiles` picks and
+the launch's constexprs (`launch_constants`), compiled by `triton.compile` for a `GPUTarget`.
+Arguments are specialised as a training launch's are (`launch=train`: 16-byte alignment, sizes
+multiple of 16); `launch=ragged` has lengths that are not, `launch=decode` is generation's
+one-query forward. `kv_group` is never specialised: one variant serves GQA and MHA alike.
+The rules (`check=true`) are docs/fused_attention.md's. Every variant is compiled afresh, in a
+cache of its own deleted afterwards, since a cached kernel comes without ptxas's report.
 
 `device=cuda` (on a machine with a GPU) launches the kernels forward and backward for each
 dtype and head size instead, reads the compiled objects Triton made for that GPU (registers,

@@ -5,14 +5,11 @@
     python -m tools.startup quick=true            # seconds: a small synthetic text_files corpus
     python -m tools.startup tokenizer=char        # any train.py override
 
-A first run of train.py extracts the corpus, reads it through `datasets`, fits the tokenizer,
-tokenizes both splits and writes them to <cache_dir>/tokens/; every later run finds them there
-and memory-maps them (`data.prepare.prepare_corpus`). Each start is timed in a *fresh Python
-process*, as a user meets it (same interpreter start, same imports, nothing warm in memory but
-the OS file cache): "first" on an empty cache_dir, then "second" on the cache the first left.
-Both go on to what train.py does before its first step is done, with the config train.py would
-compose (`training.config.compose`): build the model and the optimizer, draw the first batch,
-run one forward + backward + clip + optimizer step.
+A first run of train.py fits the tokenizer and writes the tokenized splits to
+<cache_dir>/tokens/; later runs memory-map them (`data.prepare.prepare_corpus`). Each start is
+timed in a fresh Python process, as a user meets it: "first" on an empty cache_dir, "second" on
+the cache the first left, each to the end of train.py's first step (model, optimizer, batch,
+forward + backward + clip + step) with the config train.py would compose.
 
 Headline: second / first time from prepare_corpus to the end of the first step. Interpreter
 start-up, imports and composing the config are shown apart: they are the same for both starts
