@@ -5,13 +5,10 @@
     python -m bench.record name=mine train="model.n_layer=5" seeds=1,2,3,4 current=records/default
 
 Each seed is one `python train.py` (a subprocess, as a user runs it) into a fresh run directory
-under runs/records/<name>/, its steps set so that it trains on BUDGET_TOKENS tokens whatever its
-batch and context; then bench/score.py scores its last weights. The record, records/<name>/,
-holds record.json (the overrides, the seeds, each run's score, steps, wall time and dtype, the
-machine, torch's version, the commit and whether the tree differed from it) and each seed's
-config.yaml and train.log; the weights stay in the run directory. With current=<a record's
-folder>, the new record is compared with it seed by seed (`paired_verdict`: the rule for a new
-record, docs/records.md).
+under runs/records/<name>/, trained on BUDGET_TOKENS tokens whatever its batch and context, then
+scored by bench/score.py. records/<name>/ holds record.json (docs/records.md says its fields)
+and each seed's config.yaml and train.log. With current=<a record's folder>, the new record is
+compared with it seed by seed (`paired_verdict`: the rule for a new record, docs/records.md).
 
 Every value (the overrides, each seed's run as train.py will check it, out=, runs=, current=) is
 checked before the first seed trains (`plan_record`), and the record is written whole or not at

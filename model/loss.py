@@ -5,15 +5,12 @@
 
 `cross_entropy` computes exactly that: `F.cross_entropy(F.linear(x, W))`. On a CPU the model
 uses `row_block_cross_entropy` instead (GPT chooses once, built or moved, with `choose_loss`),
-for speed only: at the default size the head is a 4,096-way softmax for every token, and the
-plain version writes and reads the [tokens, vocab] logits several times over (the copy to
-float32, the log-softmax, its zero-filled gradient, the log-softmax's backward, the copy back to
-bf16), each pass far larger than the CPU's caches. A block of rows fits in them, and since the
-loss is the network's last step, the gradient of the logits is known in the forward pass up to
-the one number backward brings (the loss's own gradient, 1 in training): each block's gradients
-of x and W are made while its logits are still in the cache, and backward only scales them. The
-results agree with the plain version to rounding (tests/test_loss.py); docs/budget.md, round 3,
-has what it saves.
+for speed only: the plain version writes and reads the [tokens, vocab] logits several times
+over, each pass far larger than the CPU's caches. Since the loss is the network's last step, the
+gradient of the logits is known in the forward up to the one number backward brings, so each
+block of rows makes its gradients of x and W while its logits are still in the cache, and
+backward only scales them. It agrees with the plain version to rounding (tests/test_loss.py);
+docs/budget.md, round 3, has what it saves.
 """
 from __future__ import annotations
 

@@ -8,11 +8,10 @@ or compare them with the outputs committed.
 The notebooks are committed with their outputs, so that a learner reads them on the code host
 without running anything; this regenerates those outputs, and tests/test_lessons.py fails when
 they are not what the current code produces (`differences`). Each lesson runs with nbclient in a
-fresh kernel whose folder is lessons/, as `jupyter lab lessons/` would run it, with no timing
-recorded in the file. The outputs compare as a person reads them, not byte for byte: text the
-same once its numbers are read as numbers: integers (shapes, counts) equal, the others within
-NUMBER_TOLERANCE (float digits differ between CPU kinds, AVX2 against AVX-512); pictures of the same size whose pixels differ by
-at most PIXEL_TOLERANCE on average.
+fresh kernel whose folder is lessons/, as `jupyter lab lessons/` would run it, no timing kept.
+Outputs compare as a person reads them: text with integers equal and other numbers within
+NUMBER_TOLERANCE (float digits differ between CPU kinds), pictures of the same size within
+PIXEL_TOLERANCE per pixel on average.
 """
 from __future__ import annotations
 

@@ -4,17 +4,13 @@
     python -m tools.tensorboard_screenshots logdir=runs/pitfalls out=docs overwrite=true
     python -m tools.tensorboard_screenshots study=runs/ablations/<date> [out=DIR] [seed=N]
 
-logdir= writes, into out= (else the logdir), what `tensorboard --logdir <logdir>` shows, as
-docs/tensorboard.md opens it: tensorboard_leak.png (the Custom Scalars tab, where the README
-sends a learner: train/loss and val/causal_loss side by side) and tensorboard_maps.png (the
-Images tab: each run's attention maps). study=
-writes, into out= (else the study's directory), tensorboard_scalars.png and
-tensorboard_images.png (TensorBoard on one seed of every arm, `tensorboard --logdir
-<study>/seed<N>`: the lowest seed, or seed=) and tensorboard_hparams.png (the HParams table of
-the whole study). Files already in out= are replaced only with overwrite=true (docs/ holds those
-of docs/tensorboard.md). Needs Debian's `chromium` (apt-get install chromium); it is started
-with no network but the local TensorBoard and a throw-away profile. Not part of the test suite:
-the same data is checked through TensorBoard's HTTP API in tests/test_sweep.py.
+logdir= writes tensorboard_leak.png (the Custom Scalars tab) and tensorboard_maps.png (Images)
+into out= (else the logdir); study= writes tensorboard_scalars.png and tensorboard_images.png
+(one seed of every arm: the lowest, or seed=) and tensorboard_hparams.png (the whole study) into
+out= (else the study's directory): the pictures of docs/tensorboard.md, replaced only with
+overwrite=true. Needs Debian's `chromium`, started with no network but the local TensorBoard
+and a throw-away profile. Not in the test suite: tests/test_sweep.py checks the same data
+through TensorBoard's HTTP API.
 
 TensorBoard is a single-page app that fetches its data after the page loads, so each picture
 is taken by `chromium --screenshot` after a budget of virtual time in which the page settles.
