@@ -29,22 +29,17 @@ tokens at every T, so the rows differ only in T. bf16 is autocast over fp32 weig
 training; fp32 is IEEE fp32 (no TF32), so that the oracle check can be tight.
 
 Each call is timed in two parts, forward (under autocast, building the autograd graph) and
-backward, each with a device sync, and reported as milliseconds, TFLOP/s and ratios to SDPA's:
-forward, backward and the whole. FLOPs are the layer's useful work, the same for every arm:
-the two projections (2 FLOPs per multiply-add, 3x for forward + backward) and the causal
-attention core (half of the T x T scores; its backward counted as 2.5 forwards, the
-FlashAttention convention, recomputation included).
+backward, each with a device sync: milliseconds, TFLOP/s (the layer's useful work, the same for
+every arm: `layer_flops`) and ratios to SDPA's, forward, backward and the whole.
 
 `decode=true` times what generation runs per layer and token instead: the attention core alone,
 one new query over m cached keys (B sequences, the model's heads, no gradient), in microseconds
 per call, against the same pinned SDPA backends.
 
 Before any timing, each arm's output and input gradient are compared with SDPA's; beyond the
-dtype's tolerance the bench still prints its table but exits with status 1, since its timings
-would compare different functions. Memory is the activation memory, per arm and as a ratio to
-SDPA's: on CUDA the allocator's peak during forward + backward above what was allocated before;
-everywhere, the bytes autograd keeps between forward and backward (saved_tensors_hooks; the only
-measure a CPU offers). Headline: ours (reference) / SDPA time at T=256 (the GPU recipe's context,
+dtype's tolerance the bench prints its table but exits with status 1 (its timings would compare
+different functions). Memory: on CUDA the allocator's peak during forward + backward, and
+everywhere the bytes autograd keeps between them (`activation_bytes`), as ratios to SDPA's. Headline: ours (reference) / SDPA time at T=256 (the GPU recipe's context,
 and the CPU figure the README has tracked) in the dtype `python train.py` picks on the device
 (fp32 on a CPU without bf16 instructions, bf16 on a recent GPU).
 """

@@ -156,12 +156,10 @@ def activation_bytes(forward: Callable[[], torch.Tensor],
                      exclude: Iterable[torch.Tensor] = ()) -> tuple[int, torch.Tensor]:
     """Bytes that autograd keeps alive for the backward pass of `forward()`, and its output.
 
-    Works on any device, CPU included (where PyTorch has no peak-memory counter): every tensor
-    saved for backward passes through `saved_tensors_hooks`; each underlying storage is counted
-    once (q, k and v are views of one qkv buffer, a tensor may be saved by several ops), and the
-    storages of `exclude` (weights, buffers, inputs: alive whatever the layer does) not at all.
-    Transient buffers freed during the forward pass are not included: this is the memory held
-    between forward and backward, which is what grows with batch and sequence length in training.
+    Works on any device, CPU included (no peak-memory counter there): every tensor saved for
+    backward passes through `saved_tensors_hooks`; each storage is counted once (q, k, v are
+    views of one buffer) and those of `exclude` (weights, buffers, inputs) not at all. Buffers
+    freed during the forward are not included: this is what grows with batch and context.
     """
     seen = {t.untyped_storage().data_ptr() for t in exclude}
     total = 0

@@ -15,11 +15,10 @@ Three ways to produce the same tokens with `GPT.generate`:
                       O(T^2) attention and O(T) of everything else per token, so the gap to the
                       cache grows with the number of tokens generated.
 
-The model is the default config's (`training.config.compose`, overrides on the command line)
-with random weights and a block_size of prompt + new tokens, so that no path ever crops its
-context (cropping would make them compute different things). Decoding is greedy, hence
-deterministic: every path must produce the very same tokens, which is checked (exit status 1
-if not). Headline: KV cache tokens/s over recompute tokens/s.
+The model is the default config's (overrides on the command line) with random weights and a
+block_size of prompt + new tokens, so that no path crops its context. Decoding is greedy: every
+path must produce the very same tokens (exit status 1 if not). Headline: KV cache tokens/s over
+recompute tokens/s.
 """
 from __future__ import annotations
 

@@ -259,14 +259,10 @@ def _is_ignored(name: str) -> bool:
 
 
 def gpt2_state(path: PathLike, cfg: ModelConfig, vocab_size: int) -> dict[str, torch.Tensor]:
-    """Our state dict, without the tied lm_head, from a GPT-2 folder on disk whose config.json
-    read as (cfg, vocab_size) (gpt2_model_config), once the caller has checked that shape: the
-    expected shapes are computed from it (guard/run_dir.py checks its values and size first, as a
-    300-byte config.json can claim 10**9 layers).
-
-    Both GPT2LMHeadModel's names (`transformer.h.0...`) and GPT2Model's (`h.0...`, as in OpenAI's
-    original upload) are accepted. Raises FormatError, with one clear sentence, for anything
-    else."""
+    """Our state dict, without the tied lm_head, from a GPT-2 folder whose config.json read as
+    (cfg, vocab_size) (gpt2_model_config), a shape the caller has checked (guard/run_dir.py: a
+    300-byte config.json can claim 10**9 layers). GPT2LMHeadModel's names (`transformer.h.0...`)
+    and GPT2Model's (`h.0...`, OpenAI's upload) are accepted; anything else is a FormatError."""
     config, config_path, weights_path = open_folder(path)
     config_tied = Fields(config, config_path).option("tie_word_embeddings", True)
     expected = _gpt2_shapes(cfg, vocab_size)

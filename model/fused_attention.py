@@ -758,12 +758,10 @@ def self_check(device, head_dim: int, dtype: torch.dtype, kv_group: int = 1) -> 
     """Run the kernels once, forward and backward, against the reference attention in float64.
 
     Decided once per process for each (device, head size, dtype, query heads per kv head, tf32
-    switch): the first call compiles and runs the kernels on a small random problem (a few
-    tiles of a training pass, and a decode step over a cache), the later ones return the same
-    verdict. A kernel that fails to compile or launch, or that disagrees with the reference
-    beyond SELF_CHECK_TOL, gets one warning line (logged as `model.fused_attention`, so a
-    training run's train.log has it too) and `ok=False`: the caller then uses the reference
-    attention. Call it before torch.compile traces the model, never inside a traced forward.
+    switch), on a small random problem (a few tiles of a training pass, and a decode step). A
+    kernel that fails to compile or launch, or disagrees beyond SELF_CHECK_TOL, gets one warning
+    line (logged as `model.fused_attention`, so train.log has it) and `ok=False`: the caller
+    then uses the reference attention. Call it before torch.compile traces the model.
     """
     device = torch.device(device)
     if device.type == "cuda" and device.index is None and torch.cuda.is_available():
