@@ -36,12 +36,13 @@ every arm: `layer_flops`) and ratios to SDPA's, forward, backward and the whole.
 one new query over m cached keys (B sequences, the model's heads, no gradient), in microseconds
 per call, against the same pinned SDPA backends.
 
-Before any timing, each arm's output and input gradient are compared with SDPA's; beyond the
-dtype's tolerance the bench prints its table but exits with status 1 (its timings would compare
-different functions). Memory: on CUDA the allocator's peak during forward + backward, and
-everywhere the bytes autograd keeps between them (`activation_bytes`), as ratios to SDPA's. Headline: ours (reference) / SDPA time at T=256 (the GPU recipe's context,
-and the CPU figure the README has tracked) in the dtype `python train.py` picks on the device
-(fp32 on a CPU without bf16 instructions, bf16 on a recent GPU).
+Before any timing, each arm's output and input gradient are compared with SDPA's; beyond the dtype's
+tolerance the bench prints its table but exits with status 1 (its timings would compare different
+functions). Memory: on CUDA the allocator's peak during forward + backward, and everywhere the bytes
+autograd keeps between them (`activation_bytes`), as ratios to SDPA's. Headline: ours (reference) /
+SDPA time at T=256 (the GPU recipe's context, and the CPU figure the README has tracked) in the
+dtype `python train.py` picks on the device (fp32 on a CPU without bf16 instructions, bf16 on a
+recent GPU).
 """
 from __future__ import annotations
 

@@ -6,10 +6,9 @@ Layout of one cache entry, keyed by corpus (the hash of its texts) and tokenizer
         tokenizer.json              the fitted tokenizer
         meta.json                   dtype, token and character counts
 
-An entry is built by one process at a time (data.cache_lock) in a temporary directory, then
-renamed into place whole: an entry that exists is complete. Opening one checks it (sizes, the
-tokenizer, every id inside the vocabulary: safeio/corpus.py), since a cache can be damaged or
-handed over.
+An entry is built by one process at a time (data.cache_lock) in a temporary directory, then renamed
+into place whole: an entry that exists is complete. Opening one checks it (sizes, the tokenizer,
+every id inside the vocabulary: safeio/corpus.py), since a cache can be damaged or handed over.
 """
 from __future__ import annotations
 

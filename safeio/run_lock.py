@@ -1,10 +1,9 @@
 """One process at a time in a run directory.
 
-Two `train.py resume=<run>` started together would both train the run: each save deletes the
-other's temporary checkpoint, TensorBoard gets every point twice, and `best/` can end up with the
-weights of one process and the info of the other. So a process takes the run's lock before it
-writes anything into it, and holds it to its end; a second one is refused in one line naming the
-holder.
+Two `train.py resume=<run>` started together would both train the run: each save deletes the other's
+temporary checkpoint, TensorBoard gets every point twice, and `best/` can end up with the weights of
+one process and the info of the other. So a process takes the run's lock before it writes anything
+into it, and holds it to its end; a second one is refused in one line naming the holder.
 
 The lock is `filelock` on `<run>/.lock` (flock: released by the kernel when its holder exits,
 however it exits). The holder writes who it is into the file (pid, host, command, since) and

@@ -4,14 +4,13 @@
     python -m scripts.runs root=runs/ablations/<date>         # the runs of a study
     python -m scripts.runs a=runs/latest b=runs/<date>_<time> # two runs: config and scores
 
-A run is a directory with the config.yaml and TensorBoard events train.py writes. Runs on
-different corpora (lesson 04's made-up play beside Shakespeare) are listed in separate tables:
-their scores do not compare. The scores are
-the last values of its curves: the causal validation loss (nats/token on the evaluation batches;
-for a correct model its own loss), the same per character, the whole validation split per
-character when the run scored it, and the training loss. A comparison lists the config values
-that differ, every score of both runs with their difference, and the causal validation loss at
-each evaluation step both runs share. runs/latest is accepted wherever a run is.
+A run is a directory with the config.yaml and TensorBoard events train.py writes. Runs on different
+corpora (lesson 04's made-up play beside Shakespeare) are listed in separate tables: their scores do
+not compare. The scores are the last values of its curves: the causal validation loss (nats/token on
+the evaluation batches; for a correct model its own loss), the same per character, the whole
+validation split per character when the run scored it, and the training loss. A comparison lists the
+config values that differ, every score of both runs with their difference, and the causal validation
+loss at each evaluation step both runs share. runs/latest is accepted wherever a run is.
 """
 from __future__ import annotations
 

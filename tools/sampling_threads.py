@@ -6,14 +6,13 @@ idle cores and on cores that other processes keep busy.
     python -m tools.sampling_threads quick=true
 
 generate.py decodes one sequence: every op works on a single row, so a small model's ops take
-microseconds. A second thread then costs more in synchronisation than it saves, and when
-another process holds a core, every op waits for the thread that core runs. This bench measures
-that, as generate.py samples (`GPT.generate` with the KV cache, temperature 0.8, random weights
-of the configured model): for each repetition, with no busy process and then with `busy=`
-spinning Python processes (nice 0, like a user's other jobs), it times one sample at each
-thread count, alternating. Headline: tokens/s at one thread over tokens/s at `threads=` (all
-cores by default) on the busy cores: what generate.py's `threads=null` (1 for a small model)
-gains over torch's default.
+microseconds. A second thread then costs more in synchronisation than it saves, and when another
+process holds a core, every op waits for the thread that core runs. This bench measures that, as
+generate.py samples (`GPT.generate` with the KV cache, temperature 0.8, random weights of the
+configured model): for each repetition, with no busy process and then with `busy=` spinning Python
+processes (nice 0, like a user's other jobs), it times one sample at each thread count, alternating.
+Headline: tokens/s at one thread over tokens/s at `threads=` (all cores by default) on the busy
+cores: what generate.py's `threads=null` (1 for a small model) gains over torch's default.
 """
 from __future__ import annotations
 
