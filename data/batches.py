@@ -77,14 +77,11 @@ class EpochWindows(RandomWindows):
     """data.order=epochs: the stream cut into windows of block_size + 1 tokens that share their
     boundary token, read in a fresh random order each epoch, each window once (without
     replacement), where RandomWindows draws any offset with replacement (over the default's
-    3.9 epochs, some text is then read six times and some never). Each epoch also shifts the
-    whole grid by a random offset (from 0 to the slack the stream leaves, less than block_size),
-    so a token does not always sit at the same place in its window. A step's windows may run
-    from the end of one epoch into the next.
-
-    The state is the generator as it was before the current epoch's shuffle, the epoch and the
-    position in it: the epoch's order is drawn again on loading, so a resumed run reads exactly
-    the windows the uninterrupted one would have."""
+    3.9 epochs, some text is then read six times and some never). Each epoch shifts the grid by a
+    random offset below block_size, so a token does not always sit at one place in its window; a
+    step may run from one epoch into the next. The state is the generator before the epoch's
+    shuffle, the epoch and the position in it, so a resumed run reads exactly the windows the
+    uninterrupted one would have."""
 
     def __init__(self, tokens: np.ndarray, block_size: int, batch_size: int, seed: int,
                  device: torch.device = torch.device("cpu")):

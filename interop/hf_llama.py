@@ -8,11 +8,9 @@ Qwen3 is the same network with QK-norm (a per-head RMSNorm of q and k before the
 q_proj | k_proj | v_proj, our `mlp.fc` those of gate_proj | up_proj (BLOCK_MAPPING). Both store
 nn.Linear's [out, in], so nothing is transposed.
 
-Biases: our `model.bias` is one switch for every Linear (RMSNorm has none); Llama's are
-attention_bias (q, k, v, o) and mlp_bias (gate, up, down), so they must agree, and Qwen3's MLP
-has none. Whatever else a config.json may say that our model cannot compute (RoPE scaling, a
-partial rotation, a head_dim other than hidden_size / num_attention_heads, an activation other
-than SiLU, sliding windows) is refused, naming the field, rather than approximated.
+Biases: our `model.bias` is one switch for every Linear, so Llama's attention_bias and mlp_bias
+must agree (Qwen3's MLP has none). Whatever else a config.json says that our model cannot
+compute (RoPE scaling, sliding windows, ...) is refused, naming the field, not approximated.
 
 Like interop/hf.py, nothing here imports transformers; safeio/hf.py reads and checks the files.
 """

@@ -2,12 +2,10 @@
 the weights (model.safetensors) and the training state (state.json with state.safetensors).
 
 A checkpoint can be damaged, or come from someone else. The pointer must name a checkpoint, not a
-path out of the run. The weights must be a safetensors file of plausible size holding finite
-floats of the model's names and shapes. The training state is plain data from end to end: the
-counters, hyper-parameters and random states in JSON, every tensor (optimizer moments, generator
-states) in safetensors, the JSON naming each tensor it holds. Reading either runs no code, so
-there is no pickle to inspect; whether what was read fits the run is then asked of the code it is
-loaded into (training/checkpoint.py: the optimizer's and the generators' own setters).
+path out of the run; the weights, finite floats of the model's names and shapes; the training
+state is plain data (JSON for counters, hyper-parameters and random states, safetensors for every
+tensor), so reading runs no code and there is no pickle to inspect. Whether it fits the run is
+asked of the code it is loaded into (training/checkpoint.py).
 """
 from __future__ import annotations
 

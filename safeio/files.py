@@ -159,15 +159,12 @@ def _check_output_stat(st: os.stat_result, path: Path, what: str) -> None:
 
 
 def write_output(path: Path, text: str, what: str, overwrite: bool) -> None:
-    """Write text to path whole, never through a symbolic link, in a way that nothing else
-    writing in that folder can race. The folder is opened once and every step names files in
-    that directory (whatever its path comes to mean meanwhile); the text goes to a new temporary
-    name there, created with O_EXCL | O_NOFOLLOW (nothing planted in advance is opened, a link
-    least of all), and then takes the name: `rename` replaces the name itself, never what a link
-    there points to, and without overwrite `link` takes the name only while nothing holds it (a
-    dangling link included). A name that is a link, a FIFO, a device or a directory is refused,
-    a link among its folders (made where missing: open_folder) and an existing file without
-    overwrite too (UserError)."""
+    """Write text to path whole, never through a symbolic link, racing nothing else that writes
+    in that folder: the folder is opened once and every step names files in it; the text goes to
+    a new temporary name (O_EXCL | O_NOFOLLOW: nothing planted is opened) that then takes the
+    name, by `rename` (which replaces the name, never a link's target) or, without overwrite, by
+    `link` (only while nothing holds the name). A name that is a link, a FIFO, a device or a
+    directory, a link among its folders, or an existing file without overwrite: UserError."""
     name, folder = Path(path).name, open_folder(path, what, create=True)
     try:
         try:

@@ -6,12 +6,10 @@
 The folder is written as the transformers architecture that computes the run's model: GPT-2
 for GPT-2's switches (`+arch=gpt2`; interop/hf.py), Llama for rope + rmsnorm + swiglu (grouped
 key/value heads, tied head or not; interop/hf_llama.py), Qwen3 for that with qk_norm. It holds
-config.json, model.safetensors (that architecture's names and layout), the run's tokenizer.json
-unchanged and a tokenizer_config.json for PreTrainedTokenizerFast. transformers is not needed to
-export. The folder is written under a temporary name and renamed into place, so a failed export
-leaves nothing half-written at `out`. A run that no architecture expresses (a switch none of
-them has, an attention pitfall variant) is refused, naming what. Any mistake is one `error:`
-line on stderr and exit status 2, as with train.py and generate.py.
+config.json, model.safetensors, the run's tokenizer.json and a tokenizer_config.json; exporting
+needs no transformers. It is written under a temporary name and renamed into place, so a failed
+export leaves nothing at `out`. A run no architecture expresses is refused, naming what
+(docs/huggingface.md); any mistake is one `error:` line and exit status 2.
 """
 from __future__ import annotations
 

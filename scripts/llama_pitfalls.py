@@ -6,13 +6,11 @@ Needs transformers, which requirements.txt does not install: pip install -r requ
 A mistake can be invisible in training: tiling the grouped key/value heads instead of
 interleaving them, or rotating interleaved pairs instead of rotate-half, is a relabelling of
 heads or of dimensions, which a model trained from scratch absorbs into its weights (the study's
-intervals hold 0). On weights trained the other way it is wrong. This script builds a tiny random
-`LlamaForCausalLM` with transformers (no download: a config and random weights, float64),
-copies its tensors into our GPT (rotary, RMSNorm, SwiGLU, grouped heads, untied head, no biases:
-`gpt_from_llama`, a direct mapping), and prints for the correct layer and each pitfall the
-largest logit error against transformers on random tokens, through the uncached forward pass
-and through the KV cache (one token at a time, teacher forced), and the mean KL divergence of
-the next-token distributions. The correct layer agrees to float64 rounding.
+intervals hold 0). On weights trained the other way it is wrong. This script copies a tiny random
+float64 `LlamaForCausalLM` (no download) into our GPT (`gpt_from_llama`) and prints, for the
+correct layer and each pitfall, the largest logit error against transformers, uncached and
+through the KV cache (teacher forced), and the mean KL divergence of the next-token
+distributions. The correct layer agrees to float64 rounding.
 """
 from __future__ import annotations
 
