@@ -38,12 +38,10 @@ class KVCache:
     lengths, its first real token at slot pad[b]. `window`: the model's sliding window
     (model.window); `attn`: its variant (what a PitfallCache's steps read).
 
-    Growing (the default): each forward pass writes its n new positions after the `length`
-    filled ones and attends over that prefix, so shapes grow by one every token. Static
-    (`static=True`): the write position is a device tensor, every step attends over the whole
-    buffer with the unfilled tail masked out, and the shapes never change, so a one-token decode
-    step can be recorded once as a CUDA graph and replayed (`CapturedStep`). The masked tail
-    gets weight exactly 0, so both give the same tokens.
+    Growing (the default): each pass writes its n new positions after the `length` filled ones
+    and attends over that prefix. Static (`static=True`): the write position is a device tensor
+    and every step attends over the whole buffer, its unfilled tail masked (weight exactly 0: the
+    same tokens), so the shapes never change and a step can be a CUDA graph (`CapturedStep`).
     """
 
     def __init__(self, n_layer: int, batch: int, kv_heads: int, max_len: int, head_dim: int,

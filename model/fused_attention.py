@@ -589,9 +589,8 @@ def fused_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                             tiles: Optional[Tiles] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """out = softmax(q k^T * scale + M) v with the right-aligned causal M, and each row's lse.
 
-    q [B, h, n, d], k and v [B, h_kv, m, d], n <= m, h_kv dividing h (query head i reads kv
-    head i // (h / h_kv): grouped-query attention; h_kv = h is plain multi-head attention)
-    -> out [B, h, n, d] (q's dtype) and
+    q [B, h, n, d], k and v [B, h_kv, m, d], n <= m, h_kv dividing h -> out [B, h, n, d] (q's
+    dtype) and
     lse [B, h, n] = log sum_j exp(scale * q_i . k_j) over the visible keys, natural log, float32
     (float64 for float64 inputs). `scale` defaults to 1 / sqrt(d). No gradient is tracked.
     """
@@ -721,12 +720,10 @@ def fused_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                            scale: Optional[float] = None) -> torch.Tensor:
     """softmax(q k^T * scale + M) v with the right-aligned causal mask, in fused Triton kernels.
 
-    q [B, h, n, d], k and v [B, h_kv, m, d] with n <= m (query i sits at position m - n + i, as
-    in `causal_pattern(n, m)`) and h_kv dividing h (grouped-query attention: query head i reads
-    kv head i // (h / h_kv), as `repeat_interleave(h // h_kv, dim=1)` of k and v would give it)
-    -> [B, h, n, d]. Differentiable w.r.t. q, k and v. `scale` defaults to 1 / sqrt(d). The
-    same result as `scaled_dot_product_attention(q, k, v, causal_pattern(n, m))[0]` up to
-    rounding; check `fused_available(q.device)` first, and `self_check` before trusting it.
+    q [B, h, n, d], k and v [B, h_kv, m, d] (n <= m, h_kv dividing h: the module docstring)
+    -> [B, h, n, d], differentiable w.r.t. q, k and v; `scale` defaults to 1 / sqrt(d). The
+    same as `scaled_dot_product_attention(q, k, v, causal_pattern(n, m))[0]` up to rounding;
+    check `fused_available(q.device)` first, and `self_check` before trusting it.
     """
     if scale is None:
         scale = 1.0 / math.sqrt(q.size(-1))

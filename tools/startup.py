@@ -12,9 +12,8 @@ the cache the first left, each to the end of train.py's first step (model, optim
 forward + backward + clip + step) with the config train.py would compose.
 
 Headline: second / first time from prepare_corpus to the end of the first step. Interpreter
-start-up, imports and composing the config are shown apart: they are the same for both starts
-and no cache can shorten them. Downloading the sdist is never timed: it is fetched once
-beforehand if not found locally.
+start-up, imports and composing the config are shown apart (no cache shortens them); the sdist's
+download, if needed, is done once beforehand, untimed.
 """
 from __future__ import annotations
 
