@@ -5,12 +5,10 @@
 
 The last line is the first arm's ratio (`ratio=1.04`: 4% slower a step than the default).
 docs/budget.md gives each arm of a round its cost per step this way. The arms (`;` between arms,
-spaces between one arm's overrides) and the default are built as train.py would build them and
-take turns within every repetition (`interleaved_medians`), so that other jobs on a shared CPU
-slow them alike and the ratios stay meaningful when the absolute times drift; one step is
-forward, backward, clipping and the optimizer step on fixed random tokens, in train.dtype
-(auto: bf16 on CUDA, fp32 on a CPU; train.dtype=bfloat16 times bf16). Switches that act outside the step (the data order) cost nothing
-here, by construction.
+spaces within one) and the default are built as train.py would build them and take turns within
+every repetition (`interleaved_medians`); one step is forward, backward, clipping and the
+optimizer step on fixed random tokens, in train.dtype (auto: bf16 on CUDA, fp32 on a CPU).
+Switches that act outside the step (the data order) cost nothing here, by construction.
 """
 from __future__ import annotations
 

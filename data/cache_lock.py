@@ -1,10 +1,9 @@
 """One builder at a time in a cache that several processes share.
 
-Runs started together (a parallel Hydra sweep, two terminals, the ranks of a torchrun job on a
-shared file system) all find the same empty cache. Whoever takes the lock fetches, extracts and
-tokenizes; the others wait for it, then find the finished entry and only read it. Entries are
-built under temporary names and renamed into place, so a reader never sees half of one and a
-builder killed half-way leaves nothing that looks complete.
+Runs started together (a parallel Hydra sweep, two terminals, a torchrun job's ranks) all find
+the same empty cache. Whoever takes the lock fetches, extracts and tokenizes; the others wait,
+then only read the finished entry. Entries are built under temporary names and renamed into
+place, so a builder killed half-way leaves nothing that looks complete.
 
 The lock is `filelock` on `<cache_dir>/.lock` (flock, released by the kernel when its holder
 exits, however it exits). Taking it again inside the same process (the corpus extraction inside

@@ -5,11 +5,9 @@ step's time and page faults with glibc's own malloc settings and with the kept o
     python -m tools.freed_memory dtypes=fp32 reps=20 model=baby
     python -m tools.freed_memory quick=true
 
-glibc's settings cannot be put back once changed, and two processes timed one after the other
-see a host that has changed in between. So the step is built and warmed once, in this process,
-and every measurement is a forked child of it: the same heap, and glibc's own state as this
-process left it; a 'kept' child first changes the settings. The children alternate, so that
-both conditions see the same host. The parent stays on one thread (a forked child cannot reuse
+glibc's settings cannot be put back once changed, so the step is built and warmed once, here,
+and every measurement is a forked child (the same heap and glibc state; a 'kept' child first
+changes the settings), the two kinds alternating so that both see the same host. The parent stays on one thread (a forked child cannot reuse
 the parent's OpenMP threads); each child takes `threads=` (all cores by default).
 Headline: the kept step's time over glibc's, for the first dtype.
 """
