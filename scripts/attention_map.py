@@ -8,16 +8,11 @@
 Rows are queries, columns keys, the tokens on both axes (whitespace shown as · and ↵). Without a
 prompt the map is drawn on the run's fixed validation window, the text of its TensorBoard Images
 (from the default cache nearest the run, .cache/ beside runs/, so the command works from any
-directory; never the data.cache_dir the run's config names: a run directory is data). `head=all`
-draws the layer's heads as one grid; a single head gets a larger map. `mask=own`
-(the default) shows the weights under the run's own attention, a leaky variant's leak included;
-`mask=causal` shows the same weights under the correct mask, as at generation time; `mask=cached`
-the weights of the generation path itself, the window fed one token at a time through the KV cache
-(row t: the step of token t), where a cache pitfall shows (upper_left_mask). The weights are those
-generate.py samples (`weights=auto`: a leaky run's latest, what the leak learned), and the
-title says which, and which mask. A cyan staircase marks the diagonal's edge: right of it are
-the keys after each query, the future. A picture already at out= is replaced only with
-overwrite=true. Any mistake is one `error:` line on stderr and exit status 2.
+directory; never the data.cache_dir the run's config names: a run directory is data).
+`mask=cached` draws the generation path itself, the window fed one token at a time through the
+KV cache (row t: the step of token t), where a cache pitfall shows (upper_left_mask). The title
+says which weights and mask; a cyan staircase marks the diagonal's edge, the future to its
+right. Any mistake is one `error:` line on stderr and exit status 2.
 """
 from __future__ import annotations
 
