@@ -11,9 +11,8 @@ For each count N: N prompts of different lengths (4 to 32 tokens), greedy, throu
                     (what generate.py prompts=FILE does);
     one at a time   N calls, one prompt each (what prompt= does N times).
 Each row of the batch must give the tokens of its prompt alone (exit status 1 if not). The model
-is the default config's (overrides on the command line) with random weights and a block_size of
-the longest prompt + the new tokens, so that nothing is cropped. Headline: the batch's tokens/s
-over one at a time's, at the largest N.
+is the default config's with random weights, nothing cropped (as bench.generate's). Headline:
+the batch's tokens/s over one at a time's, at the largest N.
 """
 from __future__ import annotations
 

@@ -96,9 +96,8 @@ def setup(args: BenchArgs) -> torch.device:
 def compose_config(overrides: Sequence[str] = ()) -> Config:
     """The checked config `python train.py <overrides>` runs with (`guard.compose.compose`).
 
-    Benchmarks measure what training actually uses -- model, attention, tokenizer, optimizer,
-    batch -- so they compose it from conf/ rather than restate defaults that would drift. A bad
-    override ends the benchmark with Hydra's one-line reason instead of a traceback.
+    Composed from conf/, not restated defaults that would drift; a bad override ends the
+    benchmark with Hydra's one-line reason.
     """
     from safeio.cli import MISTAKES, one_line
     from guard.compose import compose

@@ -143,10 +143,9 @@ def unknown_characters(tok: Tokenizer, text: str) -> list[str]:
 class IncrementalDecoder:
     """The text of a growing sequence of ids, piece by piece, in time linear in its length.
 
-    Decoding every id so far at each new token makes streaming quadratic. Each new token only
-    adds text at the end, so this decodes a short window instead: from the start of the last
-    piece it gave out to the newest id. The window starts where a complete character ended, so
-    its text ends with the new piece. A byte-level token can be part of a multi-byte UTF-8
+    Decoding every id so far at each new token makes streaming quadratic, so this decodes a
+    short window, from the start of the last piece it gave out (where a complete character
+    ended) to the newest id. A byte-level token can be part of a multi-byte UTF-8
     character; while the window's text ends in an incomplete one (decoded as U+FFFD), the piece
     is held back until the next ids complete it, or for at most `max_held` ids (invalid bytes
     stay U+FFFD)."""

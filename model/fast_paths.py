@@ -143,10 +143,9 @@ def shared_mask_attention(q, k, v, visible, scale: float, dropout_p: float = 0.0
 def query_blocks(layer, q, k, v, mask, *, block: int, long_block: int):
     """The same output as `one_pass`, skipping the work the causal mask throws away.
 
-    Queries r0..r1 see keys 0..m - T + r1 only; every later key gets exp(-inf) = 0 weight.
-    So each block of query rows attends over its visible prefix of keys and nothing after,
-    an exact result with about half the score / softmax / blend work when T is long
-    (T^2 / 2 + T * block / 2 entries instead of T^2); `long_block` rows from T = 1,024 on.
+    Queries r0..r1 see keys 0..m - T + r1 only (every later key gets weight exactly 0), so each
+    block of query rows attends over its visible prefix alone: about half the work when T is
+    long (T^2 / 2 + T * block / 2 entries instead of T^2); `long_block` rows from T = 1,024 on.
 
     The keys and values are cut into chunks at the blocks' ends, and block i reads chunks
     0..i joined: autograd then hands each chunk its share of the gradient, where taking a
