@@ -12,12 +12,10 @@ GPU recipe (`+experiment=gpu`). One step is what train.py does per batch: forwar
 autocast, backward, gradient clipping, optimizer step; the tokens are random.
 
 MFU is the model's useful FLOPs per second over the machine's peak, and the peak is *measured in the
-same run*, per dtype: square matmuls (2 n^3 FLOPs) of growing n, until a larger n no longer gains
-more than a few percent, or would not fit in memory or in the time allowed; the fastest is the peak,
-and its n is printed (that n is timed again after the steps, and the faster reading counts). One
-fixed size would not do: a matmul too small to fill a big GPU reads far below what the GPU can do,
-and every MFU divided by it is flattered. Measured, the figure needs no datasheet and compares
-between machines; fp32 on CUDA means TF32 matmuls, as train.py sets.
+same run*, per dtype: square matmuls of growing n until a larger n gains no more than a few
+percent (or would not fit); the fastest is the peak, its n printed and timed again after the
+steps. One fixed size would not do: a matmul too small to fill a big GPU reads far below it, and
+every MFU divided by it is flattered. fp32 on CUDA means TF32 matmuls, as train.py sets.
 
 Model FLOPs per token: 6 N + 12 n_layer n_embd T (nanoGPT's estimate, after PaLM's appendix B;
 docs/benchmarks.md), N without the position embeddings (the tied head is a real matmul). Headline:

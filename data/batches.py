@@ -49,10 +49,8 @@ class RandomWindows:
         """This process's micro-batches for one optimizer step.
 
         One generator (the same on every rank) draws the step's batch_size x accum x world
-        windows; process `rank` takes its own, non-overlapping share. So N processes with
-        accumulation A see exactly the windows of one process with accumulation N x A, and the
-        sampler state is the same on every rank (a checkpoint from N ranks resumes on any number).
-        With accum = world = 1 this is next_batch().
+        windows and `rank` takes its own share, so N processes with accumulation A see exactly
+        the windows of one with N x A, and a checkpoint from N ranks resumes on any number.
         """
         starts = self._draw(self.batch_size * accum * world)
         mine = starts.reshape(accum, world, self.batch_size)[:, rank]  # [accum, batch]

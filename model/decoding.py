@@ -8,14 +8,11 @@ cache is refilled from the last half of the context: the cached keys carry their
 (rotated by RoPE, or with a learned position embedding added), so they cannot simply be shifted
 to new ones. Without the cache each step reruns the whole cropped context, as nanoGPT does.
 
-A batch of prompts of different lengths is decoded together left-padded to one length, with
-`pad` [B] counting each row's pad tokens: the cache hides a row's pad keys and counts its
-positions from its first real token, so each row decodes as its prompt alone would (while the
-longest row fits the context: past it the whole batch is refilled at once).
-
-On a GPU a small model's one-token step is a few hundred tiny kernels, and launching them costs
-more than running them. With a static cache every step has the same shapes, so the step is
-recorded once as a CUDA graph and then replayed with a single launch (`CapturedStep`).
+A batch of prompts of different lengths is decoded left-padded, `pad` [B] counting each row's
+pad tokens: the cache hides them and counts positions from each row's first real token, so a
+row decodes as its prompt alone would (docs/sampling.md says when the batch refills). On a GPU
+a small model's one-token step is a few hundred tiny kernels, costlier to launch than to run, so
+with a static cache it is recorded once as a CUDA graph and replayed (`CapturedStep`).
 """
 from __future__ import annotations
 

@@ -116,11 +116,9 @@ def shared_mask_attention(q, k, v, visible, scale: float, dropout_p: float = 0.0
     head (the model's case; or one [B, 1, n, m] per sequence of a left-padded batch): the same
     numbers as the equation, in fewer passes over memory.
 
-    - Score, scale and mask in one fused matmul: M + scale * (q @ k^T) is `baddbmm(M, q, k^T)`,
-      which writes the [n, m] scores once instead of three times.
-    - Grouped heads without copies: the g = h / h_kv query heads that read one key/value head
-      are stacked as the rows of one matrix, [..., h_kv, g * n, d_k], so a single matmul against
-      that head's keys serves them all, and k and v are never repeated.
+    - Score, scale and mask in one `baddbmm(M, q, k^T)`: the [n, m] scores written once, not 3x.
+    - Grouped heads without copies: the g = h / h_kv query heads of one key/value head are the
+      rows of one matrix, [..., h_kv, g * n, d_k], so one matmul serves them all.
     q [..., h, n, d_k], k [..., h_kv, m, d_k], v [..., h_kv, m, d_v] -> [..., h, n, d_v].
     """
     *batch, h, n, d_k = q.shape

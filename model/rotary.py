@@ -2,10 +2,9 @@
 
 Each head's d_k dimensions are taken as d_k / 2 pairs, and pair j of the vector at position t
 is turned by the angle t * theta_j, theta_j = rope_theta^(-2j / d_k): fast turns for the first
-pairs, slow ones for the last. Turning q at position s and k at position t by their angles
-changes nothing in their lengths, and their dot product then depends on the angle between them,
-(s - t) * theta_j: the score of a query and a key sees how far apart they are, never where they
-are. Nothing is added to the residual stream, so there is no position table to learn.
+pairs, slow ones for the last. The dot product of q at position s and k at position t then
+depends on (s - t) * theta_j alone: a score sees how far apart they are, never where. Nothing is
+added to the residual stream, so there is no position table to learn.
 
 The layout is Llama's ("rotate half"): pair j is dimensions (j, j + d_k / 2), not (2j, 2j + 1),
 so that weights trained with transformers' Llama rotate the same way. In complex numbers, with

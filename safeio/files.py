@@ -4,11 +4,9 @@ Such a file can be a FIFO (reading it blocks forever), a device (`/dev/zero` nev
 file of terabytes, or a directory. Every file the project reads back is checked here first: it must
 be a regular file no bigger than what its kind can legitimately be, and it is opened without
 blocking, so that what is checked is what is read. JSON must hold an object. A run's config.yaml
-must be plain keys and values: a few hundred bytes of YAML anchors and aliases expand to
-gigabytes (an "alias bomb"), deep nesting exhausts the parser's recursion, a tag asks for a Python
-object, an OmegaConf interpolation can expand exponentially or read the environment. train.py
-writes none of these (a `${` in a value is written escaped: `dump_run_config`), so the tokens are
-read first and anything else is refused before a node is built.
+must be plain keys and values (YAML aliases can expand to gigabytes, nesting exhaust recursion, a
+tag ask for a Python object, an interpolation read the environment); train.py writes none of
+these (`dump_run_config`), so anything else is refused before a node is built.
 """
 from __future__ import annotations
 
