@@ -5,11 +5,11 @@ step's time and page faults with glibc's own malloc settings and with the kept o
     python -m tools.freed_memory dtypes=fp32 reps=20 model=baby
     python -m tools.freed_memory quick=true
 
-glibc's settings cannot be put back once changed, so the step is built and warmed once, here,
-and every measurement is a forked child (the same heap and glibc state; a 'kept' child first
-changes the settings), the two kinds alternating so that both see the same host. The parent stays on one thread (a forked child cannot reuse
-the parent's OpenMP threads); each child takes `threads=` (all cores by default).
-Headline: the kept step's time over glibc's, for the first dtype.
+glibc's settings cannot be put back once changed, so the step is built and warmed once, here, and
+every measurement is a forked child (the same heap and glibc state; a 'kept' child first changes the
+settings), the two kinds alternating so that both see the same host. The parent stays on one thread
+(a forked child cannot reuse the parent's OpenMP threads); each child takes `threads=` (all cores by
+default). Headline: the kept step's time over glibc's, for the first dtype.
 """
 from __future__ import annotations
 
