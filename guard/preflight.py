@@ -27,7 +27,8 @@ from omegaconf.errors import OmegaConfBaseException
 from data.config import Order, Source, TokenizerConfig, TokenizerKind
 from data.corpus import check_split_overlap
 from guard.compose import compose_with_hydra, composing, empty_config, task_config
-from guard.limits import check_config, check_fused_kernel, check_training_fits, parse_device
+from guard.limits import check_config, check_fused_kernel, parse_device
+from guard.memory import check_training_fits
 from guard.run_dir import (MAX_LAYER_BYTES, check_resumable, corpus_of_run, is_model_folder,
                            is_run, layer_copy, load_folder_weights, read_source, resolved,
                            resume_target, saved_config)

@@ -29,8 +29,8 @@ from safeio.cli import CorpusError, FormatError, UserError, first_line
 from safeio.corpus import load_tokenizer
 from safeio.files import MIB, check_regular, kind_of, load_run_config, read_bytes, read_text
 from safeio.hf import CONFIG, open_folder
-from guard.limits import (check_choice, check_config, check_fused_kernel, check_model,
-                          check_sampling_fits)
+from guard.limits import check_choice, check_config, check_fused_kernel, check_model
+from guard.memory import check_sampling_fits
 from guard.retired import drop_retired
 from interop.hf import gpt2_model_config, gpt2_state
 from interop.hf_llama import llama_model_config, llama_state

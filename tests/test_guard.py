@@ -76,7 +76,7 @@ def test_bad_attention_values_raise_one_clear_sentence(bad, match):
 def test_a_sweeps_seeds_of_one_model_are_counted_once(monkeypatch):
     """model_sizes builds the meta models once per distinct config: a study's 8 seeds of an
     arm share them; any field that differs (here the width) is counted anew."""
-    import guard.limits as limits
+    import guard.memory as limits
 
     built = []
     count = limits._sizes
@@ -92,7 +92,7 @@ def test_a_sweeps_seeds_of_one_model_are_counted_once(monkeypatch):
 def test_memory_estimate_counts_the_kv_cache_of_the_key_value_heads(shape):
     """model_sizes (built on meta) counts the parameters and the KV cache the model has: the
     cache of n_kv_head heads, n_head / n_kv_head times smaller than multi-head attention's."""
-    from guard.limits import inference_bytes, model_sizes
+    from guard.memory import inference_bytes, model_sizes
 
     cache = {}
     for kv in (None, 2, 1):

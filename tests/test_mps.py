@@ -16,7 +16,8 @@ import torch
 import training.optim as optim_module
 from safeio.cli import UserError
 from safeio.checkpoint import load_state
-from guard.limits import check_config, check_training_fits, parse_device
+from guard.limits import check_config, parse_device
+from guard.memory import check_training_fits
 from safeio.system import available_bytes
 from guard.compose import compose
 from model.fast_paths import fused_refusal

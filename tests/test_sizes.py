@@ -76,3 +76,12 @@ def test_no_code_asks_one_layer_for_every_layer():
     sources = [p for p in ROOT.rglob("*.py") if not {".venv", "tests"} & set(p.parts)]
     found = [f"{p.relative_to(ROOT)}" for p in sources if "blocks[0].attn" in p.read_text()]
     assert found == []
+
+
+@pytest.mark.parametrize("path", sorted(p.relative_to(ROOT).as_posix()
+                                        for p in (ROOT / "guard").glob("*.py")))
+def test_no_guard_file_grows_past_one_idea(path):
+    """guard/ was split by what it does (composing, checking, launching, memory) when
+    preflight.py reached 869 lines (design review 5): a file past 530 lines holds two ideas."""
+    lines = (ROOT / path).read_text(encoding="utf-8").count("\n")
+    assert lines <= 530, f"{path} has {lines} lines: split it by what it does"
