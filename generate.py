@@ -196,7 +196,7 @@ def stream(model: GPT, tokenizer, prompt_ids: list[int], cfg: GenerateConfig, ou
         if meter is not None:
             meter.add(len(decoder.ids) - len(prompt_ids), time.perf_counter() - started)
     pieces.append(decoder.finish())
-    out.write(pieces[-1] + "\n")
+    print(pieces[-1], file=out, flush=True)  # before the speed line on stderr, piped or not
     return "".join(pieces)
 
 
