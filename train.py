@@ -91,9 +91,7 @@ class Run:
         return t.batch_size * t.grad_accum * self.world.size * self.cfg.model.block_size
 
     @property
-    def leaky(self) -> bool:
-        """Our variant leaks by its config; a learner's layer, by measure: its causal loss (each
-        position from its prefix alone) above its own by more than rounding."""
+    def leaky(self) -> bool:  # ours by its config; a learner's layer by measure (causal > own)
         gap = self.metrics.get("causal_val_loss", 0.0) - self.metrics.get("val_loss", 0.0)
         return not self.cfg.attention.is_causal() or bool(self.cfg.your_layer) and gap > 0.01
 
@@ -194,8 +192,7 @@ def build_run(cfg: Config, run_dir: Path, resuming: bool, world: World) -> Optio
     if world.is_main and not resuming:
         write_run_files(run_dir, corpus.tokenizer, cfg)
 
-    # a new run from init_from= starts from the folder's weights; on CUDA, may impl=auto trust
-    # our kernel here?
+    # a new run starts from init_from='s weights; on CUDA, may impl=auto trust our kernel here?
     model = run_model(cfg, corpus.vocab_size, run_dir, trusted=not resuming or cfg.trust_layer)
     model = start_model(model, cfg, resuming, device, dtype)
     optimizer = make_optimizer(model, cfg.optim, dtype)
@@ -389,17 +386,15 @@ def validation_losses(run: Run) -> dict:
     """Validation loss on the fixed batches, and for a leaky variant the causal loss the same
     weights get with the correct mask (all a model has when generating). Every rank scores its
     share of the batches."""
-    model = run.model
+    model, batches = run.model, run.eval_batches
     if run.cfg.your_layer:  # a learner's layer: the causal loss of each position from its prefix
-        own, causal = prefix_losses(model, run.eval_batches, run.amp, run.world)
-        return {"val_loss": own, "train_loss": run.last_train_loss, "causal_val_loss": causal}
-    metrics = {"val_loss": mean_loss(model, run.eval_batches, run.amp, run.world),
-               "train_loss": run.last_train_loss}
-    metrics["causal_val_loss"] = metrics["val_loss"]
-    if run.leaky:
-        with model.attention_variant(run.cfg.attention.causal_variant()):
-            metrics["causal_val_loss"] = mean_loss(model, run.eval_batches, run.amp, run.world)
-    return metrics
+        own, causal = prefix_losses(model, batches, run.amp, run.world)
+    else:
+        own = causal = mean_loss(model, batches, run.amp, run.world)
+        if run.leaky:
+            with model.attention_variant(run.cfg.attention.causal_variant()):
+                causal = mean_loss(model, batches, run.amp, run.world)
+    return {"val_loss": own, "train_loss": run.last_train_loss, "causal_val_loss": causal}
 
 
 def log_evaluation(run: Run, metrics: dict, last: bool = False) -> None:
@@ -427,8 +422,7 @@ def log_evaluation(run: Run, metrics: dict, last: bool = False) -> None:
 
 
 def log_sample(run: Run) -> None:
-    """A text sample in TensorBoard, from a generator of its own (the training RNG is untouched:
-    logging fewer samples changes no number)."""
+    """A text sample in TensorBoard, from its own generator (logging fewer changes no number)."""
     cfg, step = run.cfg, run.progress.step
     run.writer.add_text("sample", sample_text(run.model, run.corpus.tokenizer, cfg.train,
                                               cfg.seed + step, run.world.device, run.amp), step)
@@ -514,11 +508,9 @@ def main(job: Job) -> dict:
 
 
 def cli() -> None:
-    """python train.py ...: the config is composed once (Hydra's Compose API), checked, and the
-    run's directory made, before a byte is written (guard/preflight.py, guard/launch.py); then the
-    run trains (a -m sweep's arms: by Hydra's launcher, guard/sweep.py). Every mistake is one
-    `error:` line (HYDRA_FULL_ERROR=1 shows the traceback), and a new run that fails before it
-    trained leaves nothing behind."""
+    """python train.py ...: composed and checked in full before a byte is written (guard/), then
+    trained (a -m sweep's arms by Hydra's launcher). Every mistake is one `error:` line
+    (HYDRA_FULL_ERROR=1: the traceback); a new run that fails before it trained leaves nothing."""
     import train  # this file by its name: a launcher's workers import `train.main` from it
     Launch(sys.argv[1:]).run(train.main, interrupted="interrupted; the last complete "
                                                      "checkpoint, if any, is kept")
